@@ -1,0 +1,139 @@
+// End-to-end tests of the `corolla` binary: the logits command against the reference goldens,
+// generate on the demo model, and a clear error with a non-zero exit for every bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "model/safetensors.h"
+
+namespace corolla {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+RunResult Run(const std::string& args) {
+  std::string cmd = std::string(COROLLA_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+std::string TempPath(const std::string& name) {
+  return (fs::temp_directory_path() / ("corolla_cli_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+std::string IdsOf(const TensorView& v) {
+  std::string s;
+  for (int64_t i = 0; i < v.numel(); ++i) s += (i ? "," : "") + std::to_string(v.ptr<int32_t>()[i]);
+  return s;
+}
+
+TEST(Cli, HelpExplainsEveryCommand) {
+  RunResult r = Run("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* cmd : {"generate", "logits", "tokenize", "detokenize"}) {
+    EXPECT_NE(r.output.find(cmd), std::string::npos) << cmd;
+    RunResult h = Run(std::string(cmd) + " --help");
+    EXPECT_EQ(h.exit_code, 0) << cmd;
+    EXPECT_NE(h.output.find("usage: corolla " + std::string(cmd)), std::string::npos) << h.output;
+  }
+  RunResult g = Run("generate --help");
+  for (const char* opt : {"--model", "--prompt-ids", "--max-tokens", "--temperature", "--top-p", "--top-k",
+                          "--min-p", "--seed", "--json"})
+    EXPECT_NE(g.output.find(opt), std::string::npos) << opt;
+}
+
+TEST(Cli, LogitsMatchTheGoldens) {
+  for (std::string name : {"qwen3-dense", "qwen3-moe"}) {
+    auto golden = SafetensorsFile::Open("tests/data/golden/" + name + ".safetensors").value();
+    for (int k : {1, 4}) {
+      TensorView ids = golden->View(*golden->Find("ids_" + std::to_string(k)));
+      TensorView ref = golden->View(*golden->Find("logits_" + std::to_string(k)));
+      std::string out = TempPath(name + std::to_string(k) + ".safetensors");
+      RunResult r = Run("logits --model tests/data/models/" + name + " --ids " + IdsOf(ids) + " --out " + out);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      auto file = SafetensorsFile::Open(out);
+      ASSERT_TRUE(file.ok()) << file.status().ToString();
+      const SafetensorsEntry* e = (*file)->Find("logits");
+      ASSERT_NE(e, nullptr);
+      EXPECT_EQ(e->dtype, DType::kF32);
+      ASSERT_EQ(e->shape, ref.shape);
+      TensorView got = (*file)->View(*e);
+      for (int64_t p = 0; p < ref.dim(0); ++p) {
+        float err = 0, scale = 0;
+        for (int64_t j = 0; j < ref.dim(1); ++j) {
+          int64_t i = p * ref.dim(1) + j;
+          err = std::max(err, std::fabs(got.ptr<float>()[i] - ref.ptr<float>()[i]));
+          scale = std::max(scale, std::fabs(ref.ptr<float>()[i]));
+        }
+        EXPECT_LT(err, 1e-4f * scale) << name << " ids_" << k << " position " << p;
+      }
+      fs::remove(out);
+    }
+  }
+}
+
+TEST(Cli, GenerateOnTheBuiltInModel) {
+  // The first golden chat of the demo model: "What is 7 + 5?" -> "7 + 5 = 12."
+  RunResult r = Run("generate --prompt-ids 1,282,201,320,286,223,25,333,223,23,33,2,201,1,281,201 "
+                    "--max-tokens 32 --temperature 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"ids\":[25,333,223,23,317,223,19,20,16,2]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"finish_reason\":\"stop\""), std::string::npos) << r.output;
+  RunResult plain = Run("generate --model models/corolla-demo --prompt-ids 1,282 --max-tokens 3 --ignore-eos --seed 7");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("finish_reason=length"), std::string::npos) << plain.output;
+}
+
+TEST(Cli, BadInputIsAClearErrorNotACrash) {
+  const std::string dir = TempPath("empty_model");
+  fs::create_directories(dir);
+  struct Case {
+    std::string args;
+    std::string message;
+  } cases[] = {
+      {"generate --model " + dir + " --prompt-ids 1", "config.json: cannot open"},
+      {"generate --model /nonexistent --prompt-ids 1", "does not exist"},
+      {"generate --prompt-ids 1,99999", "token id 99999 at position 1 is outside the vocabulary"},
+      {"generate --prompt-ids 1,x", "'x' is not a token id"},
+      {"generate --prompt-ids 1 --max-tokens many", "--max-tokens expects an integer"},
+      {"generate --prompt-ids 1 --bogus 3", "unknown option --bogus"},
+      {"generate", "--prompt-ids is required"},
+      {"logits --model tests/data/models/qwen3-moe --ids 5000 --out /tmp/x.safetensors", "outside the vocabulary"},
+      {"logits --ids 1 --out /nonexistent-dir/x.safetensors", "x.safetensors"},
+      {"nonsense", "unknown command"},
+  };
+  for (const auto& c : cases) {
+    RunResult r = Run(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_LT(r.exit_code, 128) << c.args << " crashed: " << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+  // More tokens than max_position_embeddings (2048 for the demo model).
+  std::string ids = "1";
+  for (int i = 0; i < 2048; ++i) ids += ",1";
+  RunResult r = Run("logits --ids " + ids + " --out " + TempPath("long.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("exceed the model's max_position_embeddings (2048)"), std::string::npos) << r.output;
+  r = Run("generate --prompt-ids " + ids);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("the maximum context is 2048"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace corolla

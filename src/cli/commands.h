@@ -1,0 +1,12 @@
+// The subcommands of the `corolla` binary; each returns the process exit code.
+// main.cc holds the table that maps names to these.
+#pragma once
+
+namespace corolla::cli {
+
+int GenerateMain(int argc, char** argv);    // generate_cmd.cc
+int LogitsMain(int argc, char** argv);      // logits_cmd.cc
+int TokenizeMain(int argc, char** argv);    // tokenize_cmd.cc
+int DetokenizeMain(int argc, char** argv);  // tokenize_cmd.cc
+
+}  // namespace corolla::cli

@@ -1,0 +1,221 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace corolla {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(Model& model, Backend& backend, EngineOptions options) {
+  const ModelConfig& config = model.config();
+  int max_model_len = options.max_model_len > 0 ? options.max_model_len : config.max_position_embeddings;
+  if (max_model_len > config.max_position_embeddings)
+    return InvalidArgument("max model length " + std::to_string(max_model_len) +
+                           " exceeds the model's max_position_embeddings (" +
+                           std::to_string(config.max_position_embeddings) + ")");
+  if (options.block_size <= 0) return InvalidArgument("block size must be positive");
+  int num_blocks = options.num_kv_blocks;
+  if (num_blocks <= 0) {
+    int64_t per_block = KvCache::BytesPerBlock(model.kv_cache_spec(), options.block_size,
+                                               backend.activation_dtype());
+    num_blocks = static_cast<int>(std::min<int64_t>(options.kv_cache_bytes / per_block, INT32_MAX));
+  }
+  // A single request must fit: otherwise it could never finish.
+  int min_blocks = (max_model_len + options.block_size - 1) / options.block_size;
+  if (num_blocks < min_blocks) {
+    if (options.num_kv_blocks > 0)
+      return ResourceExhausted("KV cache of " + std::to_string(num_blocks) + " blocks cannot hold one sequence of " +
+                               std::to_string(max_model_len) + " tokens; lower the max model length or add memory");
+    max_model_len = num_blocks * options.block_size;
+    if (max_model_len <= 0) return ResourceExhausted("KV cache memory too small for one block");
+  }
+  if (options.max_batch_tokens <= 0 || options.max_num_seqs <= 0)
+    return InvalidArgument("max batch tokens and max sequences must be positive");
+  return std::unique_ptr<Engine>(new Engine(model, backend, options, num_blocks, max_model_len));
+}
+
+Engine::Engine(Model& model, Backend& backend, EngineOptions options, int num_blocks, int max_model_len)
+    : model_(model),
+      backend_(backend),
+      options_(options),
+      max_model_len_(max_model_len),
+      kv_cache_(backend, model.kv_cache_spec(), num_blocks, options.block_size),
+      pool_(num_blocks),
+      runner_(model, backend, kv_cache_) {}
+
+Result<int64_t> Engine::AddRequest(GenerationRequest request) {
+  const int vocab = model_.config().vocab_size;
+  if (request.prompt.empty()) return InvalidArgument("the prompt is empty");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab)
+      return OutOfRange("token id " + std::to_string(request.prompt[i]) + " at position " + std::to_string(i) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  }
+  if (static_cast<int>(request.prompt.size()) >= max_model_len_)
+    return OutOfRange("the prompt has " + std::to_string(request.prompt.size()) +
+                      " tokens; the maximum context is " + std::to_string(max_model_len_) +
+                      " tokens including at least one generated token");
+  if (request.max_tokens <= 0) return InvalidArgument("max_tokens must be positive");
+  auto s = std::make_unique<Sequence>();
+  s->id = next_id_++;
+  s->tokens = std::move(request.prompt);
+  s->num_prompt_tokens = s->num_tokens();
+  s->sampling = request.sampling;
+  s->max_tokens = request.max_tokens;
+  s->stop_token_ids = std::move(request.stop_token_ids);
+  s->ignore_eos = request.ignore_eos;
+  int64_t id = s->id;
+  waiting_.push_back(std::move(s));
+  return id;
+}
+
+const Sequence* Engine::Find(int64_t seq_id) const {
+  for (const auto& s : running_) if (s->id == seq_id) return s.get();
+  for (const auto& s : waiting_) if (s->id == seq_id) return s.get();
+  for (const auto& s : finished_) if (s->id == seq_id) return s.get();
+  return nullptr;
+}
+
+void Engine::Abort(int64_t seq_id) {
+  auto match = [&](const std::unique_ptr<Sequence>& s) { return s->id == seq_id; };
+  if (auto it = std::find_if(running_.begin(), running_.end(), match); it != running_.end()) {
+    Release(**it);
+    running_.erase(it);
+  }
+  if (auto it = std::find_if(waiting_.begin(), waiting_.end(), match); it != waiting_.end()) {
+    Release(**it);
+    waiting_.erase(it);
+  }
+}
+
+int Engine::BlocksNeeded(const Sequence& s, int num_new_tokens) const {
+  int total = s.num_computed_tokens + num_new_tokens;
+  int needed = (total + options_.block_size - 1) / options_.block_size;
+  return std::max(0, needed - static_cast<int>(s.block_table.size()));
+}
+
+bool Engine::Reserve(Sequence& s, int num_new_tokens) {
+  int n = BlocksNeeded(s, num_new_tokens);
+  if (!pool_.CanAllocate(n)) return false;
+  std::vector<int32_t> blocks = pool_.Allocate(n);
+  s.block_table.insert(s.block_table.end(), blocks.begin(), blocks.end());
+  return true;
+}
+
+void Engine::Release(Sequence& s) {
+  pool_.Free(s.block_table);
+  s.block_table.clear();
+}
+
+void Engine::Preempt(Sequence& s) {
+  // Recompute later: the K/V is dropped, the tokens (prompt + generated so far) are kept.
+  Release(s);
+  s.num_computed_tokens = 0;
+  ++num_preemptions_;
+}
+
+std::vector<ScheduledChunk> Engine::Schedule() {
+  std::vector<ScheduledChunk> chunks;
+  int budget = options_.max_batch_tokens;
+
+  // 1. Running sequences, oldest first: decodes take one token, unfinished prefills a chunk.
+  //    When blocks run out, the newest running sequence goes back to the waiting queue.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence& s = *running_[i];
+    int n = std::min(s.num_uncomputed(), budget);
+    while (!Reserve(s, n)) {
+      Sequence& victim = *running_.back();
+      Preempt(victim);
+      waiting_.push_front(std::move(running_.back()));
+      running_.pop_back();
+      if (&victim == &s) break;
+    }
+    if (i >= running_.size()) break;  // s itself was preempted
+    chunks.push_back({&s, n});
+    budget -= n;
+  }
+
+  // 2. Waiting sequences in arrival order while the budget, sequence and block limits allow.
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int>(running_.size()) < options_.max_num_seqs) {
+    Sequence& s = *waiting_.front();
+    int n = std::min(s.num_uncomputed(), budget);
+    if (!Reserve(s, n)) break;
+    chunks.push_back({&s, n});
+    budget -= n;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  return chunks;
+}
+
+void Engine::CheckStop(Sequence& s) {
+  int32_t last = s.tokens.back();
+  if (!s.ignore_eos &&
+      std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), last) != s.stop_token_ids.end()) {
+    s.finish_reason = FinishReason::kStop;
+  } else if (s.num_generated() >= s.max_tokens || s.num_tokens() >= max_model_len_) {
+    s.finish_reason = FinishReason::kLength;
+  }
+}
+
+std::vector<StepOutput> Engine::Step() {
+  std::vector<StepOutput> outputs;
+  std::vector<ScheduledChunk> chunks = Schedule();
+  if (chunks.empty()) return outputs;
+  std::vector<int32_t> sampled = runner_.ExecuteAndSample(chunks);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Sequence& s = *chunks[i].seq;
+    s.num_computed_tokens += chunks[i].num_tokens;
+    if (sampled[i] < 0) continue;
+    s.tokens.push_back(sampled[i]);
+    CheckStop(s);
+    outputs.push_back({s.id, sampled[i], s.finish_reason});
+  }
+  // Move finished sequences out, freeing their blocks.
+  for (auto it = running_.begin(); it != running_.end();) {
+    if ((*it)->finished()) {
+      Release(**it);
+      finished_.push_back(std::move(*it));
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return outputs;
+}
+
+Result<std::vector<std::pair<std::vector<int32_t>, FinishReason>>> Engine::Generate(
+    std::vector<GenerationRequest> requests) {
+  std::vector<int64_t> ids;
+  for (auto& r : requests) {
+    Result<int64_t> id = AddRequest(std::move(r));
+    if (!id.ok()) {
+      for (int64_t added : ids) Abort(added);
+      return id.status();
+    }
+    ids.push_back(*id);
+  }
+  while (HasUnfinished()) Step();
+  std::vector<std::pair<std::vector<int32_t>, FinishReason>> results;
+  for (int64_t id : ids) {
+    auto it = std::find_if(finished_.begin(), finished_.end(), [&](const auto& s) { return s->id == id; });
+    COROLLA_CHECK(it != finished_.end()) << "sequence " << id << " did not finish";
+    const Sequence& s = **it;
+    results.push_back({std::vector<int32_t>(s.tokens.begin() + s.num_prompt_tokens, s.tokens.end()),
+                       s.finish_reason});
+    finished_.erase(it);
+  }
+  return results;
+}
+
+}  // namespace corolla

@@ -1,0 +1,90 @@
+// Engine: requests in, tokens out. Continuous batching over a paged KV cache: each Step runs
+// one flat batch in which running sequences decode first and prefill chunks fill the rest of
+// the token budget; when blocks run out, the newest running sequence is preempted and later
+// recomputed. Not thread-safe: one thread (the step loop) owns an Engine.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/block_pool.h"
+#include "engine/kv_cache.h"
+#include "engine/model_runner.h"
+#include "engine/sequence.h"
+
+namespace corolla {
+
+struct EngineOptions {
+  int block_size = 16;
+  int num_kv_blocks = 0;          // 0: derive from kv_cache_bytes
+  int64_t kv_cache_bytes = 256 << 20;
+  int max_num_seqs = 64;
+  int max_batch_tokens = 2048;    // tokens per step (decode tokens + prefill chunks)
+  int max_model_len = 0;          // 0: the model's max_position_embeddings
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;  // usually the model's eos ids
+  bool ignore_eos = false;
+};
+
+// What one step produced for one sequence.
+struct StepOutput {
+  int64_t seq_id = 0;
+  int32_t token = -1;  // the new token
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(Model& model, Backend& backend, EngineOptions options);
+
+  // Validates and queues a request; returns its sequence id.
+  Result<int64_t> AddRequest(GenerationRequest request);
+  // Removes a request wherever it is and frees its blocks.
+  void Abort(int64_t seq_id);
+  bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
+  // Schedules and runs one batch; returns the tokens it produced.
+  std::vector<StepOutput> Step();
+
+  // Runs requests to completion together; returns each one's generated ids and finish reason.
+  Result<std::vector<std::pair<std::vector<int32_t>, FinishReason>>> Generate(
+      std::vector<GenerationRequest> requests);
+
+  const EngineOptions& options() const { return options_; }
+  int max_model_len() const { return max_model_len_; }
+  int num_kv_blocks() const { return pool_.num_blocks(); }
+  int num_free_blocks() const { return pool_.num_free(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const Sequence* Find(int64_t seq_id) const;
+
+ private:
+  Engine(Model& model, Backend& backend, EngineOptions options, int num_blocks, int max_model_len);
+
+  int BlocksNeeded(const Sequence& s, int num_new_tokens) const;
+  bool Reserve(Sequence& s, int num_new_tokens);  // allocates blocks if possible
+  void Preempt(Sequence& s);
+  void Release(Sequence& s);
+  std::vector<ScheduledChunk> Schedule();
+  void CheckStop(Sequence& s);
+
+  Model& model_;
+  Backend& backend_;
+  EngineOptions options_;
+  int max_model_len_;
+  KvCache kv_cache_;
+  BlockPool pool_;
+  ModelRunner runner_;
+  int64_t next_id_ = 0;
+  int64_t num_preemptions_ = 0;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  std::vector<std::unique_ptr<Sequence>> finished_;  // until collected by Generate
+};
+
+}  // namespace corolla

@@ -1,0 +1,121 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+
+#include "base/numeric.h"
+
+namespace corolla {
+
+Tensor ModelRunner::ToDevice(const std::vector<int32_t>& host, Shape shape) {
+  Tensor t = backend_.Empty(DType::kI32, shape);
+  if (!host.empty()) backend_.CopyFromHost(host.data(), t);
+  return t;
+}
+
+Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_logits) {
+  const int bs = kv_cache_.block_size();
+  const int num_seqs = static_cast<int>(chunks.size());
+  int max_blocks = 1, max_q_len = 0, max_seq_len = 0;
+  for (const auto& c : chunks) max_blocks = std::max(max_blocks, static_cast<int>(c.seq->block_table.size()));
+
+  std::vector<int32_t> token_ids, positions, slot_mapping, logits_rows;
+  std::vector<int32_t> query_start{0}, seq_lens, block_tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
+  for (int b = 0; b < num_seqs; ++b) {
+    const Sequence& s = *chunks[b].seq;
+    const int begin = s.num_computed_tokens, end = begin + chunks[b].num_tokens;
+    COROLLA_CHECK(chunks[b].num_tokens > 0 && end <= s.num_tokens() &&
+                  static_cast<int>(s.block_table.size()) * bs >= end)
+        << "sequence " << s.id << ": chunk [" << begin << ", " << end << ") with "
+        << s.block_table.size() << " blocks";
+    for (int p = begin; p < end; ++p) {
+      token_ids.push_back(s.tokens[p]);
+      positions.push_back(p);
+      slot_mapping.push_back(s.block_table[p / bs] * bs + p % bs);
+      if (all_logits || (p == end - 1 && end == s.num_tokens()))
+        logits_rows.push_back(static_cast<int32_t>(token_ids.size()) - 1);
+    }
+    query_start.push_back(static_cast<int32_t>(token_ids.size()));
+    seq_lens.push_back(end);
+    std::copy(s.block_table.begin(), s.block_table.end(), block_tables.begin() + b * max_blocks);
+    max_q_len = std::max(max_q_len, chunks[b].num_tokens);
+    max_seq_len = std::max(max_seq_len, end);
+  }
+  const int64_t num_tokens = static_cast<int64_t>(token_ids.size());
+  const int64_t num_rows = static_cast<int64_t>(logits_rows.size());
+
+  Tensor d_tokens = ToDevice(token_ids, {num_tokens});
+  Tensor d_positions = ToDevice(positions, {num_tokens});
+  Tensor d_query_start = ToDevice(query_start, {num_seqs + 1});
+  Tensor d_seq_lens = ToDevice(seq_lens, {num_seqs});
+  Tensor d_tables = ToDevice(block_tables, {num_seqs, max_blocks});
+  Tensor d_slots = ToDevice(slot_mapping, {num_tokens});
+  Tensor d_rows = ToDevice(logits_rows, {num_rows});
+
+  ForwardBatch batch;
+  batch.token_ids = d_tokens;
+  batch.positions = d_positions;
+  batch.attention = {d_query_start, d_seq_lens, d_tables, d_slots, max_q_len, max_seq_len};
+  batch.logits_rows = d_rows;
+  Tensor logits = backend_.Empty(DType::kF32, {num_rows, model_.config().vocab_size});
+  if (num_tokens > 0) model_.Forward(batch, kv_cache_.views(), logits);
+  return logits;
+}
+
+std::vector<int32_t> ModelRunner::ExecuteAndSample(std::span<const ScheduledChunk> chunks) {
+  Tensor logits = Execute(chunks, /*all_logits=*/false);
+  std::vector<SamplingParams> params;
+  std::vector<uint64_t> steps;
+  std::vector<int> chunk_of_row;
+  for (int i = 0; i < static_cast<int>(chunks.size()); ++i) {
+    const Sequence& s = *chunks[i].seq;
+    if (s.num_computed_tokens + chunks[i].num_tokens != s.num_tokens()) continue;
+    params.push_back(s.sampling);
+    steps.push_back(static_cast<uint64_t>(s.num_generated()));
+    chunk_of_row.push_back(i);
+  }
+  std::vector<int32_t> sampled(params.size());
+  if (!params.empty()) backend_.Sample(logits, params.data(), steps.data(), sampled.data());
+  std::vector<int32_t> out(chunks.size(), -1);
+  for (size_t r = 0; r < sampled.size(); ++r) out[chunk_of_row[r]] = sampled[r];
+  return out;
+}
+
+Tensor LogitsToHost(Backend& backend, const Tensor& logits) {
+  Tensor host = Tensor::Empty(logits.dtype(), logits.shape());
+  backend.CopyToHost(logits, host.view().data);
+  if (logits.dtype() == DType::kF32) return host;
+  Tensor f32 = Tensor::Empty(DType::kF32, logits.shape());
+  COROLLA_CHECK(logits.dtype() == DType::kBF16) << "logits dtype " << DTypeName(logits.dtype());
+  const bf16* src = host.ptr<bf16>();
+  for (int64_t i = 0; i < host.numel(); ++i) f32.ptr<float>()[i] = ToFloat(src[i]);
+  return f32;
+}
+
+}  // namespace corolla
+
+namespace corolla {
+
+Result<Tensor> ComputeLogits(Model& model, Backend& backend, const std::vector<int32_t>& ids) {
+  const ModelConfig& config = model.config();
+  if (ids.empty()) return InvalidArgument("no token ids");
+  if (static_cast<int64_t>(ids.size()) > config.max_position_embeddings)
+    return OutOfRange(std::to_string(ids.size()) + " tokens exceed the model's max_position_embeddings (" +
+                      std::to_string(config.max_position_embeddings) + ")");
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= config.vocab_size)
+      return OutOfRange("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                        " is outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
+  constexpr int kBlockSize = 16;
+  const int num_blocks = static_cast<int>((ids.size() + kBlockSize - 1) / kBlockSize);
+  KvCache kv(backend, model.kv_cache_spec(), num_blocks, kBlockSize);
+  ModelRunner runner(model, backend, kv);
+  Sequence s;
+  s.tokens = ids;
+  s.num_prompt_tokens = s.num_tokens();
+  for (int b = 0; b < num_blocks; ++b) s.block_table.push_back(b);
+  ScheduledChunk chunk{&s, s.num_tokens()};
+  Tensor logits = runner.Execute({&chunk, 1}, /*all_logits=*/true);
+  return LogitsToHost(backend, logits);
+}
+
+}  // namespace corolla

@@ -1,0 +1,55 @@
+// ModelRunner: turns the scheduler's chunks into one flat batch (token ids, positions, block
+// tables, slot mapping), runs the model, and samples. Plan on the host, run on the device: the
+// metadata is built in host memory and copied to the backend in one place. Not thread-safe.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/sequence.h"
+#include "model/model.h"
+
+namespace corolla {
+
+// Tokens [seq->num_computed_tokens, + num_tokens) of one sequence; their blocks are allocated.
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int num_tokens = 0;
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(Model& model, Backend& backend, KvCache& kv_cache)
+      : model_(model), backend_(backend), kv_cache_(kv_cache) {}
+
+  // Runs the chunks and returns float32 logits (backend memory): one row per token of
+  // every chunk when `all_logits`, else one row per chunk that reaches the end of its sequence,
+  // in chunk order. Does not advance num_computed_tokens (the caller does).
+  Tensor Execute(std::span<const ScheduledChunk> chunks, bool all_logits);
+
+  // Execute, then sample one token for every chunk that reaches the end of its sequence.
+  // Returns the token per chunk, -1 for chunks in the middle of a prefill.
+  std::vector<int32_t> ExecuteAndSample(std::span<const ScheduledChunk> chunks);
+
+ private:
+  Tensor ToDevice(const std::vector<int32_t>& host, Shape shape);
+
+  Model& model_;
+  Backend& backend_;
+  KvCache& kv_cache_;
+};
+
+// Copies logits (any backend) to a host float32 tensor.
+Tensor LogitsToHost(Backend& backend, const Tensor& logits);
+
+}  // namespace corolla
+
+namespace corolla {
+
+// Logits [L, vocab] (host float32) of every position of `ids`, from one prefill through a
+// KV cache of its own. Errors name ids outside the vocabulary and sequences longer than the
+// model's max_position_embeddings. The in-process twin of `corolla logits`.
+Result<Tensor> ComputeLogits(Model& model, Backend& backend, const std::vector<int32_t>& ids);
+
+}  // namespace corolla

@@ -1,0 +1,115 @@
+// Backend: every operation a model forward needs, on one device. Model code calls these with
+// TensorViews and never includes a device header; the backend (cpu or cuda) is chosen at load.
+// Shapes in comments: T tokens in the flat batch, B sequences, H hidden size, D head dim,
+// Hq/Hk query/KV heads, E experts, K experts per token, V vocabulary.
+// A Backend is used by one thread at a time (the engine's step thread).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "kernels/sampling.h"
+#include "tensor/tensor.h"
+
+namespace corolla {
+
+// Paged KV cache of one attention layer. Within a block the layout is heads-major:
+// k, v: [num_blocks, Hk, block_size, D], so a block splits or joins by head.
+struct KvCacheView {
+  TensorView k;
+  TensorView v;
+  int block_size() const { return static_cast<int>(k.dim(2)); }
+};
+
+// Metadata of one flat batch of B sequences, each contributing q_len new tokens (prefill chunk
+// or one decode token) after a cached prefix. Tokens of sequence b are rows
+// [query_start[b], query_start[b+1]) of the flat batch; they sit at positions
+// seq_lens[b] - q_len .. seq_lens[b] - 1, and attend causally to all earlier positions.
+struct AttentionBatch {
+  TensorView query_start;   // [B + 1] i32, first element 0
+  TensorView seq_lens;      // [B] i32, context length including this step's tokens
+  TensorView block_tables;  // [B, max_blocks_per_seq] i32, physical block of each logical block
+  TensorView slot_mapping;  // [T] i32, cache slot (block * block_size + offset) of each token
+  int max_q_len = 0;        // host-side hints for kernel planning
+  int max_seq_len = 0;
+};
+
+struct RopeParams {
+  int rotary_dim = 0;  // leading dims of each head that rotate (partial rotary); the rest pass through
+  float theta = 10000.0f;
+  // Neox style (rotate halves: pairs (i, i + rotary_dim/2)), as Qwen does.
+};
+
+struct MoeRouting {
+  int top_k = 0;
+  bool renormalize = true;  // divide the top-k softmax weights by their sum
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  // dtype of activations and of the KV cache: f32 on the CPU, bf16 on CUDA.
+  virtual DType activation_dtype() const = 0;
+
+  // --- memory ---------------------------------------------------------------------------
+  virtual Tensor Empty(DType dtype, Shape shape) = 0;
+  // A weight in the backend's storage format (the CPU widens bf16/f16 to f32) from host memory
+  // (typically an mmapped checkpoint). `rows` of src concatenated along dim 0 when several.
+  virtual Tensor LoadWeight(const TensorView& host_src) = 0;
+  virtual Tensor LoadWeightConcat(const std::vector<TensorView>& host_srcs) = 0;
+  virtual void CopyToHost(const TensorView& src, void* dst) = 0;
+  virtual void CopyFromHost(const void* src, const TensorView& dst) = 0;
+  virtual void Synchronize() = 0;
+
+  // --- ops ------------------------------------------------------------------------------
+  // out[t] = table[ids[t]]. ids [T] i32, table [V, H], out [T, H].
+  virtual void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) = 0;
+  // With residual: residual += x, then out = rmsnorm(residual) * w. Without: out = rmsnorm(x) * w.
+  // x, out, residual [T, H]; w [H]. out may alias x.
+  virtual void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
+                       const TensorView* residual) = 0;
+  // Per-head RMSNorm in place: x [T, heads, D] (rows may be strided), w [D].
+  virtual void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) = 0;
+  // Rotary embedding in place on q [T, Hq, D] and k [T, Hk, D] at positions [T] i32.
+  virtual void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
+                    const RopeParams& params) = 0;
+  // out = x @ w^T. x [T, K], w [N, K], out [T, N].
+  virtual void Linear(const TensorView& x, const TensorView& w, const TensorView& out) = 0;
+  // out = silu(gate) * up, gate_up [T, 2I] (gate first), out [T, I].
+  virtual void SiluMul(const TensorView& gate_up, const TensorView& out) = 0;
+  // out[i] = x[rows[i]]. x [T, H], rows [N] i32, out [N, H].
+  virtual void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) = 0;
+  // x += y, both [T, H].
+  virtual void Add(const TensorView& x, const TensorView& y) = 0;
+  // Writes k, v [T, Hk, D] into the cache at batch.slot_mapping.
+  virtual void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
+                       const AttentionBatch& batch) = 0;
+  // Causal GQA attention of q [T, Hq, D] over the paged cache (which already holds this
+  // step's k/v). out [T, Hq, D].
+  virtual void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                         float scale, const TensorView& out) = 0;
+  // Router: softmax over router_logits [T, E] in f32, top-k, optional renormalisation.
+  // topk_ids [T, K] i32, topk_weights [T, K] f32.
+  virtual void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
+                        const TensorView& topk_ids, const TensorView& topk_weights) = 0;
+  // out[t] = sum_k w[t,k] * down_e(silu(gate_e x) * up_e x), e = topk_ids[t,k].
+  // x [T, H], w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I], out [T, H].
+  virtual void MoeExperts(const TensorView& x, const TensorView& topk_ids,
+                          const TensorView& topk_weights, const TensorView& w_gate_up,
+                          const TensorView& w_down, const TensorView& out) = 0;
+  // One token per row of logits [B, V] (f32 or the activation dtype); params [B]; `steps` [B]
+  // counters for the per-request random stream. out_ids [B] i32 (host memory).
+  virtual void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
+                      int32_t* out_ids) = 0;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend();
+// The CUDA backend on device `device_idx` (kernels/cuda; only in builds with COROLLA_CUDA=ON).
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device_idx);
+// Returns an error when the binary was built without CUDA or no device is present.
+Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device);
+
+}  // namespace corolla

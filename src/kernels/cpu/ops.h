@@ -1,0 +1,31 @@
+// CPU reference implementations of the Backend operations (float32 activations and weights).
+// They are the correctness oracle for every CUDA kernel: CUDA tests call these on the same
+// inputs. All inputs and outputs are host float32 views unless stated; rows may be strided
+// (strides[0]), the innermost dimension is contiguous. Multithreaded through
+// ThreadPool::Default(); each call is synchronous.
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace corolla::cpu {
+
+void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out);
+void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
+             const TensorView* residual);
+void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps);
+void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
+          const RopeParams& params);
+void Linear(const TensorView& x, const TensorView& w, const TensorView& out);
+void SiluMul(const TensorView& gate_up, const TensorView& out);
+void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out);
+void Add(const TensorView& x, const TensorView& y);
+void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
+             const AttentionBatch& batch);
+void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+               float scale, const TensorView& out);
+void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
+              const TensorView& topk_ids, const TensorView& topk_weights);
+void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out);
+
+}  // namespace corolla::cpu

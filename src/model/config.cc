@@ -1,0 +1,262 @@
+#include "model/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace corolla {
+
+using nlohmann::json;
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": cannot open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) return Corrupt(path + ": read error");
+  return s.str();
+}
+
+Result<json> ParseJson(const std::string& text, const std::string& what) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    try {
+      (void)json::parse(text);
+    } catch (const json::parse_error& e) {
+      return Corrupt(what + ": invalid JSON: " + e.what());
+    }
+    return Corrupt(what + ": invalid JSON");
+  }
+  return j;
+}
+
+namespace {
+
+// Typed field readers: absent keys keep the default; wrong types are errors naming the key.
+class Fields {
+ public:
+  explicit Fields(const json& j) : j_(j) {}
+
+  Status Int(const char* key, int* out, bool required = false) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (!it->is_number_integer()) return Bad(key, "an integer");
+    int64_t v = it->get<int64_t>();
+    if (v < INT32_MIN || v > INT32_MAX) return Bad(key, "a 32-bit integer");
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  }
+  Status Double(const char* key, double* out, bool required = false) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Missing(key, required);
+    if (!it->is_number()) return Bad(key, "a number");
+    *out = it->get<double>();
+    return Status::Ok();
+  }
+  Status Bool(const char* key, bool* out) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Status::Ok();
+    if (!it->is_boolean()) return Bad(key, "true or false");
+    *out = it->get<bool>();
+    return Status::Ok();
+  }
+  // An int or a list of ints (eos_token_id is either).
+  Status IntList(const char* key, std::vector<int>* out) {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Status::Ok();
+    out->clear();
+    if (it->is_number_integer()) {
+      out->push_back(it->get<int>());
+      return Status::Ok();
+    }
+    if (!it->is_array()) return Bad(key, "an integer or a list of integers");
+    for (const auto& v : *it) {
+      if (!v.is_number_integer()) return Bad(key, "a list of integers");
+      out->push_back(v.get<int>());
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status Missing(const char* key, bool required) {
+    if (!required) return Status::Ok();
+    return InvalidArgument(std::string("config.json: required field '") + key + "' is missing");
+  }
+  Status Bad(const char* key, const char* expected) {
+    return InvalidArgument(std::string("config.json: field '") + key + "' must be " + expected +
+                           ", got " + j_.at(key).dump());
+  }
+  const json& j_;
+};
+
+Status ParseRope(const json& j, ModelConfig* c) {
+  // transformers >= 5 writes rope_parameters {rope_theta, rope_type, partial_rotary_factor, ...};
+  // earlier checkpoints write rope_theta + rope_scaling {type|rope_type, factor, ...}.
+  Fields top(j);
+  RETURN_IF_ERROR(top.Double("rope_theta", &c->rope.theta));
+  RETURN_IF_ERROR(top.Double("partial_rotary_factor", &c->rope.partial_rotary_factor));
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object()) return InvalidArgument(std::string("config.json: ") + key + " must be an object");
+    Fields f(*it);
+    RETURN_IF_ERROR(f.Double("rope_theta", &c->rope.theta));
+    RETURN_IF_ERROR(f.Double("partial_rotary_factor", &c->rope.partial_rotary_factor));
+    RETURN_IF_ERROR(f.Double("factor", &c->rope.factor));
+    RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &c->rope.original_max_position_embeddings));
+    for (const char* type_key : {"rope_type", "type"}) {
+      auto t = it->find(type_key);
+      if (t != it->end() && t->is_string()) c->rope.type = t->get<std::string>();
+    }
+  }
+  if (c->rope.type != "default") {
+    return Unsupported("config.json: rope type '" + c->rope.type + "' is not supported for " +
+                       c->model_type);
+  }
+  if (c->rope.theta <= 0) return InvalidArgument("config.json: rope_theta must be positive");
+  if (c->rope.partial_rotary_factor <= 0 || c->rope.partial_rotary_factor > 1)
+    return InvalidArgument("config.json: partial_rotary_factor must be in (0, 1]");
+  return Status::Ok();
+}
+
+Status ParseQwen3(const json& j, ModelConfig* c) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.Int("vocab_size", &c->vocab_size, true));
+  RETURN_IF_ERROR(f.Int("hidden_size", &c->hidden_size, true));
+  RETURN_IF_ERROR(f.Int("num_hidden_layers", &c->num_layers, true));
+  RETURN_IF_ERROR(f.Int("num_attention_heads", &c->num_attention_heads, true));
+  c->num_kv_heads = c->num_attention_heads;
+  RETURN_IF_ERROR(f.Int("num_key_value_heads", &c->num_kv_heads));
+  if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
+  RETURN_IF_ERROR(f.Int("head_dim", &c->head_dim));
+  RETURN_IF_ERROR(f.Int("intermediate_size", &c->intermediate_size));
+  RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
+  RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings, true));
+  RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+  RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+  RETURN_IF_ERROR(f.IntList("eos_token_id", &c->eos_token_ids));
+  int bos = -1;
+  RETURN_IF_ERROR(f.Int("bos_token_id", &bos));
+  if (bos >= 0) c->bos_token_id = bos;
+  RETURN_IF_ERROR(ParseRope(j, c));
+
+  if (c->family == ModelFamily::kQwen3Moe) {
+    // Hub checkpoints say num_experts; transformers >= 5 writes num_local_experts.
+    RETURN_IF_ERROR(f.Int("num_experts", &c->num_experts));
+    RETURN_IF_ERROR(f.Int("num_local_experts", &c->num_experts));
+    RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_token, true));
+    RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size, true));
+    RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c->norm_topk_prob));
+    RETURN_IF_ERROR(f.Int("decoder_sparse_step", &c->decoder_sparse_step));
+    RETURN_IF_ERROR(f.IntList("mlp_only_layers", &c->mlp_only_layers));
+    if (c->num_experts <= 0) return InvalidArgument("config.json: num_experts must be positive");
+    if (c->num_experts_per_token <= 0 || c->num_experts_per_token > c->num_experts)
+      return InvalidArgument("config.json: num_experts_per_tok must be in [1, num_experts]");
+    if (c->decoder_sparse_step <= 0)
+      return InvalidArgument("config.json: decoder_sparse_step must be positive");
+  }
+
+  // Only full attention in these families; layer_types, if given, must agree.
+  c->layer_kinds.assign(std::max(c->num_layers, 0), LayerKind::kFullAttention);
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    for (const auto& t : *it) {
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        return Unsupported("config.json: layer type " + t.dump() + " is not supported for " +
+                           c->model_type);
+    }
+  }
+  if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->num_layers <= 0 ||
+      c->num_attention_heads <= 0 || c->num_kv_heads <= 0 || c->head_dim <= 0 ||
+      c->max_position_embeddings <= 0)
+    return InvalidArgument("config.json: sizes must be positive");
+  if (c->num_attention_heads % c->num_kv_heads != 0)
+    return InvalidArgument("config.json: num_attention_heads (" +
+                           std::to_string(c->num_attention_heads) +
+                           ") must be a multiple of num_key_value_heads (" +
+                           std::to_string(c->num_kv_heads) + ")");
+  if (c->head_dim % 2 != 0) return InvalidArgument("config.json: head_dim must be even");
+  if (c->family == ModelFamily::kQwen3 && c->intermediate_size <= 0)
+    return InvalidArgument("config.json: intermediate_size must be positive");
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool ModelConfig::is_moe_layer(int layer) const {
+  if (num_experts == 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end())
+    return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int ModelConfig::rotary_dim() const {
+  int d = static_cast<int>(head_dim * rope.partial_rotary_factor);
+  return d - d % 2;
+}
+
+Result<ModelConfig> ParseModelConfig(const json& root) {
+  if (!root.is_object()) return InvalidArgument("config.json: not a JSON object");
+  ModelConfig c;
+  const json* j = &root;
+  // Multimodal wrappers keep the language model's config in text_config and its weights under
+  // model.language_model.
+  if (auto it = root.find("text_config"); it != root.end() && it->is_object()) {
+    j = &*it;
+    c.weight_prefix = "model.language_model.";
+  }
+  auto mt = j->find("model_type");
+  if (mt == j->end() || !mt->is_string()) {
+    mt = root.find("model_type");
+    if (mt == root.end() || !mt->is_string())
+      return InvalidArgument("config.json: required field 'model_type' is missing");
+  }
+  c.model_type = mt->get<std::string>();
+  if (c.model_type == "qwen3") {
+    c.family = ModelFamily::kQwen3;
+  } else if (c.model_type == "qwen3_moe") {
+    c.family = ModelFamily::kQwen3Moe;
+  } else {
+    return Unsupported("config.json: model_type '" + c.model_type +
+                       "' is not supported (supported: qwen3, qwen3_moe)");
+  }
+  RETURN_IF_ERROR(ParseQwen3(*j, &c));
+  if (c.eos_token_ids.empty() && j != &root) RETURN_IF_ERROR(Fields(root).IntList("eos_token_id", &c.eos_token_ids));
+  return c;
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/config.json"));
+  ASSIGN_OR_RETURN(json j, ParseJson(text, dir + "/config.json"));
+  Result<ModelConfig> c = ParseModelConfig(j);
+  if (!c.ok()) return c.status().WithContext(dir);
+  return c;
+}
+
+Result<GenerationConfig> LoadGenerationConfig(const std::string& dir, const ModelConfig& model) {
+  GenerationConfig g;
+  g.eos_token_ids = model.eos_token_ids;
+  std::string path = dir + "/generation_config.json";
+  Result<std::string> text = ReadFile(path);
+  if (!text.ok()) return g;  // optional file
+  ASSIGN_OR_RETURN(json j, ParseJson(*text, path));
+  if (!j.is_object()) return InvalidArgument(path + ": not a JSON object");
+  Fields f(j);
+  std::vector<int> eos;
+  Status s = f.IntList("eos_token_id", &eos);
+  if (!s.ok()) return s.WithContext(path);
+  if (!eos.empty()) g.eos_token_ids = eos;
+  // Sampling defaults are optional; a value of the wrong type is ignored as transformers does.
+  auto number = [&](const char* key) -> std::optional<double> {
+    auto it = j.find(key);
+    if (it != j.end() && it->is_number()) return it->get<double>();
+    return std::nullopt;
+  };
+  g.temperature = number("temperature");
+  g.top_p = number("top_p");
+  g.min_p = number("min_p");
+  if (auto k = number("top_k")) g.top_k = static_cast<int>(*k);
+  if (auto it = j.find("do_sample"); it != j.end() && it->is_boolean()) g.do_sample = it->get<bool>();
+  return g;
+}
+
+}  // namespace corolla

@@ -1,0 +1,86 @@
+// ModelConfig: the architecture of a checkpoint, parsed from its config.json, and
+// GenerationConfig from generation_config.json. One struct covers every supported family;
+// fields a family lacks keep their defaults, so an architecture is data, not a new type.
+// Immutable after parsing.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace corolla {
+
+enum class ModelFamily { kQwen3, kQwen3Moe };
+
+enum class LayerKind { kFullAttention, kLinearAttention };
+
+struct RopeConfig {
+  std::string type = "default";  // "default" | "linear" | "yarn" | ...
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  double factor = 1.0;  // scaling factor of linear / yarn
+  int original_max_position_embeddings = 0;
+};
+
+struct ModelConfig {
+  std::string model_type;  // as written in config.json (text_config's for multimodal wrappers)
+  ModelFamily family = ModelFamily::kQwen3;
+  std::string weight_prefix = "model.";  // "model.language_model." for multimodal wrappers
+
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_attention_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int intermediate_size = 0;  // dense MLP width
+  double rms_norm_eps = 1e-6;
+  int max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  RopeConfig rope;
+  std::vector<LayerKind> layer_kinds;  // [num_layers]
+
+  // Mixture of experts (num_experts == 0: dense).
+  int num_experts = 0;
+  int num_experts_per_token = 0;
+  int moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
+
+  std::vector<int> eos_token_ids;  // from config.json; GenerationConfig's take precedence
+  std::optional<int> bos_token_id;
+
+  bool is_moe_layer(int layer) const;
+  int rotary_dim() const;  // head_dim * partial_rotary_factor, even
+  int q_size() const { return num_attention_heads * head_dim; }
+  int kv_size() const { return num_kv_heads * head_dim; }
+};
+
+struct GenerationConfig {
+  std::vector<int> eos_token_ids;
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int> top_k;
+  std::optional<double> min_p;
+  std::optional<bool> do_sample;
+};
+
+// Parses config.json content. Errors name the field and the problem.
+Result<ModelConfig> ParseModelConfig(const nlohmann::json& json);
+// Reads DIR/config.json.
+Result<ModelConfig> LoadModelConfig(const std::string& dir);
+// Reads DIR/generation_config.json if present (else defaults with eos from `model`).
+Result<GenerationConfig> LoadGenerationConfig(const std::string& dir, const ModelConfig& model);
+
+// Reads a whole file; NotFound naming the path.
+Result<std::string> ReadFile(const std::string& path);
+// Parses JSON, Corrupt naming `what` (a file name) and the parser's message.
+Result<nlohmann::json> ParseJson(const std::string& text, const std::string& what);
+
+}  // namespace corolla

@@ -1,0 +1,22 @@
+#include "model/model.h"
+
+#include "model/qwen3.h"
+#include "model/safetensors.h"
+
+namespace corolla {
+
+Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backend) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(dir));
+  Result<std::unique_ptr<Model>> model = Unsupported("model_type " + config.model_type);
+  switch (config.family) {
+    case ModelFamily::kQwen3:
+    case ModelFamily::kQwen3Moe:
+      model = LoadQwen3(config, *checkpoint, backend);
+      break;
+  }
+  if (!model.ok()) return model.status().WithContext(dir);
+  return model;
+}
+
+}  // namespace corolla

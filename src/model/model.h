@@ -1,0 +1,44 @@
+// Model: a loaded checkpoint that runs one forward over a flat batch on a Backend.
+// The engine owns the KV cache and the batch metadata; a Model owns only its weights.
+// Forward is called by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kernels/backend.h"
+#include "model/config.h"
+
+namespace corolla {
+
+// One step's inputs, all on the backend's device.
+struct ForwardBatch {
+  TensorView token_ids;    // [T] i32
+  TensorView positions;    // [T] i32
+  AttentionBatch attention;
+  TensorView logits_rows;  // [N] i32: rows of the flat batch whose logits are computed
+};
+
+// What the engine must allocate for the model's paged KV cache.
+struct KvCacheSpec {
+  int num_layers = 0;  // layers with a paged KV cache
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual KvCacheSpec kv_cache_spec() const = 0;
+  // Runs the batch; writes this step's K/V into `kv_caches` (one per KV layer) and logits
+  // [N, vocab] (float32) for batch.logits_rows.
+  virtual void Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
+                       const TensorView& logits) = 0;
+};
+
+// Loads the Hugging Face checkpoint in `dir` onto `backend` (which must outlive the model).
+Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backend);
+
+}  // namespace corolla

@@ -1,0 +1,195 @@
+#include "model/qwen3.h"
+
+#include <cmath>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace corolla {
+namespace {
+
+struct AttentionWeights {
+  Tensor qkv;     // [(Hq + 2 Hk) * D, H]: q_proj | k_proj | v_proj rows
+  Tensor o;       // [H, Hq * D]
+  Tensor q_norm;  // [D]
+  Tensor k_norm;  // [D]
+};
+
+struct MlpWeights {     // dense SwiGLU
+  Tensor gate_up;       // [2I, H]: gate_proj | up_proj rows
+  Tensor down;          // [H, I]
+};
+
+struct MoeWeights {
+  Tensor router;        // [E, H]
+  Tensor gate_up;       // [E, 2I, H]
+  Tensor down;          // [E, H, I]
+};
+
+struct LayerWeights {
+  Tensor input_norm;         // [H]
+  Tensor post_attention_norm;  // [H]
+  AttentionWeights attn;
+  bool is_moe = false;
+  MlpWeights mlp;
+  MoeWeights moe;
+};
+
+class Qwen3Model final : public Model {
+ public:
+  Qwen3Model(ModelConfig config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
+
+  Status Load(const Checkpoint& checkpoint);
+
+  const ModelConfig& config() const override { return config_; }
+  KvCacheSpec kv_cache_spec() const override {
+    return {config_.num_layers, config_.num_kv_heads, config_.head_dim};
+  }
+  void Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
+               const TensorView& logits) override;
+
+ private:
+  void AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
+                      const KvCacheView& cache, const TensorView& out);
+  void MlpBlock(int layer, const TensorView& x, const TensorView& out);
+
+  ModelConfig config_;
+  Backend& backend_;
+  Tensor embed_;    // [V, H]
+  Tensor lm_head_;  // [V, H] (the embedding when tied)
+  Tensor final_norm_;
+  std::vector<LayerWeights> layers_;
+};
+
+Status Qwen3Model::Load(const Checkpoint& checkpoint) {
+  const ModelConfig& c = config_;
+  WeightLoader w(checkpoint, backend_);
+  const std::string& root = c.weight_prefix;  // "model." (or "model.language_model.")
+  const int64_t hidden = c.hidden_size, d = c.head_dim;
+  ASSIGN_OR_RETURN(embed_, w.Load(root + "embed_tokens.weight", {c.vocab_size, hidden}));
+  ASSIGN_OR_RETURN(final_norm_, w.Load(root + "norm.weight", {hidden}));
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_;
+  } else {
+    ASSIGN_OR_RETURN(lm_head_, w.Load("lm_head.weight", {c.vocab_size, hidden}));
+  }
+  layers_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& lw = layers_[l];
+    std::string p = root + "layers." + std::to_string(l) + ".";
+    ASSIGN_OR_RETURN(lw.input_norm, w.Load(p + "input_layernorm.weight", {hidden}));
+    ASSIGN_OR_RETURN(lw.post_attention_norm, w.Load(p + "post_attention_layernorm.weight", {hidden}));
+    std::string a = p + "self_attn.";
+    ASSIGN_OR_RETURN(lw.attn.qkv, w.LoadConcat({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                               {{c.q_size(), hidden}, {c.kv_size(), hidden}, {c.kv_size(), hidden}}));
+    ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, c.q_size()}));
+    ASSIGN_OR_RETURN(lw.attn.q_norm, w.Load(a + "q_norm.weight", {d}));
+    ASSIGN_OR_RETURN(lw.attn.k_norm, w.Load(a + "k_norm.weight", {d}));
+    std::string m = p + "mlp.";
+    lw.is_moe = c.is_moe_layer(l);
+    if (lw.is_moe) {
+      const int e = c.num_experts, inter = c.moe_intermediate_size;
+      ASSIGN_OR_RETURN(lw.moe.router, w.Load(m + "gate.weight", {e, hidden}));
+      ASSIGN_OR_RETURN(lw.moe.gate_up, w.LoadExpertsGateUp(m + "experts.", e, inter, c.hidden_size));
+      ASSIGN_OR_RETURN(lw.moe.down, w.LoadExpertsDown(m + "experts.", e, inter, c.hidden_size));
+    } else {
+      const int64_t inter = c.intermediate_size;
+      ASSIGN_OR_RETURN(lw.mlp.gate_up, w.LoadConcat({m + "gate_proj.weight", m + "up_proj.weight"},
+                                                    {{inter, hidden}, {inter, hidden}}));
+      ASSIGN_OR_RETURN(lw.mlp.down, w.Load(m + "down_proj.weight", {hidden, inter}));
+    }
+  }
+  return w.CheckAllUsed([&](const std::string& name) {
+    // Tied checkpoints may still carry lm_head.weight; old exports carry rotary buffers.
+    return (c.tie_word_embeddings && name == "lm_head.weight") ||
+           name.find("rotary_emb.inv_freq") != std::string::npos;
+  });
+}
+
+void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
+                                const KvCacheView& cache, const TensorView& out) {
+  const ModelConfig& c = config_;
+  const AttentionWeights& w = layers_[layer].attn;
+  const int64_t tokens = x.dim(0), d = c.head_dim, hq = c.num_attention_heads, hk = c.num_kv_heads;
+  const DType act = backend_.activation_dtype();
+
+  Tensor qkv = backend_.Empty(act, {tokens, (hq + 2 * hk) * d});  // [T, (Hq + 2Hk) * D]
+  backend_.Linear(x, w.qkv, qkv);
+  // Strided views into qkv: q [T, Hq, D], k [T, Hk, D], v [T, Hk, D].
+  auto heads = [&](int64_t first_head, int64_t num_heads) {
+    TensorView v = qkv.view();
+    v.data = static_cast<char*>(v.data) + first_head * d * DTypeSize(act);
+    v.shape = {tokens, num_heads, d};
+    v.strides = {(hq + 2 * hk) * d, d, 1, 0};
+    return v;
+  };
+  TensorView q = heads(0, hq), k = heads(hq, hk), v = heads(hq + hk, hk);
+  backend_.HeadRmsNorm(q, w.q_norm, static_cast<float>(c.rms_norm_eps));
+  backend_.HeadRmsNorm(k, w.k_norm, static_cast<float>(c.rms_norm_eps));
+  backend_.Rope(q, k, batch.positions, {c.rotary_dim(), static_cast<float>(c.rope.theta)});
+  backend_.KvWrite(k, v, cache, batch.attention);
+
+  Tensor attn = backend_.Empty(act, {tokens, hq, d});  // [T, Hq, D]
+  backend_.Attention(q, cache, batch.attention, 1.0f / std::sqrt(static_cast<float>(d)), attn);
+  backend_.Linear(attn.view().Reshape({tokens, hq * d}), w.o, out);
+}
+
+void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out) {
+  const ModelConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int64_t tokens = x.dim(0);
+  const DType act = backend_.activation_dtype();
+  if (!lw.is_moe) {
+    const int64_t inter = c.intermediate_size;
+    Tensor gate_up = backend_.Empty(act, {tokens, 2 * inter});  // [T, 2I]
+    Tensor h = backend_.Empty(act, {tokens, inter});            // [T, I]
+    backend_.Linear(x, lw.mlp.gate_up, gate_up);
+    backend_.SiluMul(gate_up, h);
+    backend_.Linear(h, lw.mlp.down, out);
+    return;
+  }
+  const int64_t experts = c.num_experts, k = c.num_experts_per_token;
+  Tensor router_logits = backend_.Empty(DType::kF32, {tokens, experts});  // [T, E] f32
+  Tensor topk_ids = backend_.Empty(DType::kI32, {tokens, k});
+  Tensor topk_weights = backend_.Empty(DType::kF32, {tokens, k});
+  backend_.Linear(x, lw.moe.router, router_logits);
+  backend_.MoeRoute(router_logits, {static_cast<int>(k), c.norm_topk_prob}, topk_ids, topk_weights);
+  backend_.MoeExperts(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out);
+}
+
+void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
+                         const TensorView& logits) {
+  const ModelConfig& c = config_;
+  const int64_t tokens = batch.token_ids.numel(), hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const DType act = backend_.activation_dtype();
+  COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
+
+  Tensor residual = backend_.Empty(act, {tokens, hidden});  // [T, H] running sum of the stream
+  Tensor x = backend_.Empty(act, {tokens, hidden});         // [T, H] normed input of a block
+  Tensor y = backend_.Empty(act, {tokens, hidden});         // [T, H] output of a block
+  backend_.Embedding(batch.token_ids, embed_, residual);
+  backend_.RmsNorm(residual, layers_[0].input_norm, eps, x, nullptr);
+  for (int l = 0; l < c.num_layers; ++l) {
+    AttentionBlock(l, x, batch, kv_caches[l], y);
+    backend_.RmsNorm(y, layers_[l].post_attention_norm, eps, x, &residual.view());
+    MlpBlock(l, x, y);
+    const Tensor& next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
+    backend_.RmsNorm(y, next_norm, eps, x, &residual.view());
+  }
+  const int64_t rows = batch.logits_rows.numel();
+  Tensor selected = backend_.Empty(act, {rows, hidden});  // [N, H]
+  backend_.GatherRows(x, batch.logits_rows, selected);
+  backend_.Linear(selected, lm_head_, logits);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> LoadQwen3(const ModelConfig& config, const Checkpoint& checkpoint,
+                                         Backend& backend) {
+  auto model = std::make_unique<Qwen3Model>(config, backend);
+  RETURN_IF_ERROR(model->Load(checkpoint));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace corolla

@@ -1,0 +1,44 @@
+// Chat templates: renders a conversation through the model's Jinja chat template (from
+// tokenizer_config.json's "chat_template", or chat_template.jinja beside it), as transformers'
+// apply_chat_template does. A ChatTemplate is immutable after Load; Render is thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace corolla {
+
+namespace jinja {
+class Template;
+}
+
+struct ChatRenderOptions {
+  bool add_generation_prompt = false;
+  nlohmann::json tools;         // null or a JSON list of tool definitions
+  nlohmann::json extra_kwargs;  // null or an object, e.g. {"enable_thinking": false}
+};
+
+class ChatTemplate {
+ public:
+  // `source` is the template text; bos/eos tokens are exposed to it as bos_token/eos_token.
+  static Result<ChatTemplate> Parse(const std::string& source, std::string bos_token,
+                                    std::string eos_token);
+  // Reads DIR/tokenizer_config.json (chat_template as a string, or a list of named templates:
+  // the "default" one) or DIR/chat_template.jinja.
+  static Result<ChatTemplate> LoadFromDir(const std::string& dir);
+
+  // messages: a JSON list of {"role": ..., "content": ...} (plus tool_calls etc. as the
+  // template reads them).
+  Result<std::string> Render(const nlohmann::json& messages, const ChatRenderOptions& options) const;
+
+ private:
+  std::shared_ptr<const jinja::Template> template_;
+  std::string bos_token_;
+  std::string eos_token_;
+};
+
+}  // namespace corolla
