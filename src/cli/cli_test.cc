@@ -21,7 +21,7 @@ struct RunResult {
   std::string output;  // stdout and stderr
 };
 
-RunResult Run(const std::string& args) {
+RunResult RunCorolla(const std::string& args) {
   std::string cmd = std::string(COROLLA_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
@@ -43,15 +43,15 @@ std::string IdsOf(const TensorView& v) {
 }
 
 TEST(Cli, HelpExplainsEveryCommand) {
-  RunResult r = Run("--help");
+  RunResult r = RunCorolla("--help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* cmd : {"generate", "logits", "tokenize", "detokenize"}) {
     EXPECT_NE(r.output.find(cmd), std::string::npos) << cmd;
-    RunResult h = Run(std::string(cmd) + " --help");
+    RunResult h = RunCorolla(std::string(cmd) + " --help");
     EXPECT_EQ(h.exit_code, 0) << cmd;
     EXPECT_NE(h.output.find("usage: corolla " + std::string(cmd)), std::string::npos) << h.output;
   }
-  RunResult g = Run("generate --help");
+  RunResult g = RunCorolla("generate --help");
   for (const char* opt : {"--model", "--prompt-ids", "--max-tokens", "--temperature", "--top-p", "--top-k",
                           "--min-p", "--seed", "--json"})
     EXPECT_NE(g.output.find(opt), std::string::npos) << opt;
@@ -64,7 +64,7 @@ TEST(Cli, LogitsMatchTheGoldens) {
       TensorView ids = golden->View(*golden->Find("ids_" + std::to_string(k)));
       TensorView ref = golden->View(*golden->Find("logits_" + std::to_string(k)));
       std::string out = TempPath(name + std::to_string(k) + ".safetensors");
-      RunResult r = Run("logits --model tests/data/models/" + name + " --ids " + IdsOf(ids) + " --out " + out);
+      RunResult r = RunCorolla("logits --model tests/data/models/" + name + " --ids " + IdsOf(ids) + " --out " + out);
       ASSERT_EQ(r.exit_code, 0) << r.output;
       auto file = SafetensorsFile::Open(out);
       ASSERT_TRUE(file.ok()) << file.status().ToString();
@@ -89,12 +89,12 @@ TEST(Cli, LogitsMatchTheGoldens) {
 
 TEST(Cli, GenerateOnTheBuiltInModel) {
   // The first golden chat of the demo model: "What is 7 + 5?" -> "7 + 5 = 12."
-  RunResult r = Run("generate --prompt-ids 1,282,201,320,286,223,25,333,223,23,33,2,201,1,281,201 "
+  RunResult r = RunCorolla("generate --prompt-ids 1,282,201,320,286,223,25,333,223,23,33,2,201,1,281,201 "
                     "--max-tokens 32 --temperature 0 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"ids\":[25,333,223,23,317,223,19,20,16,2]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"finish_reason\":\"stop\""), std::string::npos) << r.output;
-  RunResult plain = Run("generate --model models/corolla-demo --prompt-ids 1,282 --max-tokens 3 --ignore-eos --seed 7");
+  RunResult plain = RunCorolla("generate --model models/corolla-demo --prompt-ids 1,282 --max-tokens 3 --ignore-eos --seed 7");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   EXPECT_NE(plain.output.find("finish_reason=length"), std::string::npos) << plain.output;
 }
@@ -118,7 +118,7 @@ TEST(Cli, BadInputIsAClearErrorNotACrash) {
       {"nonsense", "unknown command"},
   };
   for (const auto& c : cases) {
-    RunResult r = Run(c.args);
+    RunResult r = RunCorolla(c.args);
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_LT(r.exit_code, 128) << c.args << " crashed: " << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
@@ -126,10 +126,10 @@ TEST(Cli, BadInputIsAClearErrorNotACrash) {
   // More tokens than max_position_embeddings (2048 for the demo model).
   std::string ids = "1";
   for (int i = 0; i < 2048; ++i) ids += ",1";
-  RunResult r = Run("logits --ids " + ids + " --out " + TempPath("long.safetensors"));
+  RunResult r = RunCorolla("logits --ids " + ids + " --out " + TempPath("long.safetensors"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("exceed the model's max_position_embeddings (2048)"), std::string::npos) << r.output;
-  r = Run("generate --prompt-ids " + ids);
+  r = RunCorolla("generate --prompt-ids " + ids);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("the maximum context is 2048"), std::string::npos) << r.output;
   fs::remove_all(dir);

@@ -16,10 +16,13 @@ namespace jinja {
 class Template;
 }
 
+// ordered_json keeps object keys in the order given, as Python dicts do: `tools | tojson` must
+// print a tool's schema in the client's key order. A plain nlohmann::json converts implicitly
+// (its keys arrive sorted).
 struct ChatRenderOptions {
   bool add_generation_prompt = false;
-  nlohmann::json tools;         // null or a JSON list of tool definitions
-  nlohmann::json extra_kwargs;  // null or an object, e.g. {"enable_thinking": false}
+  nlohmann::ordered_json tools;         // null or a JSON list of tool definitions
+  nlohmann::ordered_json extra_kwargs;  // null or an object, e.g. {"enable_thinking": false}
 };
 
 class ChatTemplate {
@@ -32,8 +35,12 @@ class ChatTemplate {
   static Result<ChatTemplate> LoadFromDir(const std::string& dir);
 
   // messages: a JSON list of {"role": ..., "content": ...} (plus tool_calls etc. as the
-  // template reads them).
-  Result<std::string> Render(const nlohmann::json& messages, const ChatRenderOptions& options) const;
+  // template reads them). The template sees messages, tools and documents (None unless given,
+  // as in transformers), add_generation_prompt, bos_token/eos_token (when set) and every key of
+  // extra_kwargs. Errors from the template (raise_exception, type errors) are InvalidArgument;
+  // constructs the interpreter lacks are Unsupported.
+  Result<std::string> Render(const nlohmann::ordered_json& messages,
+                             const ChatRenderOptions& options) const;
 
  private:
   std::shared_ptr<const jinja::Template> template_;
