@@ -8,5 +8,8 @@ int GenerateMain(int argc, char** argv);    // generate_cmd.cc
 int LogitsMain(int argc, char** argv);      // logits_cmd.cc
 int TokenizeMain(int argc, char** argv);    // tokenize_cmd.cc
 int DetokenizeMain(int argc, char** argv);  // tokenize_cmd.cc
+int ServeMain(int argc, char** argv);       // serve_cmd.cc
+int BenchMain(int argc, char** argv);       // bench_cmd.cc: dispatches `bench WHAT`
+int BenchTokenizeMain(int argc, char** argv);  // bench_tokenize_cmd.cc
 
 }  // namespace corolla::cli

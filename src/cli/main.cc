@@ -18,6 +18,8 @@ constexpr Command kCommands[] = {
     {"logits", corolla::cli::LogitsMain, "write float32 logits of every position to safetensors"},
     {"tokenize", corolla::cli::TokenizeMain, "text (or a chat) on stdin to token ids"},
     {"detokenize", corolla::cli::DetokenizeMain, "token ids on stdin to text"},
+    {"serve", corolla::cli::ServeMain, "serve a model over an OpenAI-compatible HTTP API"},
+    {"bench", corolla::cli::BenchMain, "benchmarks: bench tokenize"},
 };
 
 void PrintUsage(FILE* out) {

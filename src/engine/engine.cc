@@ -49,10 +49,10 @@ Engine::Engine(Model& model, Backend& backend, EngineOptions options, int num_bl
       options_(options),
       max_model_len_(max_model_len),
       kv_cache_(backend, model.kv_cache_spec(), num_blocks, options.block_size),
-      pool_(num_blocks),
+      pool_(num_blocks, options.enable_prefix_caching),
       runner_(model, backend, kv_cache_) {}
 
-Result<int64_t> Engine::AddRequest(GenerationRequest request) {
+Status Engine::Validate(const GenerationRequest& request) const {
   const int vocab = model_.config().vocab_size;
   if (request.prompt.empty()) return InvalidArgument("the prompt is empty");
   for (size_t i = 0; i < request.prompt.size(); ++i) {
@@ -65,6 +65,13 @@ Result<int64_t> Engine::AddRequest(GenerationRequest request) {
                       " tokens; the maximum context is " + std::to_string(max_model_len_) +
                       " tokens including at least one generated token");
   if (request.max_tokens <= 0) return InvalidArgument("max_tokens must be positive");
+  if (request.num_logprobs > vocab)
+    return OutOfRange("at most " + std::to_string(vocab) + " top logprobs can be requested");
+  return Status::Ok();
+}
+
+Result<int64_t> Engine::AddRequest(GenerationRequest request) {
+  RETURN_IF_ERROR(Validate(request));
   auto s = std::make_unique<Sequence>();
   s->id = next_id_++;
   s->tokens = std::move(request.prompt);
@@ -73,6 +80,8 @@ Result<int64_t> Engine::AddRequest(GenerationRequest request) {
   s->max_tokens = request.max_tokens;
   s->stop_token_ids = std::move(request.stop_token_ids);
   s->ignore_eos = request.ignore_eos;
+  s->penalties = request.penalties;
+  s->num_logprobs = request.num_logprobs;
   int64_t id = s->id;
   waiting_.push_back(std::move(s));
   return id;
@@ -112,12 +121,56 @@ bool Engine::Reserve(Sequence& s, int num_new_tokens) {
 }
 
 void Engine::Release(Sequence& s) {
-  pool_.Free(s.block_table);
+  // Tail blocks first, so the prefix cache evicts a sequence's end before its shared start.
+  std::vector<int32_t> reversed(s.block_table.rbegin(), s.block_table.rend());
+  pool_.Free(reversed);
   s.block_table.clear();
+  s.num_committed_blocks = 0;
+}
+
+uint64_t Engine::BlockHashOf(Sequence& s, int block_idx) {
+  const int bs = options_.block_size;
+  while (static_cast<int>(s.block_hashes.size()) <= block_idx) {
+    int i = static_cast<int>(s.block_hashes.size());
+    COROLLA_CHECK((i + 1) * bs <= s.num_tokens()) << "hash of a partial block";
+    uint64_t parent = i > 0 ? s.block_hashes[i - 1] : 0;
+    s.block_hashes.push_back(BlockHash(parent, std::span<const int32_t>(s.tokens.data() + i * bs, bs)));
+  }
+  return s.block_hashes[block_idx];
+}
+
+int Engine::MatchPrefix(Sequence& s) {
+  if (!pool_.prefix_caching() || !s.block_table.empty() || s.num_computed_tokens != 0) return 0;
+  const int bs = options_.block_size;
+  const int max_blocks = (s.num_tokens() - 1) / bs;
+  for (int i = 0; i < max_blocks; ++i) {
+    uint64_t parent = i > 0 ? BlockHashOf(s, i - 1) : 0;
+    std::optional<int32_t> block =
+        pool_.FindCached(BlockHashOf(s, i), parent, std::span<const int32_t>(s.tokens.data() + i * bs, bs));
+    if (!block) break;
+    pool_.Share(*block);
+    s.block_table.push_back(*block);
+  }
+  s.num_committed_blocks = static_cast<int>(s.block_table.size());
+  s.num_computed_tokens = s.num_committed_blocks * bs;
+  return s.num_computed_tokens;
+}
+
+void Engine::CommitFullBlocks(Sequence& s) {
+  if (!pool_.prefix_caching()) return;
+  const int bs = options_.block_size;
+  const int num_full = s.num_computed_tokens / bs;
+  for (int i = s.num_committed_blocks; i < num_full; ++i) {
+    uint64_t parent = i > 0 ? BlockHashOf(s, i - 1) : 0;
+    pool_.Register(s.block_table[i], BlockHashOf(s, i), parent,
+                   std::span<const int32_t>(s.tokens.data() + i * bs, bs));
+  }
+  s.num_committed_blocks = std::max(s.num_committed_blocks, num_full);
 }
 
 void Engine::Preempt(Sequence& s) {
-  // Recompute later: the K/V is dropped, the tokens (prompt + generated so far) are kept.
+  // Recompute later: the K/V is dropped (its full blocks stay in the prefix cache), the tokens
+  // (prompt + generated so far) are kept.
   Release(s);
   s.num_computed_tokens = 0;
   ++num_preemptions_;
@@ -148,8 +201,16 @@ std::vector<ScheduledChunk> Engine::Schedule() {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Sequence& s = *waiting_.front();
+    int cached = MatchPrefix(s);
     int n = std::min(s.num_uncomputed(), budget);
-    if (!Reserve(s, n)) break;
+    if (!Reserve(s, n)) {
+      Release(s);  // the shared blocks stay cached for the next attempt
+      s.num_computed_tokens = 0;
+      break;
+    }
+    prefix_cache_queries_ += s.num_tokens();
+    prefix_cache_hits_ += cached;
+    if (s.num_generated() == 0) s.num_cached_prompt_tokens = cached;
     chunks.push_back({&s, n});
     budget -= n;
     running_.push_back(std::move(waiting_.front()));
@@ -172,14 +233,16 @@ std::vector<StepOutput> Engine::Step() {
   std::vector<StepOutput> outputs;
   std::vector<ScheduledChunk> chunks = Schedule();
   if (chunks.empty()) return outputs;
-  std::vector<int32_t> sampled = runner_.ExecuteAndSample(chunks);
+  std::vector<SampledToken> sampled = runner_.ExecuteAndSample(chunks);
   for (size_t i = 0; i < chunks.size(); ++i) {
     Sequence& s = *chunks[i].seq;
     s.num_computed_tokens += chunks[i].num_tokens;
-    if (sampled[i] < 0) continue;
-    s.tokens.push_back(sampled[i]);
+    CommitFullBlocks(s);
+    if (sampled[i].token < 0) continue;
+    s.tokens.push_back(sampled[i].token);
     CheckStop(s);
-    outputs.push_back({s.id, sampled[i], s.finish_reason});
+    outputs.push_back({s.id, sampled[i].token, s.finish_reason, sampled[i].logprob,
+                       std::move(sampled[i].top_logprobs)});
   }
   // Move finished sequences out, freeing their blocks.
   for (auto it = running_.begin(); it != running_.end();) {

@@ -23,6 +23,7 @@ struct EngineOptions {
   int max_num_seqs = 64;
   int max_batch_tokens = 2048;    // tokens per step (decode tokens + prefill chunks)
   int max_model_len = 0;          // 0: the model's max_position_embeddings
+  bool enable_prefix_caching = true;
 };
 
 struct GenerationRequest {
@@ -31,6 +32,8 @@ struct GenerationRequest {
   int max_tokens = 16;
   std::vector<int32_t> stop_token_ids;  // usually the model's eos ids
   bool ignore_eos = false;
+  PenaltyParams penalties;
+  int num_logprobs = -1;  // <0: no logprobs; 0: the sampled token's; k > 0: also the top k
 };
 
 // What one step produced for one sequence.
@@ -38,12 +41,17 @@ struct StepOutput {
   int64_t seq_id = 0;
   int32_t token = -1;  // the new token
   FinishReason finish_reason = FinishReason::kNone;
+  float logprob = 0.0f;                    // when the request asked for logprobs
+  std::vector<TokenLogprob> top_logprobs;  // when it asked for the top k
 };
 
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> Create(Model& model, Backend& backend, EngineOptions options);
 
+  // Checks a request against the model and limits without queueing it. Reads only immutable
+  // state, so any thread may call it while the step thread runs.
+  Status Validate(const GenerationRequest& request) const;
   // Validates and queues a request; returns its sequence id.
   Result<int64_t> AddRequest(GenerationRequest request);
   // Removes a request wherever it is and frees its blocks.
@@ -60,7 +68,15 @@ class Engine {
   int max_model_len() const { return max_model_len_; }
   int num_kv_blocks() const { return pool_.num_blocks(); }
   int num_free_blocks() const { return pool_.num_free(); }
+  int num_used_blocks() const { return pool_.num_used(); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Prefix cache counters, in prompt tokens looked up at admission and tokens found cached.
+  int64_t prefix_cache_queries() const { return prefix_cache_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_cache_hits_; }
+  // Forgets finished sequences that Generate would collect (the async loop does not need them).
+  void DiscardFinished() { finished_.clear(); }
   const Sequence* Find(int64_t seq_id) const;
 
  private:
@@ -72,6 +88,12 @@ class Engine {
   void Release(Sequence& s);
   std::vector<ScheduledChunk> Schedule();
   void CheckStop(Sequence& s);
+  // Prefix cache: shares the cached blocks of s's leading full blocks (leaving at least one
+  // token to compute); returns the number of tokens they hold.
+  int MatchPrefix(Sequence& s);
+  // Registers s's newly computed full blocks in the prefix cache.
+  void CommitFullBlocks(Sequence& s);
+  uint64_t BlockHashOf(Sequence& s, int block_idx);
 
   Model& model_;
   Backend& backend_;
@@ -82,6 +104,8 @@ class Engine {
   ModelRunner runner_;
   int64_t next_id_ = 0;
   int64_t num_preemptions_ = 0;
+  int64_t prefix_cache_queries_ = 0;
+  int64_t prefix_cache_hits_ = 0;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::vector<std::unique_ptr<Sequence>> finished_;  // until collected by Generate

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/config.h"
+#include "model/deepseek_v3.h"
 #include "model/safetensors.h"
 
 namespace corolla {
@@ -167,7 +168,27 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
   EXPECT_GE(compared, 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, ::testing::Values("qwen3-dense", "qwen3-moe"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
+                         ::testing::Values("qwen3-dense", "qwen3-moe", "deepseek-v3", "deepseek-v3-fp8"));
+
+// MLA: attention over the latent with absorbed up-projections equals the decompressed
+// multi-head form, for prefill chunks of every size.
+TEST(DeepseekMla, AbsorbedEqualsDecompressed) {
+  for (std::string name : {"deepseek-v3", "deepseek-v3-fp8"}) {
+    auto backend = MakeCpuBackend();
+    auto model = LoadModel("tests/data/models/" + name, *backend).value();
+    auto golden = SafetensorsFile::Open("tests/data/golden/" + name + ".safetensors").value();
+    std::vector<int32_t> ids = ToIds(golden->View(*golden->Find("ids_3")));
+    SetMlaMode(*model, MlaMode::kDecompressed);
+    Tensor decompressed = ComputeLogits(*model, *backend, ids).value();
+    SetMlaMode(*model, MlaMode::kAbsorbed);
+    Tensor absorbed = ComputeLogits(*model, *backend, ids).value();
+    const int64_t vocab = model->config().vocab_size;
+    for (size_t p = 0; p < ids.size(); ++p)
+      ASSERT_LT(RowError(absorbed.ptr<float>() + p * vocab, decompressed.ptr<float>() + p * vocab, vocab), 1e-5)
+          << name << " position " << p;
+  }
+}
 
 TEST(DemoModel, GreedyChatsReproduceReferenceExactly) {
   auto backend = MakeCpuBackend();

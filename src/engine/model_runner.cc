@@ -1,8 +1,12 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <numeric>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "base/numeric.h"
+#include "kernels/cpu/sampling.h"
 
 namespace corolla {
 
@@ -61,22 +65,83 @@ Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_log
   return logits;
 }
 
-std::vector<int32_t> ModelRunner::ExecuteAndSample(std::span<const ScheduledChunk> chunks) {
+void ApplyPenalties(const Sequence& s, float* logits, int64_t vocab) {
+  const PenaltyParams& p = s.penalties;
+  if (!p.enabled()) return;
+  std::unordered_map<int32_t, int> output_counts;
+  for (int i = s.num_prompt_tokens; i < s.num_tokens(); ++i) ++output_counts[s.tokens[i]];
+  if (p.repetition != 1.0f) {
+    std::unordered_set<int32_t> seen(s.tokens.begin(), s.tokens.end());
+    for (int32_t t : seen) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] = logits[t] > 0 ? logits[t] / p.repetition : logits[t] * p.repetition;
+    }
+  }
+  for (const auto& [t, count] : output_counts) {
+    if (t < 0 || t >= vocab) continue;
+    logits[t] -= p.frequency * static_cast<float>(count) + p.presence;
+  }
+}
+
+std::vector<TokenLogprob> TopLogprobs(const float* logprobs, int64_t vocab, int k) {
+  k = static_cast<int>(std::min<int64_t>(k, vocab));
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  auto before = [&](int32_t a, int32_t b) {
+    return logprobs[a] > logprobs[b] || (logprobs[a] == logprobs[b] && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), before);
+  std::vector<TokenLogprob> top(k);
+  for (int i = 0; i < k; ++i) top[i] = {ids[i], logprobs[ids[i]]};
+  return top;
+}
+
+std::vector<SampledToken> ModelRunner::ExecuteAndSample(std::span<const ScheduledChunk> chunks) {
   Tensor logits = Execute(chunks, /*all_logits=*/false);
   std::vector<SamplingParams> params;
   std::vector<uint64_t> steps;
   std::vector<int> chunk_of_row;
+  bool needs_host = false;
   for (int i = 0; i < static_cast<int>(chunks.size()); ++i) {
     const Sequence& s = *chunks[i].seq;
     if (s.num_computed_tokens + chunks[i].num_tokens != s.num_tokens()) continue;
     params.push_back(s.sampling);
     steps.push_back(static_cast<uint64_t>(s.num_generated()));
     chunk_of_row.push_back(i);
+    needs_host |= s.penalties.enabled() || s.num_logprobs >= 0;
   }
-  std::vector<int32_t> sampled(params.size());
-  if (!params.empty()) backend_.Sample(logits, params.data(), steps.data(), sampled.data());
-  std::vector<int32_t> out(chunks.size(), -1);
-  for (size_t r = 0; r < sampled.size(); ++r) out[chunk_of_row[r]] = sampled[r];
+  const int64_t num_rows = static_cast<int64_t>(params.size());
+  std::vector<int32_t> sampled(num_rows);
+  std::vector<SampledToken> out(chunks.size());
+  if (num_rows == 0) return out;
+  if (!needs_host) {
+    backend_.Sample(logits, params.data(), steps.data(), sampled.data());
+  } else {
+    // Penalties and logprobs run on the host; the CPU sampler is the CUDA sampler's twin, so a
+    // row's token does not depend on which path it took.
+    const int64_t vocab = model_.config().vocab_size;
+    Tensor host = LogitsToHost(backend_, logits);
+    float* rows = host.ptr<float>();
+    std::vector<std::vector<float>> logprobs(num_rows);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const Sequence& s = *chunks[chunk_of_row[r]].seq;
+      float* row = rows + r * vocab;
+      if (s.num_logprobs >= 0) {  // of the raw logits, as vLLM reports by default
+        logprobs[r].resize(vocab);
+        cpu::LogSoftmax(row, vocab, logprobs[r].data());
+      }
+      ApplyPenalties(s, row, vocab);
+    }
+    cpu::SampleBatch(rows, num_rows, vocab, params.data(), steps.data(), sampled.data());
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const Sequence& s = *chunks[chunk_of_row[r]].seq;
+      if (s.num_logprobs < 0) continue;
+      SampledToken& st = out[chunk_of_row[r]];
+      st.logprob = logprobs[r][sampled[r]];
+      if (s.num_logprobs > 0) st.top_logprobs = TopLogprobs(logprobs[r].data(), vocab, s.num_logprobs);
+    }
+  }
+  for (int64_t r = 0; r < num_rows; ++r) out[chunk_of_row[r]].token = sampled[r];
   return out;
 }
 

@@ -18,6 +18,18 @@ struct ScheduledChunk {
   int num_tokens = 0;
 };
 
+// The token sampled for one chunk, with its logprob and the top alternatives when asked for.
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;  // most likely first, ties by lowest id
+};
+
+// Applies s.penalties to one row of logits[vocab] in place (see PenaltyParams).
+void ApplyPenalties(const Sequence& s, float* logits, int64_t vocab);
+// The k most likely tokens of a log-softmax row, most likely first (ties by lowest id).
+std::vector<TokenLogprob> TopLogprobs(const float* logprobs, int64_t vocab, int k);
+
 class ModelRunner {
  public:
   ModelRunner(Model& model, Backend& backend, KvCache& kv_cache)
@@ -28,9 +40,10 @@ class ModelRunner {
   // in chunk order. Does not advance num_computed_tokens (the caller does).
   Tensor Execute(std::span<const ScheduledChunk> chunks, bool all_logits);
 
-  // Execute, then sample one token for every chunk that reaches the end of its sequence.
-  // Returns the token per chunk, -1 for chunks in the middle of a prefill.
-  std::vector<int32_t> ExecuteAndSample(std::span<const ScheduledChunk> chunks);
+  // Execute, then sample one token for every chunk that reaches the end of its sequence,
+  // applying the sequence's penalties and computing its logprobs when it asks for them.
+  // Returns one result per chunk; token -1 for chunks in the middle of a prefill.
+  std::vector<SampledToken> ExecuteAndSample(std::span<const ScheduledChunk> chunks);
 
  private:
   Tensor ToDevice(const std::vector<int32_t>& host, Shape shape);

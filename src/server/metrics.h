@@ -1,0 +1,49 @@
+// Server metrics in the Prometheus text format: request outcomes, token counts, latency
+// histograms (time to first token, inter-token latency, end-to-end), and the engine's gauges
+// (running/waiting requests, KV usage, prefix-cache hit rate). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/async_engine.h"
+
+namespace corolla::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double value);  // caller holds the Metrics lock
+  void Render(const std::string& name, const std::string& help, const std::string& labels, std::string* out) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; the last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  explicit Metrics(std::string model_name);
+
+  // outcome: "stop", "length", "abort", "error", "rejected"
+  void RequestFinished(const std::string& outcome);
+  void AddTokens(int64_t prompt, int64_t generation);
+  void ObserveTimeToFirstToken(double seconds);
+  void ObserveInterTokenLatency(double seconds);
+  void ObserveEndToEnd(double seconds);
+  std::string Render(const EngineStats* stats) const;  // stats null while loading
+
+ private:
+  std::string labels_;  // model_name="..."
+  mutable std::mutex mu_;
+  std::map<std::string, uint64_t> requests_;
+  uint64_t prompt_tokens_ = 0, generation_tokens_ = 0;
+  Histogram ttft_, itl_, e2e_;
+};
+
+}  // namespace corolla::server
