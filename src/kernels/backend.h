@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/sampling.h"
@@ -38,12 +39,32 @@ struct AttentionBatch {
 struct RopeParams {
   int rotary_dim = 0;  // leading dims of each head that rotate (partial rotary); the rest pass through
   float theta = 10000.0f;
-  // Neox style (rotate halves: pairs (i, i + rotary_dim/2)), as Qwen does.
+  // false: neox style, pairs (i, i + rotary_dim/2), as Qwen does. true: adjacent pairs
+  // (2i, 2i+1), as DeepSeek's rope_interleave (which reorders the outputs; a dot product of two
+  // vectors rotated alike does not see the order, so the pairs stay in place here).
+  bool interleaved = false;
+  // YaRN (yarn_factor > 1): frequencies blended between interpolated and extrapolated by a ramp.
+  float yarn_factor = 1.0f;
+  int yarn_original_max_positions = 0;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
+  float attention_factor = 1.0f;  // multiplies cos and sin
 };
+
+// The rotary inverse frequencies [rotary_dim / 2] of `params`, as transformers computes them.
+std::vector<float> RopeInvFreq(const RopeParams& params);
 
 struct MoeRouting {
   int top_k = 0;
-  bool renormalize = true;  // divide the top-k softmax weights by their sum
+  bool renormalize = true;  // divide the top-k weights by their sum
+  // "softmax" (Qwen): weights from the softmax of the logits. "sigmoid" (DeepSeek): sigmoid
+  // scores; selection adds correction_bias and is limited to the topk_groups best of num_groups
+  // groups (a group's score: the sum of its two best); weights are the unbiased scores.
+  bool sigmoid = false;
+  int num_groups = 1;
+  int topk_groups = 1;
+  float scaling_factor = 1.0f;  // multiplies the final weights (routed_scaling_factor)
+  TensorView correction_bias;   // [E] f32, or empty
 };
 
 class Backend {
@@ -82,13 +103,16 @@ class Backend {
   virtual void SiluMul(const TensorView& gate_up, const TensorView& out) = 0;
   // out[i] = x[rows[i]]. x [T, H], rows [N] i32, out [N, H].
   virtual void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) = 0;
+  // dst = src, same shape (rank <= 3), any strides with a contiguous innermost dimension.
+  virtual void Copy(const TensorView& src, const TensorView& dst) = 0;
   // x += y, both [T, H].
   virtual void Add(const TensorView& x, const TensorView& y) = 0;
-  // Writes k, v [T, Hk, D] into the cache at batch.slot_mapping.
+  // Writes k [T, Hk, Dk] and v [T, Hk, Dv] into the cache at batch.slot_mapping. When
+  // cache.k and cache.v are one tensor (MLA's latent), k and v are the same rows.
   virtual void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
                        const AttentionBatch& batch) = 0;
-  // Causal GQA attention of q [T, Hq, D] over the paged cache (which already holds this
-  // step's k/v). out [T, Hq, D].
+  // Causal GQA attention of q [T, Hq, Dk] over the paged cache (which already holds this
+  // step's k/v). out [T, Hq, Dv]; Dv <= Dk (MLA reads the first Dv dims of its latent as V).
   virtual void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                          float scale, const TensorView& out) = 0;
   // Router: softmax over router_logits [T, E] in f32, top-k, optional renormalisation.

@@ -104,12 +104,24 @@ Status ParseRope(const json& j, ModelConfig* c) {
     RETURN_IF_ERROR(f.Double("partial_rotary_factor", &c->rope.partial_rotary_factor));
     RETURN_IF_ERROR(f.Double("factor", &c->rope.factor));
     RETURN_IF_ERROR(f.Int("original_max_position_embeddings", &c->rope.original_max_position_embeddings));
+    RETURN_IF_ERROR(f.Double("beta_fast", &c->rope.beta_fast));
+    RETURN_IF_ERROR(f.Double("beta_slow", &c->rope.beta_slow));
+    RETURN_IF_ERROR(f.Double("mscale", &c->rope.mscale));
+    RETURN_IF_ERROR(f.Double("mscale_all_dim", &c->rope.mscale_all_dim));
     for (const char* type_key : {"rope_type", "type"}) {
       auto t = it->find(type_key);
       if (t != it->end() && t->is_string()) c->rope.type = t->get<std::string>();
     }
   }
-  if (c->rope.type != "default") {
+  if (c->rope.type == "yarn") {
+    // As transformers does: with original_max_position_embeddings, the factor is the ratio of
+    // the context lengths; without, the original length is max_position_embeddings.
+    if (c->rope.original_max_position_embeddings > 0 && c->max_position_embeddings > 0) {
+      c->rope.factor = static_cast<double>(c->max_position_embeddings) / c->rope.original_max_position_embeddings;
+    } else {
+      c->rope.original_max_position_embeddings = c->max_position_embeddings;
+    }
+  } else if (c->rope.type != "default") {
     return Unsupported("config.json: rope type '" + c->rope.type + "' is not supported for " +
                        c->model_type);
   }
@@ -180,10 +192,88 @@ Status ParseQwen3(const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+Status ParseDeepseekV3(const json& j, ModelConfig* c) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.Int("vocab_size", &c->vocab_size, true));
+  RETURN_IF_ERROR(f.Int("hidden_size", &c->hidden_size, true));
+  RETURN_IF_ERROR(f.Int("num_hidden_layers", &c->num_layers, true));
+  RETURN_IF_ERROR(f.Int("num_attention_heads", &c->num_attention_heads, true));
+  RETURN_IF_ERROR(f.Int("intermediate_size", &c->intermediate_size, true));
+  RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
+  RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings, true));
+  RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+  RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+  RETURN_IF_ERROR(f.IntList("eos_token_id", &c->eos_token_ids));
+  int bos = -1;
+  RETURN_IF_ERROR(f.Int("bos_token_id", &bos));
+  if (bos >= 0) c->bos_token_id = bos;
+
+  MlaConfig& m = c->mla;
+  RETURN_IF_ERROR(f.Int("q_lora_rank", &m.q_lora_rank));  // null: no query bottleneck
+  RETURN_IF_ERROR(f.Int("kv_lora_rank", &m.kv_lora_rank, true));
+  RETURN_IF_ERROR(f.Int("qk_nope_head_dim", &m.qk_nope_head_dim, true));
+  RETURN_IF_ERROR(f.Int("qk_rope_head_dim", &m.qk_rope_head_dim, true));
+  RETURN_IF_ERROR(f.Int("v_head_dim", &m.v_head_dim, true));
+  c->rope.interleaved = true;
+  RETURN_IF_ERROR(f.Bool("rope_interleave", &c->rope.interleaved));
+  // RoPE covers the rope part of each head; the cache holds one latent "head" per token.
+  c->head_dim = m.qk_rope_head_dim;
+  c->num_kv_heads = 1;
+  RETURN_IF_ERROR(ParseRope(j, c));
+
+  RETURN_IF_ERROR(f.Int("n_routed_experts", &c->num_experts, true));
+  RETURN_IF_ERROR(f.Int("num_experts_per_tok", &c->num_experts_per_token, true));
+  RETURN_IF_ERROR(f.Int("moe_intermediate_size", &c->moe_intermediate_size, true));
+  RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c->norm_topk_prob));
+  RETURN_IF_ERROR(f.Int("first_k_dense_replace", &c->first_k_dense_replace));
+  RETURN_IF_ERROR(f.Int("n_group", &c->num_expert_groups));
+  RETURN_IF_ERROR(f.Int("topk_group", &c->topk_groups));
+  RETURN_IF_ERROR(f.Double("routed_scaling_factor", &c->routed_scaling_factor));
+  RETURN_IF_ERROR(f.Int("n_shared_experts", &c->num_shared_experts));
+  RETURN_IF_ERROR(f.Int("num_nextn_predict_layers", &c->num_nextn_predict_layers));
+  c->scoring_func = "sigmoid";
+  if (auto it = j.find("scoring_func"); it != j.end() && it->is_string()) c->scoring_func = it->get<std::string>();
+  if (c->scoring_func != "sigmoid" && c->scoring_func != "softmax")
+    return Unsupported("config.json: scoring_func '" + c->scoring_func + "' is not supported");
+  if (auto it = j.find("topk_method"); it != j.end() && it->is_string()) {
+    std::string method = it->get<std::string>();
+    if (method != "noaux_tc" && method != "group_limited_greedy" && method != "greedy")
+      return Unsupported("config.json: topk_method '" + method + "' is not supported");
+  }
+  if (auto it = j.find("quantization_config"); it != j.end() && it->is_object()) {
+    auto qm = it->find("quant_method");
+    c->quant.method = qm != it->end() && qm->is_string() ? qm->get<std::string>() : "";
+    if (c->quant.method != "fp8")
+      return Unsupported("config.json: quant_method '" + c->quant.method + "' is not supported (fp8 is)");
+    if (auto fmt = it->find("fmt"); fmt != it->end() && fmt->is_string() && fmt->get<std::string>() != "e4m3")
+      return Unsupported("config.json: fp8 format " + fmt->dump() + " is not supported (e4m3 is)");
+    if (auto bs = it->find("weight_block_size"); bs != it->end()) {
+      if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() || !(*bs)[1].is_number_integer() ||
+          (*bs)[0].get<int>() <= 0 || (*bs)[1].get<int>() <= 0)
+        return InvalidArgument("config.json: weight_block_size must be two positive integers");
+      c->quant.block_rows = (*bs)[0].get<int>();
+      c->quant.block_cols = (*bs)[1].get<int>();
+    }
+  }
+  c->layer_kinds.assign(std::max(c->num_layers, 0), LayerKind::kFullAttention);
+  if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->num_layers <= 0 || c->num_attention_heads <= 0 ||
+      m.kv_lora_rank <= 0 || m.qk_rope_head_dim <= 0 || m.qk_rope_head_dim % 2 != 0 || m.v_head_dim <= 0 ||
+      m.qk_nope_head_dim < 0 || m.q_lora_rank < 0 || c->max_position_embeddings <= 0)
+    return InvalidArgument("config.json: sizes must be positive (and qk_rope_head_dim even)");
+  if (c->num_experts <= 0 || c->num_experts_per_token <= 0 || c->num_experts_per_token > c->num_experts)
+    return InvalidArgument("config.json: num_experts_per_tok must be in [1, n_routed_experts]");
+  if (c->num_expert_groups <= 0 || c->num_experts % c->num_expert_groups != 0 || c->topk_groups <= 0 ||
+      c->topk_groups > c->num_expert_groups)
+    return InvalidArgument("config.json: n_group must divide n_routed_experts and topk_group be in [1, n_group]");
+  if (c->num_experts_per_token > c->topk_groups * (c->num_experts / c->num_expert_groups))
+    return InvalidArgument("config.json: num_experts_per_tok exceeds the experts of topk_group groups");
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int layer) const {
-  if (num_experts == 0) return false;
+  if (num_experts == 0 || layer < first_k_dense_replace) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end())
     return false;
   return (layer + 1) % decoder_sparse_step == 0;
@@ -215,11 +305,13 @@ Result<ModelConfig> ParseModelConfig(const json& root) {
     c.family = ModelFamily::kQwen3;
   } else if (c.model_type == "qwen3_moe") {
     c.family = ModelFamily::kQwen3Moe;
+  } else if (c.model_type == "deepseek_v3") {
+    c.family = ModelFamily::kDeepseekV3;
   } else {
     return Unsupported("config.json: model_type '" + c.model_type +
-                       "' is not supported (supported: qwen3, qwen3_moe)");
+                       "' is not supported (supported: qwen3, qwen3_moe, deepseek_v3)");
   }
-  RETURN_IF_ERROR(ParseQwen3(*j, &c));
+  RETURN_IF_ERROR(c.family == ModelFamily::kDeepseekV3 ? ParseDeepseekV3(*j, &c) : ParseQwen3(*j, &c));
   if (c.eos_token_ids.empty() && j != &root) RETURN_IF_ERROR(Fields(root).IntList("eos_token_id", &c.eos_token_ids));
   return c;
 }

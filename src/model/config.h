@@ -14,16 +14,40 @@
 
 namespace corolla {
 
-enum class ModelFamily { kQwen3, kQwen3Moe };
+enum class ModelFamily { kQwen3, kQwen3Moe, kDeepseekV3 };
 
 enum class LayerKind { kFullAttention, kLinearAttention };
 
 struct RopeConfig {
-  std::string type = "default";  // "default" | "linear" | "yarn" | ...
+  std::string type = "default";  // "default" | "yarn"
   double theta = 10000.0;
   double partial_rotary_factor = 1.0;
-  double factor = 1.0;  // scaling factor of linear / yarn
+  bool interleaved = false;  // rotate adjacent pairs (DeepSeek's rope_interleave)
+  // YaRN.
+  double factor = 1.0;
   int original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;          // 0: absent
+  double mscale_all_dim = 0.0;  // 0: absent
+};
+
+// Multi-head latent attention (DeepSeek): queries through an optional low-rank bottleneck,
+// keys and values from one compressed latent per token (the KV cache holds that latent).
+struct MlaConfig {
+  int q_lora_rank = 0;  // 0: q_proj straight from the hidden state
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+};
+
+// Block-scaled FP8 weights as DeepSeek publishes them (weight_scale_inv per block).
+struct QuantConfig {
+  std::string method;  // "" (none) or "fp8"
+  int block_rows = 128;
+  int block_cols = 128;
 };
 
 struct ModelConfig {
@@ -52,6 +76,16 @@ struct ModelConfig {
   bool norm_topk_prob = true;
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;
+  int first_k_dense_replace = 0;  // DeepSeek: the first k layers are dense
+  std::string scoring_func = "softmax";  // "softmax" | "sigmoid"
+  int num_expert_groups = 1;             // n_group: group-limited routing
+  int topk_groups = 1;                   // topk_group
+  double routed_scaling_factor = 1.0;
+  int num_shared_experts = 0;            // DeepSeek: n_shared_experts x moe_intermediate_size
+  int num_nextn_predict_layers = 0;      // MTP layers stored after the decoder layers
+
+  MlaConfig mla;  // kv_lora_rank > 0: the attention is MLA
+  QuantConfig quant;
 
   std::vector<int> eos_token_ids;  // from config.json; GenerationConfig's take precedence
   std::optional<int> bos_token_id;

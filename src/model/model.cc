@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include "model/deepseek_v3.h"
 #include "model/qwen3.h"
 #include "model/safetensors.h"
 
@@ -13,6 +14,9 @@ Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backen
     case ModelFamily::kQwen3:
     case ModelFamily::kQwen3Moe:
       model = LoadQwen3(config, *checkpoint, backend);
+      break;
+    case ModelFamily::kDeepseekV3:
+      model = LoadDeepseekV3(config, *checkpoint, backend);
       break;
   }
   if (!model.ok()) return model.status().WithContext(dir);

@@ -25,6 +25,8 @@ struct KvCacheSpec {
   int num_layers = 0;  // layers with a paged KV cache
   int num_kv_heads = 0;
   int head_dim = 0;
+  // MLA: one tensor per layer (the compressed latent) serves as both K and V.
+  bool shared_kv = false;
 };
 
 class Model {

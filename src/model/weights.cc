@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include "base/numeric.h"
+
 namespace corolla {
 namespace {
 
@@ -13,16 +15,54 @@ Result<TensorView> WeightLoader::Find(const std::string& name, const Shape& expe
     return NotFound("tensor " + name + ": missing from the checkpoint (expected " +
                     expected.ToString() + ")");
   ASSIGN_OR_RETURN(TensorView view, checkpoint_.Get(name));
-  if (view.shape != expected || !IsFloat(view.dtype))
+  const bool fp8 = view.dtype == DType::kF8E4M3;
+  if (view.shape != expected || !(IsFloat(view.dtype) || fp8))
     return InvalidArgument("tensor " + name + ": expected " + expected.ToString() +
-                           " bf16/f16/f32, got " + view.ToString());
+                           " bf16/f16/f32/f8_e4m3, got " + view.ToString());
   used_.insert(name);
+  if (fp8) return DequantizeFp8(name, view);
   return view;
+}
+
+Result<TensorView> WeightLoader::DequantizeFp8(const std::string& name, const TensorView& w) {
+  const std::string scale_name = name + "_scale_inv";
+  if (w.rank() != 2) return InvalidArgument("tensor " + name + ": fp8 weights must be 2-D, got " + w.ToString());
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  const int64_t br = fp8_block_rows_, bc = fp8_block_cols_;
+  const Shape scale_shape{(rows + br - 1) / br, (cols + bc - 1) / bc};
+  const SafetensorsEntry* entry = checkpoint_.Find(scale_name);
+  if (entry == nullptr)
+    return NotFound("tensor " + scale_name + ": missing from the checkpoint (the scales of fp8 " + name + ")");
+  ASSIGN_OR_RETURN(TensorView scale, checkpoint_.Get(scale_name));
+  if (scale.shape != scale_shape || scale.dtype != DType::kF32)
+    return InvalidArgument("tensor " + scale_name + ": expected " + scale_shape.ToString() + " f32, got " +
+                           scale.ToString());
+  used_.insert(scale_name);
+  // w[i, j] * scale[i / br, j / bc]; the last blocks of each dimension may be partial.
+  Tensor out = Tensor::Empty(DType::kF32, w.shape);
+  const uint8_t* q = w.ptr<uint8_t>();
+  const float* s = scale.ptr<float>();
+  float lut[256];
+  for (int b = 0; b < 256; ++b) lut[b] = ToFloat(fp8e4m3::FromBits(static_cast<uint8_t>(b)));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      out.ptr<float>()[i * cols + j] = lut[q[i * cols + j]] * s[(i / br) * scale_shape[1] + j / bc];
+  scratch_.push_back(out);
+  return out.view();
 }
 
 Result<Tensor> WeightLoader::Load(const std::string& name, const Shape& expected) {
   ASSIGN_OR_RETURN(TensorView view, Find(name, expected));
-  return backend_.LoadWeight(view);
+  Tensor t = backend_.LoadWeight(view);
+  scratch_.clear();
+  return t;
+}
+
+Result<Tensor> WeightLoader::LoadHost(const std::string& name, const Shape& expected) {
+  ASSIGN_OR_RETURN(TensorView view, Find(name, expected));
+  Tensor host = MakeCpuBackend()->LoadWeight(view);  // the CPU backend's format is host f32
+  scratch_.clear();
+  return host;
 }
 
 Result<Tensor> WeightLoader::LoadConcat(const std::vector<std::string>& names,
@@ -32,7 +72,9 @@ Result<Tensor> WeightLoader::LoadConcat(const std::vector<std::string>& names,
     ASSIGN_OR_RETURN(TensorView view, Find(names[i], expected[i]));
     views.push_back(view);
   }
-  return backend_.LoadWeightConcat(views);
+  Tensor t = backend_.LoadWeightConcat(views);
+  scratch_.clear();
+  return t;
 }
 
 Result<Tensor> WeightLoader::LoadExpertsGateUp(const std::string& prefix, int num_experts,
@@ -50,7 +92,9 @@ Result<Tensor> WeightLoader::LoadExpertsGateUp(const std::string& prefix, int nu
     views.push_back(gate);
     views.push_back(up);
   }
-  return backend_.LoadWeightConcat(views).Reshaped({num_experts, 2 * inter, hidden});
+  Tensor t = backend_.LoadWeightConcat(views).Reshaped({num_experts, 2 * inter, hidden});
+  scratch_.clear();
+  return t;
 }
 
 Result<Tensor> WeightLoader::LoadExpertsDown(const std::string& prefix, int num_experts, int inter,
@@ -65,7 +109,9 @@ Result<Tensor> WeightLoader::LoadExpertsDown(const std::string& prefix, int num_
                      Find(prefix + std::to_string(e) + ".down_proj.weight", {hidden, inter}));
     views.push_back(down);
   }
-  return backend_.LoadWeightConcat(views).Reshaped({num_experts, hidden, inter});
+  Tensor t = backend_.LoadWeightConcat(views).Reshaped({num_experts, hidden, inter});
+  scratch_.clear();
+  return t;
 }
 
 Status WeightLoader::CheckAllUsed(const std::function<bool(const std::string&)>& ignore) const {

@@ -21,9 +21,11 @@ float* CacheRow(const TensorView& cache, int64_t block, int64_t head, int64_t of
 void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
              const AttentionBatch& batch) {
   COROLLA_CHECK(k.dtype == DType::kF32 && cache.k.dtype == DType::kF32);
-  int64_t tokens = k.dim(0), heads = k.dim(1), d = k.dim(2);
+  int64_t tokens = k.dim(0), heads = k.dim(1), d = k.dim(2), dv = v.dim(2);
   int bs = cache.block_size();
-  COROLLA_CHECK(cache.k.dim(1) == heads && cache.k.dim(3) == d && batch.slot_mapping.numel() == tokens);
+  const bool shared = cache.k.data == cache.v.data;  // MLA latent: write once
+  COROLLA_CHECK(cache.k.dim(1) == heads && cache.k.dim(3) == d && cache.v.dim(3) == dv &&
+                batch.slot_mapping.numel() == tokens);
   const int32_t* slots = batch.slot_mapping.ptr<int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
     int64_t block = slots[t] / bs, offset = slots[t] % bs;
@@ -31,8 +33,9 @@ void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
     for (int64_t h = 0; h < heads; ++h) {
       std::memcpy(CacheRow(cache.k, block, h, offset),
                   k.ptr<float>() + t * k.strides[0] + h * k.strides[1], d * sizeof(float));
+      if (shared) continue;
       std::memcpy(CacheRow(cache.v, block, h, offset),
-                  v.ptr<float>() + t * v.strides[0] + h * v.strides[1], d * sizeof(float));
+                  v.ptr<float>() + t * v.strides[0] + h * v.strides[1], dv * sizeof(float));
     }
   }
 }
@@ -40,8 +43,8 @@ void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out) {
   COROLLA_CHECK(q.dtype == DType::kF32 && out.dtype == DType::kF32 && cache.k.dtype == DType::kF32);
-  int64_t q_heads = q.dim(1), d = q.dim(2), kv_heads = cache.k.dim(1);
-  COROLLA_CHECK(q_heads % kv_heads == 0 && cache.k.dim(3) == d && out.dim(1) == q_heads);
+  int64_t q_heads = q.dim(1), d = q.dim(2), kv_heads = cache.k.dim(1), dv = out.dim(2);
+  COROLLA_CHECK(q_heads % kv_heads == 0 && cache.k.dim(3) == d && out.dim(1) == q_heads && dv <= cache.v.dim(3));
   int64_t group = q_heads / kv_heads;
   int64_t num_seqs = batch.seq_lens.numel();
   const int32_t* qstart = batch.query_start.ptr<int32_t>();
@@ -58,7 +61,7 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
 
   ThreadPool::Default().ParallelFor(tokens * kv_heads, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<double> acc(d);
+    std::vector<double> acc(dv);
     for (int64_t item = begin; item < end; ++item) {
       int64_t t = item / kv_heads, kvh = item % kv_heads;
       int64_t b = seq_of_token[t];
@@ -87,10 +90,10 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
         for (int64_t j = 0; j < ctx; ++j) {
           const float* vj = CacheRow(cache.v, table[j / bs], kvh, j % bs);
           double p = scores[j];
-          for (int64_t i = 0; i < d; ++i) acc[i] += p * vj[i];
+          for (int64_t i = 0; i < dv; ++i) acc[i] += p * vj[i];
         }
         float* o = out.ptr<float>() + t * out.strides[0] + h * out.strides[1];
-        for (int64_t i = 0; i < d; ++i) o[i] = static_cast<float>(acc[i] / denom);
+        for (int64_t i = 0; i < dv; ++i) o[i] = static_cast<float>(acc[i] / denom);
       }
     }
   });

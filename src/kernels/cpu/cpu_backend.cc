@@ -93,6 +93,7 @@ class CpuBackend final : public Backend {
   void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) override {
     cpu::GatherRows(x, rows, out);
   }
+  void Copy(const TensorView& src, const TensorView& dst) override { cpu::Copy(src, dst); }
   void Add(const TensorView& x, const TensorView& y) override { cpu::Add(x, y); }
   void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
                const AttentionBatch& batch) override {

@@ -76,27 +76,27 @@ void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
   int64_t tokens = q.dim(0), d = q.dim(2);
   int rot = params.rotary_dim, half = rot / 2;
   COROLLA_CHECK(rot > 0 && rot % 2 == 0 && rot <= d && k.dim(0) == tokens && k.dim(2) == d);
-  // inv_freq[i] = theta^(-2i/rot), computed in float as the reference does.
-  std::vector<float> inv_freq(half);
-  for (int i = 0; i < half; ++i)
-    inv_freq[i] = static_cast<float>(1.0 / std::pow(static_cast<double>(params.theta),
-                                                     static_cast<double>(2 * i) / rot));
+  const std::vector<float> inv_freq = RopeInvFreq(params);
   const int32_t* pos = positions.ptr<int32_t>();
   ThreadPool::Default().ParallelFor(tokens, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> cos_v(half), sin_v(half);
     for (int64_t t = begin; t < end; ++t) {
       for (int i = 0; i < half; ++i) {
         float angle = static_cast<float>(pos[t]) * inv_freq[i];
-        cos_v[i] = std::cos(angle);
-        sin_v[i] = std::sin(angle);
+        cos_v[i] = std::cos(angle) * params.attention_factor;
+        sin_v[i] = std::sin(angle) * params.attention_factor;
       }
+      // Pair i is (i, i + half) in neox style, (2i, 2i + 1) when interleaved.
+      const int stride = params.interleaved ? 2 : 1, partner = params.interleaved ? 1 : half;
       for (const TensorView* x : {&q, &k}) {
         for (int64_t h = 0; h < x->dim(1); ++h) {
           float* p = x->ptr<float>() + t * x->strides[0] + h * x->strides[1];
           for (int i = 0; i < half; ++i) {
-            float a = p[i], b = p[i + half];
-            p[i] = a * cos_v[i] - b * sin_v[i];
-            p[i + half] = b * cos_v[i] + a * sin_v[i];
+            float& a = p[i * stride];
+            float& b = p[i * stride + partner];
+            float a0 = a, b0 = b;
+            a = a0 * cos_v[i] - b0 * sin_v[i];
+            b = b0 * cos_v[i] + a0 * sin_v[i];
           }
         }
       }
@@ -128,6 +128,22 @@ void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& o
     COROLLA_CHECK(r >= 0 && r < x.dim(0)) << "row " << r;
     std::memcpy(Row(out, i), Row(x, r), x.dim(1) * sizeof(float));
   }
+}
+
+void Copy(const TensorView& src, const TensorView& dst) {
+  COROLLA_CHECK(src.shape == dst.shape && src.dtype == dst.dtype && src.rank() >= 1 && src.rank() <= 3 &&
+                src.strides[src.rank() - 1] == 1 && dst.strides[dst.rank() - 1] == 1)
+      << "copy " << src.ToString() << " to " << dst.ToString();
+  const int r = src.rank();
+  const int64_t d0 = r >= 3 ? src.dim(0) : 1, d1 = r >= 2 ? src.dim(r - 2) : 1, inner = src.dim(r - 1);
+  const int64_t size = DTypeSize(src.dtype);
+  for (int64_t i = 0; i < d0; ++i)
+    for (int64_t j = 0; j < d1; ++j) {
+      int64_t s_off = (r >= 3 ? i * src.strides[0] : 0) + (r >= 2 ? j * src.strides[r - 2] : 0);
+      int64_t d_off = (r >= 3 ? i * dst.strides[0] : 0) + (r >= 2 ? j * dst.strides[r - 2] : 0);
+      std::memcpy(static_cast<char*>(dst.data) + d_off * size, static_cast<const char*>(src.data) + s_off * size,
+                  inner * size);
+    }
 }
 
 void Add(const TensorView& x, const TensorView& y) {

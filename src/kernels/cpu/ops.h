@@ -18,6 +18,7 @@ void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
 void Linear(const TensorView& x, const TensorView& w, const TensorView& out);
 void SiluMul(const TensorView& gate_up, const TensorView& out);
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out);
+void Copy(const TensorView& src, const TensorView& dst);
 void Add(const TensorView& x, const TensorView& y);
 void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
              const AttentionBatch& batch);

@@ -1,0 +1,401 @@
+#include "model/deepseek_v3.h"
+
+#include <cmath>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace corolla {
+namespace {
+
+struct MlaWeights {
+  Tensor in_proj;     // [q_in + kv_lora + rope, H]: (q_a_proj | q_proj) then kv_a_proj_with_mqa
+  Tensor q_a_norm;    // [q_lora] (with a query bottleneck)
+  Tensor q_b;         // [Hq * qk_head, q_lora]
+  Tensor kv_a_norm;   // [kv_lora]
+  Tensor kv_b;        // [Hq * (nope + v), kv_lora]: decompression of the latent
+  std::vector<Tensor> uk_t;  // Hq x [kv_lora, nope]: W_UK^T per head, absorbed into the query
+  std::vector<Tensor> uv;    // Hq x [v, kv_lora]: W_UV per head, applied after attention
+  Tensor o;           // [H, Hq * v]
+};
+
+struct FfnWeights {     // SwiGLU: dense layers and shared experts
+  Tensor gate_up;       // [2I, H]
+  Tensor down;          // [H, I]
+};
+
+struct LayerWeights {
+  Tensor input_norm, post_attention_norm;
+  MlaWeights attn;
+  bool is_moe = false;
+  FfnWeights dense;     // when !is_moe
+  Tensor router;        // [E, H]
+  Tensor router_bias;   // [E] f32 (e_score_correction_bias)
+  Tensor experts_gate_up, experts_down;
+  FfnWeights shared;    // when num_shared_experts > 0
+};
+
+class DeepseekV3Model final : public Model {
+ public:
+  DeepseekV3Model(ModelConfig config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
+
+  Status Load(const Checkpoint& checkpoint);
+  void set_mode(MlaMode mode) { mode_ = mode; }
+
+  const ModelConfig& config() const override { return config_; }
+  KvCacheSpec kv_cache_spec() const override {
+    return {config_.num_layers, 1, config_.mla.kv_lora_rank + config_.mla.qk_rope_head_dim, true};
+  }
+  void Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
+               const TensorView& logits) override;
+
+ private:
+  Status LoadFfn(WeightLoader& w, const std::string& prefix, int64_t inter, FfnWeights* out);
+  void Ffn(const FfnWeights& f, const TensorView& x, const TensorView& out);
+  void Attention(int layer, const TensorView& x, const ForwardBatch& batch, const KvCacheView& cache,
+                 bool absorbed, const TensorView& out);
+  void AbsorbedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
+                         const KvCacheView& cache, const TensorView& out);
+  void DecompressedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
+                             const KvCacheView& cache, const TensorView& out);
+  void Moe(const LayerWeights& lw, const TensorView& x, const TensorView& out);
+
+  ModelConfig config_;
+  Backend& backend_;
+  MlaMode mode_ = MlaMode::kAuto;
+  RopeParams rope_;
+  float attention_scale_ = 1.0f;
+  Tensor embed_, lm_head_, final_norm_;
+  std::vector<LayerWeights> layers_;
+};
+
+// Rows [begin, begin + width) of every row of a 2-D view.
+TensorView Columns(const TensorView& x, int64_t begin, int64_t width) {
+  TensorView v = x;
+  v.data = static_cast<char*>(x.data) + begin * DTypeSize(x.dtype);
+  v.shape.dims[1] = width;
+  return v;
+}
+
+// A [T, heads, width] view of x [T, heads * stride] starting at column `begin` of each head.
+TensorView Heads(const TensorView& x, int64_t heads, int64_t stride, int64_t begin, int64_t width) {
+  TensorView v = x;
+  v.data = static_cast<char*>(x.data) + begin * DTypeSize(x.dtype);
+  v.shape = {x.dim(0), heads, width};
+  v.strides = {x.strides[0], stride, 1, 0};
+  return v;
+}
+
+Status DeepseekV3Model::LoadFfn(WeightLoader& w, const std::string& p, int64_t inter, FfnWeights* out) {
+  const int64_t hidden = config_.hidden_size;
+  ASSIGN_OR_RETURN(out->gate_up, w.LoadConcat({p + "gate_proj.weight", p + "up_proj.weight"},
+                                              {{inter, hidden}, {inter, hidden}}));
+  ASSIGN_OR_RETURN(out->down, w.Load(p + "down_proj.weight", {hidden, inter}));
+  return Status::Ok();
+}
+
+Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
+  const ModelConfig& c = config_;
+  const MlaConfig& m = c.mla;
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, vdim = m.v_head_dim;
+  const int64_t kv_lora = m.kv_lora_rank, qk_head = m.qk_head_dim();
+  WeightLoader w(checkpoint, backend_);
+  w.set_fp8_block(c.quant.block_rows, c.quant.block_cols);
+
+  const std::string& root = c.weight_prefix;
+  ASSIGN_OR_RETURN(embed_, w.Load(root + "embed_tokens.weight", {c.vocab_size, hidden}));
+  ASSIGN_OR_RETURN(final_norm_, w.Load(root + "norm.weight", {hidden}));
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_;
+  } else {
+    ASSIGN_OR_RETURN(lm_head_, w.Load("lm_head.weight", {c.vocab_size, hidden}));
+  }
+
+  layers_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& lw = layers_[l];
+    const std::string p = root + "layers." + std::to_string(l) + ".", a = p + "self_attn.";
+    ASSIGN_OR_RETURN(lw.input_norm, w.Load(p + "input_layernorm.weight", {hidden}));
+    ASSIGN_OR_RETURN(lw.post_attention_norm, w.Load(p + "post_attention_layernorm.weight", {hidden}));
+    // One projection for the query path and the latent path (q_a and kv_a share their input).
+    const Shape kv_a_shape{kv_lora + rope, hidden};
+    if (m.q_lora_rank > 0) {
+      ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                                     {{m.q_lora_rank, hidden}, kv_a_shape}));
+      ASSIGN_OR_RETURN(lw.attn.q_a_norm, w.Load(a + "q_a_layernorm.weight", {m.q_lora_rank}));
+      ASSIGN_OR_RETURN(lw.attn.q_b, w.Load(a + "q_b_proj.weight", {heads * qk_head, m.q_lora_rank}));
+    } else {
+      ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                                     {{heads * qk_head, hidden}, kv_a_shape}));
+    }
+    ASSIGN_OR_RETURN(lw.attn.kv_a_norm, w.Load(a + "kv_a_layernorm.weight", {kv_lora}));
+    ASSIGN_OR_RETURN(Tensor kv_b, w.LoadHost(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}));
+    lw.attn.kv_b = backend_.LoadWeight(kv_b);
+    // Per head h, rows [h*(nope+v), +nope) of kv_b are W_UK[h] [nope, kv_lora], the next v rows
+    // W_UV[h] [v, kv_lora].
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* uk = kv_b.ptr<float>() + h * (nope + vdim) * kv_lora;
+      Tensor uk_t = Tensor::Empty(DType::kF32, {kv_lora, nope});
+      for (int64_t i = 0; i < nope; ++i)
+        for (int64_t j = 0; j < kv_lora; ++j) uk_t.ptr<float>()[j * nope + i] = uk[i * kv_lora + j];
+      lw.attn.uk_t.push_back(backend_.LoadWeight(uk_t));
+      lw.attn.uv.push_back(backend_.LoadWeight(
+          TensorView(const_cast<float*>(uk + nope * kv_lora), DType::kF32, {vdim, kv_lora})));
+    }
+    ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, heads * vdim}));
+
+    const std::string f = p + "mlp.";
+    lw.is_moe = c.is_moe_layer(l);
+    if (!lw.is_moe) {
+      RETURN_IF_ERROR(LoadFfn(w, f, c.intermediate_size, &lw.dense));
+      continue;
+    }
+    const int e = c.num_experts, inter = c.moe_intermediate_size;
+    ASSIGN_OR_RETURN(lw.router, w.Load(f + "gate.weight", {e, hidden}));
+    if (w.Has(f + "gate.e_score_correction_bias")) {
+      ASSIGN_OR_RETURN(Tensor bias, w.LoadHost(f + "gate.e_score_correction_bias", {e}));
+      lw.router_bias = backend_.Empty(DType::kF32, {e});
+      backend_.CopyFromHost(bias.view().data, lw.router_bias);
+    }
+    ASSIGN_OR_RETURN(lw.experts_gate_up, w.LoadExpertsGateUp(f + "experts.", e, inter, c.hidden_size));
+    ASSIGN_OR_RETURN(lw.experts_down, w.LoadExpertsDown(f + "experts.", e, inter, c.hidden_size));
+    if (c.num_shared_experts > 0)
+      RETURN_IF_ERROR(LoadFfn(w, f + "shared_experts.", static_cast<int64_t>(inter) * c.num_shared_experts, &lw.shared));
+  }
+
+  rope_.rotary_dim = static_cast<int>(rope);
+  rope_.theta = static_cast<float>(c.rope.theta);
+  rope_.interleaved = c.rope.interleaved;
+  attention_scale_ = 1.0f / std::sqrt(static_cast<float>(qk_head));
+  if (c.rope.type == "yarn") {
+    auto mscale = [&](double scale, double ms) { return scale <= 1 ? 1.0 : 0.1 * ms * std::log(scale) + 1.0; };
+    rope_.yarn_factor = static_cast<float>(c.rope.factor);
+    rope_.yarn_original_max_positions = c.rope.original_max_position_embeddings;
+    rope_.yarn_beta_fast = static_cast<float>(c.rope.beta_fast);
+    rope_.yarn_beta_slow = static_cast<float>(c.rope.beta_slow);
+    rope_.attention_factor = static_cast<float>(
+        c.rope.mscale != 0 && c.rope.mscale_all_dim != 0
+            ? mscale(c.rope.factor, c.rope.mscale) / mscale(c.rope.factor, c.rope.mscale_all_dim)
+            : mscale(c.rope.factor, 1.0));
+    if (c.rope.mscale_all_dim != 0) {
+      double s = mscale(c.rope.factor, c.rope.mscale_all_dim);
+      attention_scale_ *= static_cast<float>(s * s);
+    }
+  }
+  // Multi-token-prediction layers (model.layers.<num_hidden_layers>.*) stay on disk until the
+  // speculative decoding that uses them exists.
+  const std::string mtp = root + "layers." + std::to_string(c.num_layers) + ".";
+  return w.CheckAllUsed([&](const std::string& name) {
+    return name.rfind(mtp, 0) == 0 || name.find("rotary_emb.inv_freq") != std::string::npos ||
+           (c.tie_word_embeddings && name == "lm_head.weight");
+  });
+}
+
+void DeepseekV3Model::Ffn(const FfnWeights& f, const TensorView& x, const TensorView& out) {
+  const int64_t tokens = x.dim(0), inter = f.down.dim(1);
+  const DType act = backend_.activation_dtype();
+  Tensor gate_up = backend_.Empty(act, {tokens, 2 * inter});
+  Tensor h = backend_.Empty(act, {tokens, inter});
+  backend_.Linear(x, f.gate_up, gate_up);
+  backend_.SiluMul(gate_up, h);
+  backend_.Linear(h, f.down, out);
+}
+
+void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const TensorView& out) {
+  const ModelConfig& c = config_;
+  const int64_t tokens = x.dim(0), k = c.num_experts_per_token;
+  Tensor router_logits = backend_.Empty(DType::kF32, {tokens, c.num_experts});  // [T, E]
+  Tensor topk_ids = backend_.Empty(DType::kI32, {tokens, k});
+  Tensor topk_weights = backend_.Empty(DType::kF32, {tokens, k});
+  backend_.Linear(x, lw.router, router_logits);
+  MoeRouting routing;
+  routing.top_k = static_cast<int>(k);
+  routing.renormalize = c.norm_topk_prob;
+  routing.sigmoid = c.scoring_func == "sigmoid";
+  routing.num_groups = c.num_expert_groups;
+  routing.topk_groups = c.topk_groups;
+  routing.scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  routing.correction_bias = lw.router_bias.view();
+  backend_.MoeRoute(router_logits, routing, topk_ids, topk_weights);
+  backend_.MoeExperts(x, topk_ids, topk_weights, lw.experts_gate_up, lw.experts_down, out);
+  if (c.num_shared_experts > 0) {
+    Tensor shared = backend_.Empty(backend_.activation_dtype(), {tokens, c.hidden_size});
+    Ffn(lw.shared, x, shared);
+    backend_.Add(out, shared);
+  }
+}
+
+// Scores against the latent: q_latent[h] = q_nope[h] W_UK[h] (kv_lora dims) joined with q_rope,
+// one shared latent "head"; the output's latent part goes through W_UV[h].
+void DeepseekV3Model::AbsorbedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
+                                        const KvCacheView& cache, const TensorView& out) {
+  const MlaConfig& m = config_.mla;
+  const int64_t tokens = q.dim(0), heads = config_.num_attention_heads;
+  const int64_t kv_lora = m.kv_lora_rank, latent = kv_lora + m.qk_rope_head_dim, qk_head = m.qk_head_dim();
+  const DType act = backend_.activation_dtype();
+  Tensor q_lat = backend_.Empty(act, {tokens, heads, latent});  // [T, Hq, kv_lora + rope]
+  Tensor o_lat = backend_.Empty(act, {tokens, heads, kv_lora});  // [T, Hq, kv_lora]
+  TensorView q2d = q.Reshape({tokens, heads * qk_head});
+  TensorView q_lat2d = q_lat.view().Reshape({tokens, heads * latent});
+  for (int64_t h = 0; h < heads; ++h) {
+    backend_.Linear(Columns(q2d, h * qk_head, m.qk_nope_head_dim), w.uk_t[h], Columns(q_lat2d, h * latent, kv_lora));
+    backend_.Copy(Columns(q2d, h * qk_head + m.qk_nope_head_dim, m.qk_rope_head_dim),
+                  Columns(q_lat2d, h * latent + kv_lora, m.qk_rope_head_dim));
+  }
+  backend_.Attention(q_lat, cache, batch.attention, attention_scale_, o_lat);
+  TensorView o_lat2d = o_lat.view().Reshape({tokens, heads * kv_lora});
+  for (int64_t h = 0; h < heads; ++h)
+    backend_.Linear(Columns(o_lat2d, h * kv_lora, kv_lora), w.uv[h], Columns(out, h * m.v_head_dim, m.v_head_dim));
+}
+
+// Per sequence: the latents of its whole context, decompressed to per-head keys and values,
+// attended by the chunk's queries through a one-block cache of their own.
+void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
+                                            const KvCacheView& cache, const TensorView& out) {
+  const MlaConfig& m = config_.mla;
+  const int64_t heads = config_.num_attention_heads, kv_lora = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const int64_t nope = m.qk_nope_head_dim, vdim = m.v_head_dim, qk_head = m.qk_head_dim();
+  const DType act = backend_.activation_dtype();
+  const AttentionBatch& ab = batch.attention;
+  const int64_t num_seqs = ab.seq_lens.numel(), table_width = ab.block_tables.dim(1);
+  std::vector<int32_t> qstart(num_seqs + 1), seq_lens(num_seqs), tables(num_seqs * table_width);
+  backend_.CopyToHost(ab.query_start, qstart.data());
+  backend_.CopyToHost(ab.seq_lens, seq_lens.data());
+  backend_.CopyToHost(ab.block_tables, tables.data());
+  const int bs = cache.block_size();
+  TensorView q2d = q.Reshape({q.dim(0), heads * qk_head});
+
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int64_t ctx = seq_lens[b], q_len = qstart[b + 1] - qstart[b];
+    // Gather the context's latents from the paged cache: [ctx, kv_lora + rope].
+    Tensor lat = backend_.Empty(act, {ctx, kv_lora + rope});
+    for (int64_t j = 0; j < ctx; j += bs) {
+      int64_t n = std::min<int64_t>(bs, ctx - j);
+      TensorView block = cache.k.Index(tables[b * table_width + j / bs]).Index(0).Slice(0, n);  // [n, D]
+      backend_.Copy(block, lat.view().Slice(j, j + n));
+    }
+    Tensor kv = backend_.Empty(act, {ctx, heads * (nope + vdim)});  // [ctx, Hq * (nope + v)]
+    backend_.Linear(Columns(lat, 0, kv_lora), w.kv_b, kv);
+    Tensor k = backend_.Empty(act, {ctx, heads, qk_head});  // [ctx, Hq, nope + rope]
+    TensorView k2d = k.view().Reshape({ctx, heads * qk_head});
+    for (int64_t h = 0; h < heads; ++h) {
+      backend_.Copy(Columns(kv, h * (nope + vdim), nope), Columns(k2d, h * qk_head, nope));
+      backend_.Copy(Columns(lat, kv_lora, rope), Columns(k2d, h * qk_head + nope, rope));
+    }
+    TensorView v = Heads(kv, heads, nope + vdim, nope, vdim);  // [ctx, Hq, v]
+    // A cache of one block holding exactly this context, in slot order.
+    Tensor k_cache = backend_.Empty(act, {1, heads, ctx, qk_head});
+    Tensor v_cache = backend_.Empty(act, {1, heads, ctx, vdim});
+    std::vector<int32_t> host_slots(ctx), host_meta{0, static_cast<int32_t>(q_len), static_cast<int32_t>(ctx), 0};
+    for (int64_t j = 0; j < ctx; ++j) host_slots[j] = static_cast<int32_t>(j);
+    Tensor slots = backend_.Empty(DType::kI32, {ctx}), meta = backend_.Empty(DType::kI32, {4});
+    backend_.CopyFromHost(host_slots.data(), slots);
+    backend_.CopyFromHost(host_meta.data(), meta);
+    AttentionBatch one;
+    one.query_start = meta.view().Slice(0, 2);
+    one.seq_lens = meta.view().Slice(2, 3);
+    one.block_tables = meta.view().Slice(3, 4).Reshape({1, 1});
+    one.slot_mapping = slots;
+    one.max_q_len = static_cast<int>(q_len);
+    one.max_seq_len = static_cast<int>(ctx);
+    KvCacheView seq_cache{k_cache, v_cache};
+    backend_.KvWrite(k, v, seq_cache, one);
+    TensorView q_seq = q.Slice(qstart[b], qstart[b + 1]);
+    TensorView out_seq = out.Slice(qstart[b], qstart[b + 1]).Reshape({q_len, heads, vdim});
+    backend_.Attention(q_seq, seq_cache, one, attention_scale_, out_seq);
+  }
+}
+
+void DeepseekV3Model::Attention(int layer, const TensorView& x, const ForwardBatch& batch,
+                                const KvCacheView& cache, bool absorbed, const TensorView& out) {
+  const ModelConfig& c = config_;
+  const MlaConfig& m = c.mla;
+  const MlaWeights& w = layers_[layer].attn;
+  const int64_t tokens = x.dim(0), heads = c.num_attention_heads, qk_head = m.qk_head_dim();
+  const int64_t kv_lora = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const int64_t q_in = m.q_lora_rank > 0 ? m.q_lora_rank : heads * qk_head;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const DType act = backend_.activation_dtype();
+
+  Tensor a = backend_.Empty(act, {tokens, q_in + kv_lora + rope});  // [T, q_in | kv_lora | rope]
+  backend_.Linear(x, w.in_proj, a);
+  Tensor q_buf;
+  TensorView q;  // [T, Hq, nope + rope]
+  if (m.q_lora_rank > 0) {
+    Tensor q_c = backend_.Empty(act, {tokens, q_in});
+    backend_.RmsNorm(Columns(a, 0, q_in), w.q_a_norm, eps, q_c, nullptr);
+    q_buf = backend_.Empty(act, {tokens, heads, qk_head});
+    backend_.Linear(q_c, w.q_b, q_buf.view().Reshape({tokens, heads * qk_head}));
+    q = q_buf;
+  } else {
+    q = Heads(a, heads, qk_head, 0, qk_head);
+    q_buf = backend_.Empty(act, {tokens, heads, qk_head});
+    backend_.Copy(q, q_buf);
+    q = q_buf;
+  }
+  // The latent row of each token, normed in place and with its key rotated: [T, 1, kv_lora + rope].
+  TensorView latent = Heads(a, 1, kv_lora + rope, q_in, kv_lora + rope);
+  TensorView kv_part = Columns(a, q_in, kv_lora);
+  backend_.RmsNorm(kv_part, w.kv_a_norm, eps, kv_part, nullptr);
+  backend_.Rope(Heads(q, heads, qk_head, m.qk_nope_head_dim, rope),
+                Heads(a, 1, kv_lora + rope, q_in + kv_lora, rope), batch.positions, rope_);
+  backend_.KvWrite(latent, latent, cache, batch.attention);
+
+  Tensor attn = backend_.Empty(act, {tokens, heads * m.v_head_dim});  // [T, Hq * v]
+  if (absorbed) {
+    AbsorbedAttention(w, q, batch, cache, attn);
+  } else {
+    DecompressedAttention(w, q, batch, cache, attn);
+  }
+  backend_.Linear(attn, w.o, out);
+}
+
+void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
+                              const TensorView& logits) {
+  const ModelConfig& c = config_;
+  const int64_t tokens = batch.token_ids.numel(), hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const DType act = backend_.activation_dtype();
+  COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
+  const bool absorbed = mode_ == MlaMode::kAbsorbed || (mode_ == MlaMode::kAuto && batch.attention.max_q_len <= 1);
+
+  Tensor residual = backend_.Empty(act, {tokens, hidden});
+  Tensor x = backend_.Empty(act, {tokens, hidden});
+  Tensor y = backend_.Empty(act, {tokens, hidden});
+  backend_.Embedding(batch.token_ids, embed_, residual);
+  backend_.RmsNorm(residual, layers_[0].input_norm, eps, x, nullptr);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = layers_[l];
+    Attention(l, x, batch, kv_caches[l], absorbed, y);
+    backend_.RmsNorm(y, lw.post_attention_norm, eps, x, &residual.view());
+    if (lw.is_moe) {
+      Moe(lw, x, y);
+    } else {
+      Ffn(lw.dense, x, y);
+    }
+    const Tensor& next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
+    backend_.RmsNorm(y, next_norm, eps, x, &residual.view());
+  }
+  const int64_t rows = batch.logits_rows.numel();
+  Tensor selected = backend_.Empty(act, {rows, hidden});
+  backend_.GatherRows(x, batch.logits_rows, selected);
+  backend_.Linear(selected, lm_head_, logits);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> LoadDeepseekV3(const ModelConfig& config, const Checkpoint& checkpoint,
+                                              Backend& backend) {
+  auto model = std::make_unique<DeepseekV3Model>(config, backend);
+  RETURN_IF_ERROR(model->Load(checkpoint));
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+void SetMlaMode(Model& model, MlaMode mode) {
+  auto* ds = dynamic_cast<DeepseekV3Model*>(&model);
+  COROLLA_CHECK(ds != nullptr) << "not a DeepSeek-V3 model";
+  ds->set_mode(mode);
+}
+
+}  // namespace corolla
