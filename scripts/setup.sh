@@ -6,8 +6,12 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git curl ca-certificates
   libopenblas-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libboost-dev
-  libgtest-dev libgmock-dev clang libclang-rt-dev nodejs npm
+  libgtest-dev libgmock-dev clang libclang-rt-dev
 )
+# Node.js runs the OpenAI-client test and the tokenizer peer benchmark; machines that carry
+# their own build (nodesource bundles npm) keep it, others take Debian's.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do

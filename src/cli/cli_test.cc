@@ -99,6 +99,17 @@ TEST(Cli, GenerateOnTheBuiltInModel) {
   EXPECT_NE(plain.output.find("finish_reason=length"), std::string::npos) << plain.output;
 }
 
+TEST(Cli, ChatAndTextPrompts) {
+  RunResult r = RunCorolla("generate --chat 'What is the capital of Japan?' --temperature 0 --max-tokens 32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("The capital of Japan is Tokyo."), std::string::npos) << r.output;
+  r = RunCorolla("generate --chat 'What is 7 + 5?' --temperature 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"text\":\"7 + 5 = 12.\""), std::string::npos) << r.output;
+  r = RunCorolla("generate --prompt 'The capital of' --max-tokens 4 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 TEST(Cli, BadInputIsAClearErrorNotACrash) {
   const std::string dir = TempPath("empty_model");
   fs::create_directories(dir);
@@ -112,7 +123,9 @@ TEST(Cli, BadInputIsAClearErrorNotACrash) {
       {"generate --prompt-ids 1,x", "'x' is not a token id"},
       {"generate --prompt-ids 1 --max-tokens many", "--max-tokens expects an integer"},
       {"generate --prompt-ids 1 --bogus 3", "unknown option --bogus"},
-      {"generate", "--prompt-ids is required"},
+      {"generate", "give exactly one of --prompt-ids, --prompt, --chat"},
+      {"generate --prompt-ids 1 --chat hi", "give exactly one of"},
+      {"generate --model tests/data/models/qwen3-moe --prompt hello", "need the model's tokenizer"},
       {"logits --model tests/data/models/qwen3-moe --ids 5000 --out /tmp/x.safetensors", "outside the vocabulary"},
       {"logits --ids 1 --out /nonexistent-dir/x.safetensors", "x.safetensors"},
       {"nonsense", "unknown command"},

@@ -7,6 +7,8 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "engine/engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace corolla::cli {
 namespace {
@@ -14,6 +16,8 @@ namespace {
 struct GenerateOptions {
   ModelOptions model;
   std::string prompt_ids;
+  std::string prompt;  // text
+  std::string chat;    // one user message, through the chat template
   int64_t max_tokens = 64;
   double temperature = -1;  // <0: the model's generation_config default
   double top_p = -1;
@@ -24,9 +28,31 @@ struct GenerateOptions {
   bool json = false;
 };
 
+// The prompt's ids: --prompt-ids as given, or --prompt / --chat through the model's tokenizer.
+Result<std::vector<int32_t>> PromptIds(const GenerateOptions& o, const std::string& dir,
+                                       const Tokenizer* tokenizer) {
+  if (!o.prompt_ids.empty()) return ParseIdList(o.prompt_ids);
+  std::string text = o.prompt;
+  if (!o.chat.empty()) {
+    ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::LoadFromDir(dir));
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    messages.push_back({{"role", "user"}, {"content", o.chat}});
+    ChatRenderOptions options;
+    options.add_generation_prompt = true;
+    ASSIGN_OR_RETURN(text, chat.Render(messages, options));
+  }
+  return tokenizer->Encode(text);
+}
+
 Status Run(const GenerateOptions& o) {
-  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIdList(o.prompt_ids));
   ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromOptions(o.model));
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (auto t = Tokenizer::LoadFromDir(m.dir); t.ok()) {
+    tokenizer = std::move(t).value();
+  } else if (o.prompt_ids.empty()) {
+    return t.status().WithContext("--prompt/--chat need the model's tokenizer");
+  }
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(o, m.dir, tokenizer.get()));
   ASSIGN_OR_RETURN(GenerationConfig gen, LoadGenerationConfig(m.dir, m.model->config()));
 
   GenerationRequest request;
@@ -53,6 +79,10 @@ Status Run(const GenerateOptions& o) {
   ASSIGN_OR_RETURN(auto results, engine->Generate({request}));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto& [ids, reason] = results[0];
+  std::string text;
+  if (tokenizer) {
+    ASSIGN_OR_RETURN(text, tokenizer->Decode(ids, /*skip_special_tokens=*/true));
+  }
 
   if (o.json) {
     nlohmann::json out = {{"ids", ids},
@@ -61,7 +91,10 @@ Status Run(const GenerateOptions& o) {
                           {"completion_tokens", ids.size()},
                           {"seconds", secs},
                           {"tokens_per_second", secs > 0 ? ids.size() / secs : 0.0}};
-    std::printf("%s\n", out.dump().c_str());
+    if (tokenizer) out["text"] = text;
+    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else if (tokenizer && o.prompt_ids.empty()) {
+    std::printf("%s\n", text.c_str());
   } else {
     for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? "," : "", ids[i]);
     std::printf("\n");
@@ -75,9 +108,13 @@ Status Run(const GenerateOptions& o) {
 
 int GenerateMain(int argc, char** argv) {
   GenerateOptions o;
-  Flags flags("generate", "Generates tokens from a prompt with the CPU or CUDA engine.");
+  Flags flags("generate",
+              "Generates from a prompt with the CPU or CUDA engine. With --prompt-ids it prints the\n"
+              "generated ids; with --prompt or --chat, the generated text.");
   o.model.Declare(flags);
-  flags.String("prompt-ids", &o.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
+  flags.String("prompt-ids", &o.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3 (prints ids)");
+  flags.String("prompt", &o.prompt, "prompt as text, encoded by the model's tokenizer (prints text)");
+  flags.String("chat", &o.chat, "one user message, rendered through the model's chat template (prints text)");
   flags.Int("max-tokens", &o.max_tokens, "maximum number of tokens to generate");
   flags.Float("temperature", &o.temperature, "sampling temperature; 0 is greedy (default: the model's generation_config, else 1)");
   flags.Float("top-p", &o.top_p, "nucleus sampling: keep the smallest set of tokens with this much probability");
@@ -89,7 +126,8 @@ int GenerateMain(int argc, char** argv) {
   bool help = false;
   Status s = flags.Parse(argc, argv, 2, &help);
   if (help) return 0;
-  if (s.ok() && o.prompt_ids.empty()) s = InvalidArgument("--prompt-ids is required");
+  int given = !o.prompt_ids.empty() + !o.prompt.empty() + !o.chat.empty();
+  if (s.ok() && given != 1) s = InvalidArgument("give exactly one of --prompt-ids, --prompt, --chat");
   if (s.ok()) s = Run(o);
   return ReportStatus("generate", s);
 }
