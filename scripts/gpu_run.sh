@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool's `run`, from the repository root, with gpu-bundle/
+# carried): prints the GPU, runs the CUDA kernel/model tests and benchmarks from
+# gpu-bundle/cuda_kernels_test with logs under $OUT, and ends with a short summary.
+# Build the bundle here first with scripts/build_gpu.sh. Env: COROLLA_GTEST_FILTER (default *).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# NCCL from python's wheel first (2.28.9, matching our headers), then CUDA 13 / cuBLAS 13.
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+OUT=${OUT:-/tmp/corolla-gpu-out}
+mkdir -p "$OUT"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+bin=gpu-bundle/cuda_kernels_test
+if [ ! -x "$bin" ]; then
+  echo "gpu_run.sh: $bin missing: run scripts/build_gpu.sh and carry gpu-bundle" >&2
+  exit 1
+fi
+if ldd "$bin" | grep -q "not found"; then
+  echo "gpu_run.sh: missing shared libraries:"; ldd "$bin" | grep "not found"; exit 1
+fi
+start=$(date +%s)
+"$bin" --gtest_filter="${COROLLA_GTEST_FILTER:-*}" >"$OUT/cuda_kernels_test.log" 2>&1
+rc=$?
+end=$(date +%s)
+
+echo "=== cuda_kernels_test exit $rc in $((end - start)) s; full log: $OUT/cuda_kernels_test.log"
+grep -E "^\[  FAILED  \]|Failure|error:|CUDA error|cuBLAS error|Check failed" "$OUT/cuda_kernels_test.log" | head -40
+echo "=== results table"
+sed -n '/^kernel  /,$p' "$OUT/cuda_kernels_test.log"
+echo "=== summary"
+grep -E "max error vs golden|vs one prefill|demo greedy|HBM copy|decode layer|^\[  PASSED  \]|^\[  FAILED  \]|tests ran" \
+  "$OUT/cuda_kernels_test.log"
+exit $rc

@@ -1,0 +1,46 @@
+// CachingAllocator: device memory for one CUDA device. Blocks are rounded up to a size class
+// (powers of two split in four below 1 GiB, 2 MiB granules above) and a freed block goes to its
+// class's free list, so steady-state Allocate never calls cudaMalloc. Freed memory is reused by
+// later work on the backend's one stream, which orders it after the work that used it.
+// Thread-safe (a mutex guards the free lists); shared by the backend and every Tensor it made.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace corolla::cuda {
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(int device) : device_(device) {}
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least `bytes` (256-byte aligned); nullptr-free: aborts on out of memory
+  // after releasing the cache and retrying once.
+  void* Allocate(size_t bytes);
+  void Free(void* ptr);
+
+  size_t bytes_cached() const;
+  size_t bytes_in_use() const;
+  int64_t num_device_mallocs() const { return num_mallocs_; }
+
+  static size_t RoundSize(size_t bytes);
+
+ private:
+  void ReleaseCachedLocked();
+
+  const int device_;
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;  // GUARDED_BY(mu_): size class -> blocks
+  std::map<void*, size_t> live_;               // GUARDED_BY(mu_): block -> size class
+  size_t cached_bytes_ = 0;                    // GUARDED_BY(mu_)
+  size_t live_bytes_ = 0;                      // GUARDED_BY(mu_)
+  int64_t num_mallocs_ = 0;
+};
+
+}  // namespace corolla::cuda

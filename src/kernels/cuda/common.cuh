@@ -1,0 +1,78 @@
+// Device helpers shared by the CUDA kernels: bf16 <-> f32, 16-byte vectors of 8 bf16, warp
+// reductions, and the table-driven dispatch of compile-time head dims. Device code only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "tensor/tensor.h"
+
+namespace corolla::cuda {
+
+using bf16_t = __nv_bfloat16;
+
+// Eight bf16 in one 16-byte load/store.
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 h[4];
+};
+
+__device__ __forceinline__ void Unpack8(const Bf16x8& v, float f[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 p = __bfloat1622float2(v.h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+__device__ __forceinline__ Bf16x8 Pack8(const float f[8]) {
+  Bf16x8 v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
+}
+
+template <int kWidth = 32>
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = kWidth / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, kWidth);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// True when every row of a 2-D-ish view (innermost contiguous) starts 16-byte aligned and the
+// row length is a multiple of 8 bf16: the kernels then use Bf16x8 accesses.
+inline bool Vectorisable(const TensorView& t, int64_t row_len) {
+  if (row_len % 8 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int i = 0; i + 1 < t.rank(); ++i)
+    if (t.strides[i] % 8 != 0) return false;
+  return true;
+}
+
+inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// The one table of head dims the attention/norm kernels are specialised for.
+template <int... kDims>
+struct HeadDimList {};
+using SupportedHeadDims = HeadDimList<32, 64, 128, 256>;
+
+// Calls fn(std::integral_constant<int, D>{}) for the D == head_dim in the table; false if none.
+template <typename Fn, int... kDims>
+bool DispatchHeadDim(int head_dim, HeadDimList<kDims...>, Fn&& fn) {
+  bool found = false;
+  ((head_dim == kDims ? (fn(std::integral_constant<int, kDims>{}), found = true) : false), ...);
+  return found;
+}
+template <typename Fn>
+bool DispatchHeadDim(int head_dim, Fn&& fn) {
+  return DispatchHeadDim(head_dim, SupportedHeadDims{}, static_cast<Fn&&>(fn));
+}
+
+}  // namespace corolla::cuda

@@ -1,0 +1,148 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cstring>
+#include <vector>
+
+#include "base/numeric.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.h"
+
+namespace corolla {
+namespace cuda {
+
+Result<std::unique_ptr<Backend>> CudaBackend::Create(int device_idx) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Unsupported(std::string("no CUDA device: ") + cudaGetErrorString(err));
+  }
+  if (device_idx < 0 || device_idx >= count)
+    return InvalidArgument("CUDA device " + std::to_string(device_idx) + " of " + std::to_string(count));
+  COROLLA_CUDA_CHECK(cudaSetDevice(device_idx));
+  cudaStream_t stream;
+  COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<Backend>(new CudaBackend(device_idx, stream));
+}
+
+CudaBackend::CudaBackend(int device_idx, cudaStream_t stream)
+    : device_idx_(device_idx),
+      stream_(stream),
+      alloc_(std::make_shared<CachingAllocator>(device_idx)),
+      linear_(std::make_unique<LtLinear>(*alloc_)) {}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  linear_.reset();
+  cudaStreamDestroy(stream_);
+}
+
+Tensor CudaBackend::Empty(DType dtype, Shape shape) {
+  const size_t bytes = static_cast<size_t>(shape.numel() * DTypeSize(dtype));
+  void* p = bytes ? alloc_->Allocate(bytes) : nullptr;
+  std::shared_ptr<CachingAllocator> alloc = alloc_;
+  std::shared_ptr<void> owner(p, [alloc](void* ptr) { alloc->Free(ptr); });
+  return Tensor::Adopt(TensorView(p, dtype, shape, Device::kCuda, device_idx_), std::move(owner));
+}
+
+Tensor CudaBackend::LoadWeightConcat(const std::vector<TensorView>& srcs) {
+  COROLLA_CHECK(!srcs.empty());
+  Shape shape = srcs[0].shape;
+  for (size_t i = 1; i < srcs.size(); ++i) shape.dims[0] += srcs[i].shape[0];
+  const DType dtype = srcs[0].dtype == DType::kI32 ? DType::kI32 : DType::kBF16;
+  Tensor t = Empty(dtype, shape);
+  char* dst = static_cast<char*>(t.view().data);
+  std::vector<std::vector<bf16>> staging;  // converted f32/f16 sources, alive until the sync
+  for (const auto& src : srcs) {
+    COROLLA_CHECK(src.is_contiguous() && src.device == Device::kCpu) << "weight " << src.ToString();
+    const int64_t n = src.numel();
+    const void* from = src.data;
+    if (dtype == DType::kI32) {
+      COROLLA_CHECK(src.dtype == DType::kI32) << "weight " << src.ToString();
+    } else if (src.dtype != DType::kBF16) {
+      std::vector<bf16>& conv = staging.emplace_back(n);
+      if (src.dtype == DType::kF32) {
+        for (int64_t i = 0; i < n; ++i) conv[i] = ToBf16(src.ptr<float>()[i]);
+      } else {
+        COROLLA_CHECK(src.dtype == DType::kF16) << "cannot load " << src.ToString() << " as bf16";
+        for (int64_t i = 0; i < n; ++i) conv[i] = ToBf16(ToFloat(src.ptr<fp16>()[i]));
+      }
+      from = conv.data();
+    }
+    const size_t bytes = n * DTypeSize(dtype);
+    if (bytes) COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst, from, bytes, cudaMemcpyHostToDevice, stream_));
+    dst += bytes;
+  }
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return t;
+}
+
+void CudaBackend::CopyToHost(const TensorView& src, void* dst) {
+  COROLLA_CHECK(src.is_contiguous() && src.device == Device::kCuda) << "copy to host " << src.ToString();
+  if (src.nbytes() == 0) return;
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::CopyFromHost(const void* src, const TensorView& dst) {
+  COROLLA_CHECK(dst.is_contiguous() && dst.device == Device::kCuda) << "copy from host " << dst.ToString();
+  if (dst.nbytes() == 0) return;
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::Synchronize() { COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  cuda::GatherRows(table, ids, out, stream_);
+}
+void CudaBackend::RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
+                          const TensorView* residual) {
+  cuda::RmsNorm(x, w, eps, out, residual, stream_);
+}
+void CudaBackend::HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) {
+  cuda::HeadRmsNorm(x, w, eps, stream_);
+}
+void CudaBackend::Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
+                       const RopeParams& params) {
+  cuda::Rope(q, k, positions, params, *alloc_, stream_);
+}
+void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
+  linear_->Run(x, w, out, stream_);
+}
+void CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
+  cuda::SiluMul(gate_up, out, stream_);
+}
+void CudaBackend::GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) {
+  cuda::GatherRows(x, rows, out, stream_);
+}
+void CudaBackend::Copy(const TensorView& src, const TensorView& dst) { cuda::Copy(src, dst, stream_); }
+void CudaBackend::Add(const TensorView& x, const TensorView& y) { cuda::Add(x, y, stream_); }
+void CudaBackend::KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
+                          const AttentionBatch& batch) {
+  cuda::KvWrite(k, v, cache, batch, stream_);
+}
+void CudaBackend::Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                            float scale, const TensorView& out) {
+  cuda::Attention(q, cache, batch, scale, out, stream_);
+}
+void CudaBackend::MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
+                           const TensorView& topk_ids, const TensorView& topk_weights) {
+  cuda::MoeRoute(router_logits, routing, topk_ids, topk_weights, stream_);
+}
+void CudaBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids,
+                             const TensorView& topk_weights, const TensorView& w_gate_up,
+                             const TensorView& w_down, const TensorView& out) {
+  cuda::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out, *alloc_, stream_);
+}
+void CudaBackend::Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
+                         int32_t* out_ids) {
+  cuda::Sample(logits, params, steps, out_ids, *alloc_, stream_);
+}
+
+}  // namespace cuda
+
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device_idx) {
+  return cuda::CudaBackend::Create(device_idx);
+}
+
+}  // namespace corolla

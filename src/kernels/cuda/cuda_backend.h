@@ -1,0 +1,67 @@
+// CudaBackend: the Backend on one CUDA device (sm_90a). bf16 activations and KV cache, fp32
+// accumulation; router logits and weights f32. Owns one non-blocking stream (every op is
+// enqueued there, none synchronises the host except CopyToHost, Sample and Synchronize), a
+// caching allocator shared with every Tensor it hands out (so tensors may outlive it), and the
+// cuBLASLt state. Used by one thread at a time, as every Backend.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/linear.h"
+
+namespace corolla::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<Backend>> Create(int device_idx);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override { return "cuda"; }
+  DType activation_dtype() const override { return DType::kBF16; }
+
+  Tensor Empty(DType dtype, Shape shape) override;
+  Tensor LoadWeight(const TensorView& host_src) override { return LoadWeightConcat({host_src}); }
+  Tensor LoadWeightConcat(const std::vector<TensorView>& host_srcs) override;
+  void CopyToHost(const TensorView& src, void* dst) override;
+  // Copies from pageable host memory (the source may be reused once this returns).
+  void CopyFromHost(const void* src, const TensorView& dst) override;
+  void Synchronize() override;
+
+  void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) override;
+  void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
+               const TensorView* residual) override;
+  void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) override;
+  void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
+            const RopeParams& params) override;
+  void Linear(const TensorView& x, const TensorView& w, const TensorView& out) override;
+  void SiluMul(const TensorView& gate_up, const TensorView& out) override;
+  void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) override;
+  void Copy(const TensorView& src, const TensorView& dst) override;
+  void Add(const TensorView& x, const TensorView& y) override;
+  void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
+               const AttentionBatch& batch) override;
+  void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                 float scale, const TensorView& out) override;
+  void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
+                const TensorView& topk_ids, const TensorView& topk_weights) override;
+  void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                  const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) override;
+  void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
+              int32_t* out_ids) override;
+
+  cudaStream_t stream() const { return stream_; }
+  const CachingAllocator& allocator() const { return *alloc_; }
+
+ private:
+  CudaBackend(int device_idx, cudaStream_t stream);
+
+  const int device_idx_;
+  cudaStream_t stream_;
+  std::shared_ptr<CachingAllocator> alloc_;
+  std::unique_ptr<LtLinear> linear_;
+};
+
+}  // namespace corolla::cuda

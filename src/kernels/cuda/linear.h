@@ -1,0 +1,45 @@
+// Linear (out = x @ w^T) through cuBLASLt: bf16 x and w, bf16 or f32 out, fp32 accumulation.
+// Owns the cuBLASLt handle, a 32 MiB workspace and a cache of matmul plans (descriptors and
+// the heuristic's algorithm) keyed by shape, strides and output dtype. Not thread-safe: one
+// per backend, used from its stream's thread.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/allocator.h"
+#include "tensor/tensor.h"
+
+namespace corolla::cuda {
+
+class LtLinear {
+ public:
+  explicit LtLinear(CachingAllocator& alloc);
+  ~LtLinear();
+  LtLinear(const LtLinear&) = delete;
+  LtLinear& operator=(const LtLinear&) = delete;
+
+  // x [T, K] (rows may be strided), w [N, K] contiguous, out [T, N] (rows may be strided).
+  void Run(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t stream);
+
+ private:
+  // (m, n, k, ldx, ldout, out dtype, alignment of w | x | out pointers packed)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  const Plan& GetPlan(const Key& key);
+
+  CachingAllocator& alloc_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 32 << 20;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace corolla::cuda

@@ -1,0 +1,388 @@
+// Mixture of experts on the GPU. MoeRoute: one warp per token, softmax (sum in double, as the
+// CPU twin) or sigmoid scores, optional selection bias, top-k with ties to the lower expert id,
+// renormalisation and scaling (grouped top-k is not implemented yet).
+// MoeExperts, all on the device with no host synchronisation:
+//   1. count tokens per expert, 2. exclusive scan -> row offsets and 64-row tile offsets,
+//   3. permute (token, slot) pairs into expert-contiguous rows,
+//   4. grouped GEMM gate_up over the gathered rows with the SiLU-mul epilogue -> act [TK, I],
+//   5. grouped GEMM down -> y [TK, H] f32, 6. weighted combine back to token order.
+// The grid of each grouped GEMM is sized by the bound ceil(TK / 64) + E tiles (no host read of
+// the counts); tiles past the real count exit at once. GEMMs are bf16 wmma (mma.sync) tiles
+// with fp32 accumulation; wgmma + TMA with a persistent tile scheduler is the next step.
+#include <mma.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace corolla::cuda {
+namespace {
+
+// ---- routing ----------------------------------------------------------------------------
+struct RouteParams {
+  const float* logits;
+  int64_t logits_stride;
+  const float* bias;  // [E] selection bias (DeepSeek), or null
+  int32_t* topk_ids;
+  int64_t ids_stride;
+  float* topk_weights;
+  int64_t weights_stride;
+  int64_t tokens;
+  int experts, top_k;
+  bool renormalize, sigmoid;
+  float scaling_factor;
+};
+
+constexpr int kRouteWarps = 4;
+
+__global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
+  extern __shared__ float route_smem[];  // [kRouteWarps][2][experts]: probs, selection scores
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.tokens) return;
+  float* probs = route_smem + warp * 2 * p.experts;
+  float* choice = probs + p.experts;
+  const float* logit = p.logits + t * p.logits_stride;
+  if (p.sigmoid) {
+    for (int e = lane; e < p.experts; e += 32) probs[e] = 1.0f / (1.0f + expf(-logit[e]));
+  } else {
+    float mx = -INFINITY;
+    for (int e = lane; e < p.experts; e += 32) mx = fmaxf(mx, logit[e]);
+    mx = WarpMax(mx);
+    double sum = 0.0;
+    for (int e = lane; e < p.experts; e += 32) {
+      const float v = expf(logit[e] - mx);
+      probs[e] = v;
+      sum += v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int e = lane; e < p.experts; e += 32) probs[e] = static_cast<float>(probs[e] / sum);
+  }
+  for (int e = lane; e < p.experts; e += 32) choice[e] = p.bias ? probs[e] + p.bias[e] : probs[e];
+  __syncwarp();
+  double norm = 0.0;
+  for (int i = 0; i < p.top_k; ++i) {
+    float best = -INFINITY;
+    int best_id = 0x7fffffff;
+    for (int e = lane; e < p.experts; e += 32) {
+      const float v = choice[e];
+      if (v > best || (best_id == 0x7fffffff && v == best)) {  // ascending e: ties keep the lower id
+        best = v;
+        best_id = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oi < best_id)) {
+        best = ob;
+        best_id = oi;
+      }
+    }
+    __syncwarp();
+    const float pb = probs[best_id];
+    if (lane == 0) {
+      choice[best_id] = -INFINITY;  // taken (NaN-free: only valid ids are chosen)
+      p.topk_ids[t * p.ids_stride + i] = best_id;
+      p.topk_weights[t * p.weights_stride + i] = pb;
+    }
+    norm += pb;
+    __syncwarp();
+  }
+  if (p.sigmoid) norm += 1e-20;
+  if (lane == 0)
+    for (int i = 0; i < p.top_k; ++i) {
+      float& w = p.topk_weights[t * p.weights_stride + i];
+      const float weight = p.renormalize ? static_cast<float>(w / norm) : w;
+      w = weight * p.scaling_factor;
+    }
+}
+
+// ---- permutation ------------------------------------------------------------------------
+constexpr int kBM = 64, kBN = 64, kBK = 32;
+constexpr int kGemmThreads = 128;
+
+struct PermuteState {
+  int32_t* counts;       // [E]
+  int32_t* offsets;      // [E + 1] rows
+  int32_t* tile_offsets; // [E + 1] kBM-row tiles
+  int32_t* cursor;       // [E]
+  int32_t* perm_token;   // [TK] token of each expert-sorted row
+  int32_t* slot_row;     // [TK] row of each (token, slot) pair
+};
+
+struct PermuteParams {
+  const int32_t* ids;
+  int64_t ids_stride;
+  int64_t tokens;
+  int top_k, experts;
+  PermuteState st;
+};
+
+__global__ void CountKernel(const __grid_constant__ PermuteParams p) {
+  const int64_t n = p.tokens * p.top_k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
+    if (e >= 0 && e < p.experts) atomicAdd(&p.st.counts[e], 1);
+  }
+}
+
+__global__ void ScanKernel(const __grid_constant__ PermuteParams p) {
+  if (threadIdx.x != 0) return;
+  int rows = 0, tiles = 0;
+  for (int e = 0; e < p.experts; ++e) {
+    p.st.offsets[e] = rows;
+    p.st.tile_offsets[e] = tiles;
+    p.st.cursor[e] = 0;
+    rows += p.st.counts[e];
+    tiles += (p.st.counts[e] + kBM - 1) / kBM;
+  }
+  p.st.offsets[p.experts] = rows;
+  p.st.tile_offsets[p.experts] = tiles;
+}
+
+__global__ void PermuteKernel(const __grid_constant__ PermuteParams p) {
+  const int64_t n = p.tokens * p.top_k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
+    if (e < 0 || e >= p.experts) {
+      p.st.slot_row[i] = -1;
+      continue;
+    }
+    const int row = p.st.offsets[e] + atomicAdd(&p.st.cursor[e], 1);
+    p.st.perm_token[row] = static_cast<int32_t>(i / p.top_k);
+    p.st.slot_row[i] = row;
+  }
+}
+
+// ---- grouped GEMM -----------------------------------------------------------------------
+struct GroupedGemmParams {
+  const bf16_t* a;      // GateUp: x [T, K] read through perm_token; Down: act [TK, K]
+  int64_t a_stride;
+  const int32_t* perm_token;
+  const bf16_t* w;      // [E, N_w, K]: GateUp N_w = 2 N (gate rows, then up rows); Down N_w = N
+  bf16_t* act_out;      // GateUp output [TK, N]
+  float* y_out;         // Down output [TK, N]
+  const int32_t* offsets;
+  const int32_t* tile_offsets;
+  int experts, n, k;
+};
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGemmThreads) GroupedGemmKernel(const __grid_constant__ GroupedGemmParams p) {
+  using namespace nvcuda;
+  constexpr int kNB = kGateUp ? 2 : 1;
+  constexpr int kLds = kBK + 8;   // bf16 smem row stride
+  constexpr int kLdc = kBN + 4;   // f32 epilogue row stride
+  constexpr int kTileBytes = (kBM + kNB * kBN) * kLds * 2;
+  constexpr int kEpiBytes = kNB * kBM * kLdc * 4;
+  __shared__ __align__(128) unsigned char smem[kTileBytes > kEpiBytes ? kTileBytes : kEpiBytes];
+  __shared__ int32_t src_row[kBM];
+  bf16_t* sA = reinterpret_cast<bf16_t*>(smem);
+  bf16_t* sB = sA + kBM * kLds;  // [kNB][kBN][kLds]
+  float* sC = reinterpret_cast<float*>(smem);
+
+  const int tile = blockIdx.x;
+  if (tile >= p.tile_offsets[p.experts]) return;
+  int lo = 0, hi = p.experts - 1;  // expert e with tile_offsets[e] <= tile < tile_offsets[e + 1]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.tile_offsets[mid] <= tile) lo = mid; else hi = mid - 1;
+  }
+  const int e = lo;
+  const int row_begin = p.offsets[e] + (tile - p.tile_offsets[e]) * kBM;
+  const int rows = min(kBM, p.offsets[e + 1] - row_begin);
+  const int n0 = blockIdx.y * kBN;
+  const bf16_t* w = p.w + static_cast<int64_t>(e) * (kNB * p.n) * p.k;
+
+  for (int r = threadIdx.x; r < kBM; r += kGemmThreads)
+    src_row[r] = r < rows ? (kGateUp ? p.perm_token[row_begin + r] : row_begin + r) : -1;
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32;
+  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kNB][2][2];
+#pragma unroll
+  for (int b = 0; b < kNB; ++b)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
+
+  for (int k0 = 0; k0 < p.k; k0 += kBK) {
+    // A: kBM x kBK, B: kNB x kBN x kBK, as 16-byte vectors (K % 8 == 0 checked on the host).
+    constexpr int kVecPerRow = kBK / 8;
+    for (int idx = threadIdx.x; idx < (kBM + kNB * kBN) * kVecPerRow; idx += kGemmThreads) {
+      const int r = idx / kVecPerRow, c = (idx % kVecPerRow) * 8;
+      const int kk = k0 + c;
+      Bf16x8 v = {};
+      if (r < kBM) {
+        const int src = src_row[r];
+        if (src >= 0 && kk < p.k) v = *reinterpret_cast<const Bf16x8*>(p.a + src * p.a_stride + kk);
+        *reinterpret_cast<Bf16x8*>(sA + r * kLds + c) = v;
+      } else {
+        const int br = r - kBM;            // [kNB][kBN]
+        const int b = br / kBN, j = br % kBN;
+        const int n = n0 + j;
+        if (n < p.n && kk < p.k)
+          v = *reinterpret_cast<const Bf16x8*>(w + (static_cast<int64_t>(b) * p.n + n) * p.k + kk);
+        *reinterpret_cast<Bf16x8*>(sB + br * kLds + c) = v;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], sA + (wm + 16 * i) * kLds + kk, kLds);
+#pragma unroll
+      for (int b = 0; b < kNB; ++b)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+          wmma::load_matrix_sync(fb, sB + (b * kBN + wn + 16 * j) * kLds + kk, kLds);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
+        }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int b = 0; b < kNB; ++b)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::store_matrix_sync(sC + b * kBM * kLdc + (wm + 16 * i) * kLdc + wn + 16 * j, acc[b][i][j],
+                                kLdc, wmma::mem_row_major);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kBM * kBN; idx += kGemmThreads) {
+    const int r = idx / kBN, c = idx % kBN;
+    if (r >= rows || n0 + c >= p.n) continue;
+    const int64_t out = static_cast<int64_t>(row_begin + r) * p.n + n0 + c;
+    if constexpr (kGateUp) {
+      const float g = sC[r * kLdc + c], u = sC[kBM * kLdc + r * kLdc + c];
+      p.act_out[out] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+    } else {
+      p.y_out[out] = sC[r * kLdc + c];
+    }
+  }
+}
+
+// ---- combine ----------------------------------------------------------------------------
+struct CombineParams {
+  const float* y;  // [TK, H]
+  const int32_t* slot_row;
+  const float* weights;
+  int64_t weights_stride;
+  bf16_t* out;
+  int64_t out_stride;
+  int top_k, hidden;
+};
+
+__global__ void CombineKernel(const __grid_constant__ CombineParams p) {
+  const int64_t t = blockIdx.x;
+  for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < p.top_k; ++s) {
+      const int row = p.slot_row[t * p.top_k + s];
+      if (row >= 0) acc += p.weights[t * p.weights_stride + s] * p.y[static_cast<int64_t>(row) * p.hidden + c];
+    }
+    p.out[t * p.out_stride + c] = __float2bfloat16(acc);
+  }
+}
+
+}  // namespace
+
+void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
+              const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s) {
+  const int64_t tokens = router_logits.dim(0);
+  const int experts = static_cast<int>(router_logits.dim(1)), k = routing.top_k;
+  COROLLA_CHECK(router_logits.dtype == DType::kF32 && topk_ids.dtype == DType::kI32 &&
+                topk_weights.dtype == DType::kF32 && router_logits.strides[1] == 1 &&
+                k >= 1 && k <= experts && topk_ids.dim(0) == tokens && topk_ids.dim(1) == k &&
+                topk_weights.dim(0) == tokens && topk_weights.dim(1) == k)
+      << "moe_route logits " << router_logits.ToString() << " ids " << topk_ids.ToString()
+      << " weights " << topk_weights.ToString() << " k " << k;
+  if (tokens == 0) return;
+  COROLLA_CHECK(routing.num_groups <= 1)
+      << "moe_route: grouped top-k (num_groups " << routing.num_groups << ") is not implemented on CUDA yet";
+  const bool has_bias = routing.correction_bias.data != nullptr && routing.correction_bias.numel() > 0;
+  if (has_bias)
+    COROLLA_CHECK(routing.correction_bias.dtype == DType::kF32 && routing.correction_bias.numel() == experts &&
+                  routing.correction_bias.device == Device::kCuda)
+        << "moe_route correction_bias " << routing.correction_bias.ToString();
+  RouteParams p{router_logits.ptr<float>(), router_logits.strides[0],
+                has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
+                topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
+                experts, k, routing.renormalize, routing.sigmoid, routing.scaling_factor};
+  const size_t smem = sizeof(float) * kRouteWarps * 2 * experts;
+  COROLLA_CHECK(smem <= 48 * 1024) << "moe_route: " << experts << " experts exceed shared memory";
+  MoeRouteKernel<<<CeilDiv(tokens, kRouteWarps), kRouteWarps * 32, smem, s>>>(p);
+  COROLLA_CUDA_CHECK_LAUNCH();
+}
+
+void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                CachingAllocator& alloc, cudaStream_t s) {
+  const int64_t tokens = x.dim(0), hidden = x.dim(1);
+  const int k = static_cast<int>(topk_ids.dim(1));
+  const int experts = static_cast<int>(w_gate_up.dim(0));
+  const int64_t inter = w_down.dim(2);
+  COROLLA_CHECK(x.dtype == DType::kBF16 && out.dtype == DType::kBF16 &&
+                w_gate_up.dtype == DType::kBF16 && w_down.dtype == DType::kBF16 &&
+                topk_ids.dtype == DType::kI32 && topk_weights.dtype == DType::kF32 &&
+                w_gate_up.is_contiguous() && w_down.is_contiguous() && x.strides[1] == 1 &&
+                out.strides[1] == 1 && topk_ids.strides[1] == 1 && topk_weights.strides[1] == 1 &&
+                w_gate_up.dim(1) == 2 * inter && w_gate_up.dim(2) == hidden &&
+                w_down.dim(0) == experts && w_down.dim(1) == hidden && out.dim(0) == tokens &&
+                out.dim(1) == hidden && topk_weights.dim(1) == k && hidden % 8 == 0 &&
+                inter % 8 == 0 && (tokens <= 1 || x.strides[0] % 8 == 0))
+      << "moe x " << x.ToString() << " ids " << topk_ids.ToString() << " gate_up "
+      << w_gate_up.ToString() << " down " << w_down.ToString() << " out " << out.ToString();
+  if (tokens == 0) return;
+  const int64_t pairs = tokens * k;
+  // One scratch block: counts, offsets, tile offsets, cursor, perm, slot rows | act | y.
+  const int64_t meta_ints = 4 * (experts + 1) + 2 * pairs;
+  const int64_t meta_bytes = (meta_ints * 4 + 255) / 256 * 256;
+  const int64_t act_bytes = (pairs * inter * 2 + 255) / 256 * 256;
+  ScratchBuffer scratch(alloc, meta_bytes + act_bytes + pairs * hidden * 4);
+  int32_t* meta = scratch.as<int32_t>();
+  PermuteState st{meta, meta + (experts + 1), meta + 2 * (experts + 1), meta + 3 * (experts + 1),
+                  meta + 4 * (experts + 1), meta + 4 * (experts + 1) + pairs};
+  bf16_t* act = reinterpret_cast<bf16_t*>(scratch.as<char>() + meta_bytes);
+  float* y = reinterpret_cast<float*>(scratch.as<char>() + meta_bytes + act_bytes);
+
+  PermuteParams pp{topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts, st};
+  COROLLA_CUDA_CHECK(cudaMemsetAsync(st.counts, 0, sizeof(int32_t) * experts, s));
+  const int elem_grid = std::min(CeilDiv(pairs, 256), 1024);
+  CountKernel<<<elem_grid, 256, 0, s>>>(pp);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  ScanKernel<<<1, 32, 0, s>>>(pp);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  PermuteKernel<<<elem_grid, 256, 0, s>>>(pp);
+  COROLLA_CUDA_CHECK_LAUNCH();
+
+  const int max_tiles = CeilDiv(pairs, kBM) + experts;
+  GroupedGemmParams g1{x.ptr<bf16_t>(), x.strides[0], st.perm_token, w_gate_up.ptr<bf16_t>(), act,
+                       nullptr, st.offsets, st.tile_offsets, experts, static_cast<int>(inter),
+                       static_cast<int>(hidden)};
+  GroupedGemmKernel<true><<<dim3(max_tiles, CeilDiv(inter, kBN)), kGemmThreads, 0, s>>>(g1);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  GroupedGemmParams g2{act, inter, nullptr, w_down.ptr<bf16_t>(), nullptr, y, st.offsets,
+                       st.tile_offsets, experts, static_cast<int>(hidden), static_cast<int>(inter)};
+  GroupedGemmKernel<false><<<dim3(max_tiles, CeilDiv(hidden, kBN)), kGemmThreads, 0, s>>>(g2);
+  COROLLA_CUDA_CHECK_LAUNCH();
+
+  CombineParams cp{y, st.slot_row, topk_weights.ptr<float>(), topk_weights.strides[0],
+                   out.ptr<bf16_t>(), out.dim(0) > 1 ? out.strides[0] : hidden, k,
+                   static_cast<int>(hidden)};
+  CombineKernel<<<tokens, 128, 0, s>>>(cp);
+  COROLLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace corolla::cuda

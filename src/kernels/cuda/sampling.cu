@@ -1,0 +1,321 @@
+// Token sampling on the GPU with the CPU sampler's semantics (kernels/cpu/sampling.h):
+// greedy = argmax with ties to the lowest id; otherwise tokens in sampling order (logit
+// descending, ties by id: a stable segmented radix sort), weights exp((l - max) / T), then
+// top-k, top-p, min-p as prefixes of that order, and one inverse-CDF draw with
+// u = Philox4x32-10(key = seed, counter = step) computed here with the same arithmetic as
+// kernels/sampling.cc. Known deviations: expf may differ from the host's exp by an ulp, and
+// prefix sums (double) associate differently, so a draw that lands within ~1e-7 of a bucket
+// edge can pick the neighbouring token; greedy is exact.
+#include <cub/cub.cuh>
+
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kItems = 8;
+
+struct RowParams {
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+  unsigned long long seed;
+  unsigned long long step;
+};
+
+__device__ float UniformFromSeedDevice(uint64_t seed, uint64_t step) {
+  uint32_t c0 = static_cast<uint32_t>(step), c1 = static_cast<uint32_t>(step >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint32_t lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+    const uint32_t lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+  }
+  return static_cast<float>(c0 >> 8) * 0x1p-24f;
+}
+
+__device__ __forceinline__ float LoadLogit(const void* logits, bool is_bf16, int64_t i) {
+  return is_bf16 ? __bfloat162float(static_cast<const bf16_t*>(logits)[i])
+                 : static_cast<const float*>(logits)[i];
+}
+
+struct PrepParams {
+  const void* logits;
+  bool is_bf16;
+  int64_t vocab, batch;
+  float* keys;
+  int32_t* ids;
+  int32_t* offsets;  // [batch + 1]
+};
+
+// Sort keys: NaN -> -inf and -0 -> +0 (the CPU compares them as equal); values = token ids.
+__global__ void PrepareSortKernel(const __grid_constant__ PrepParams p) {
+  const int64_t n = p.batch * p.vocab;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = LoadLogit(p.logits, p.is_bf16, i);
+    if (v != v) v = -INFINITY;
+    if (v == 0.f) v = 0.f;
+    p.keys[i] = v;
+    p.ids[i] = static_cast<int32_t>(i % p.vocab);
+  }
+  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b <= p.batch;
+       b += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p.offsets[b] = static_cast<int32_t>(b * p.vocab);
+}
+
+struct SampleParams {
+  const void* logits;
+  bool is_bf16;
+  int64_t vocab;
+  const RowParams* rows;
+  const float* sorted_keys;  // [batch, vocab] descending, null when every row is greedy
+  const int32_t* sorted_ids;
+  int32_t* out;
+};
+
+using BlockScan = cub::BlockScan<double, kThreads>;
+using BlockReduceD = cub::BlockReduce<double, kThreads>;
+using BlockReduceI = cub::BlockReduce<int, kThreads>;
+
+struct MinOp {
+  __device__ int operator()(int a, int b) const { return a < b ? a : b; }
+};
+
+struct SampleSmem {
+  union {
+    typename BlockScan::TempStorage scan;
+    typename BlockReduceD::TempStorage reduce_d;
+    typename BlockReduceI::TempStorage reduce_i;
+  };
+  double carry;
+  int found;
+  int n_positive, n_floor;
+};
+
+struct Weights {
+  const float* keys;
+  float max, temperature;
+  __device__ float operator()(int64_t i) const {
+    const float v = keys[i];
+    if (max == INFINITY) return v == INFINITY ? 1.f : 0.f;
+    if (!(v > -INFINITY)) return 0.f;
+    return expf((v - max) / temperature);
+  }
+};
+
+__device__ double BlockSumWeights(const Weights& w, int64_t n, SampleSmem& sm) {
+  double local = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) local += w(i);
+  const double total = BlockReduceD(sm.reduce_d).Sum(local);
+  __syncthreads();
+  if (threadIdx.x == 0) sm.carry = total;
+  __syncthreads();
+  const double r = sm.carry;
+  __syncthreads();
+  return r;
+}
+
+// First j in [0, n) whose inclusive prefix sum of weights exceeds `threshold` (or reaches it
+// when !strict); n if none. *sum_before returns the sum of the weights before j (all n if none).
+__device__ int64_t FirstPrefix(const Weights& w, int64_t n, double threshold, bool strict,
+                               SampleSmem& sm, double* sum_before) {
+  if (threadIdx.x == 0) sm.carry = 0.0;
+  __syncthreads();
+  for (int64_t base = 0; base < n; base += kThreads * kItems) {
+    double vals[kItems];
+    double local = 0.0;
+    const int64_t first = base + threadIdx.x * kItems;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      vals[i] = first + i < n ? static_cast<double>(w(first + i)) : 0.0;
+      local += vals[i];
+    }
+    double prefix, total;
+    BlockScan(sm.scan).ExclusiveSum(local, prefix, total);
+    __syncthreads();
+    const double carry = sm.carry;
+    double s = carry + prefix;
+    int hit = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const double next = s + vals[i];
+      if (hit == 0x7fffffff && first + i < n && (strict ? next > threshold : next >= threshold))
+        hit = i;
+      s = next;
+    }
+    const int local_hit = hit == 0x7fffffff ? 0x7fffffff : static_cast<int>(threadIdx.x * kItems + hit);
+    const int block_hit = BlockReduceI(sm.reduce_i).Reduce(local_hit, MinOp());
+    if (threadIdx.x == 0) sm.found = block_hit;
+    __syncthreads();
+    const int f = sm.found;
+    if (f != 0x7fffffff) {
+      // The sum before the hit: the hitting thread knows it; recompute from its prefix.
+      if (threadIdx.x == f / kItems) {
+        double sb = carry + prefix;
+        for (int i = 0; i < f % kItems; ++i) sb += vals[i];
+        sm.carry = sb;
+      }
+      __syncthreads();
+      *sum_before = sm.carry;
+      __syncthreads();
+      return base + f;
+    }
+    if (threadIdx.x == 0) sm.carry = carry + total;
+    __syncthreads();
+  }
+  *sum_before = sm.carry;
+  __syncthreads();
+  return n;
+}
+
+// First index in [0, n) with w(i) < floor (w is non-increasing along the sorted order).
+__device__ int64_t FirstBelow(const Weights& w, int64_t n, float floor) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (w(mid) >= floor) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kThreads) SampleKernel(const __grid_constant__ SampleParams p) {
+  __shared__ SampleSmem sm;
+  const int64_t b = blockIdx.x;
+  const RowParams rp = p.rows[b];
+  if (!(rp.temperature > 0.f)) {  // greedy (NaN temperature too)
+    float best = -INFINITY;
+    int best_id = 0x7fffffff;
+    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
+      const float v = LoadLogit(p.logits, p.is_bf16, b * p.vocab + i);
+      if (v > best) {
+        best = v;
+        best_id = static_cast<int>(i);
+      }
+    }
+    // Pack (value, id) so one max-reduce picks the largest value, then the lowest id.
+    __shared__ float vals[kThreads];
+    __shared__ int idx[kThreads];
+    vals[threadIdx.x] = best;
+    idx[threadIdx.x] = best_id;
+    __syncthreads();
+    for (int s = kThreads / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) {
+        const float ov = vals[threadIdx.x + s];
+        const int oi = idx[threadIdx.x + s];
+        if (ov > vals[threadIdx.x] || (ov == vals[threadIdx.x] && oi < idx[threadIdx.x])) {
+          vals[threadIdx.x] = ov;
+          idx[threadIdx.x] = oi;
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) p.out[b] = idx[0] == 0x7fffffff ? 0 : idx[0];
+    return;
+  }
+  const float* keys = p.sorted_keys + b * p.vocab;
+  const int32_t* ids = p.sorted_ids + b * p.vocab;
+  const float max = keys[0];
+  if (max == -INFINITY) {  // every logit -inf/NaN
+    if (threadIdx.x == 0) p.out[b] = 0;
+    return;
+  }
+  const Weights w{keys, max, rp.temperature};
+  const float floor = rp.min_p > 0.f ? fmaxf(fminf(rp.min_p, 1.f), 1.401298464e-45f) : 1.401298464e-45f;
+  if (threadIdx.x == 0) {
+    sm.n_positive = static_cast<int>(FirstBelow(w, p.vocab, 1.401298464e-45f));
+    sm.n_floor = static_cast<int>(FirstBelow(w, p.vocab, floor));
+  }
+  __syncthreads();
+  const int64_t n_positive = sm.n_positive, n_floor = sm.n_floor;
+  const bool top_k = rp.top_k > 0 && rp.top_k < n_positive;
+  const bool top_p = rp.top_p < 1.f;
+  const int64_t n_cand = top_k ? rp.top_k : n_positive;
+  const int64_t n_lim = min(n_cand, n_floor);
+  int64_t kept = n_lim;
+  double mass;
+  if (top_p) {
+    const double z = BlockSumWeights(w, n_cand, sm);
+    const double limit = static_cast<double>(rp.top_p) * z;
+    double unused;
+    const int64_t j = FirstPrefix(w, n_lim, limit, /*strict=*/false, sm, &unused);
+    kept = min(j + 1, n_lim);
+  }
+  mass = BlockSumWeights(w, kept, sm);
+  const double target = static_cast<double>(UniformFromSeedDevice(rp.seed, rp.step)) * mass;
+  double unused;
+  int64_t pick = FirstPrefix(w, kept, target, /*strict=*/true, sm, &unused);
+  if (pick >= kept) pick = kept - 1;
+  if (threadIdx.x == 0) p.out[b] = ids[pick];
+}
+
+}  // namespace
+
+void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
+            int32_t* out_ids, CachingAllocator& alloc, cudaStream_t s) {
+  COROLLA_CHECK((logits.dtype == DType::kF32 || logits.dtype == DType::kBF16) &&
+                logits.device == Device::kCuda && logits.rank() == 2 && logits.is_contiguous())
+      << "sample logits " << logits.ToString();
+  const int64_t batch = logits.dim(0), vocab = logits.dim(1);
+  if (batch == 0) return;
+  COROLLA_CHECK(batch * vocab < (int64_t{1} << 31)) << "sample: batch * vocab exceeds int32";
+  std::vector<RowParams> rows(batch);
+  bool any_random = false;
+  for (int64_t b = 0; b < batch; ++b) {
+    rows[b] = {params[b].temperature, params[b].top_k, params[b].top_p, params[b].min_p,
+               params[b].seed, steps[b]};
+    any_random |= params[b].temperature > 0.f;
+  }
+  const bool is_bf16 = logits.dtype == DType::kBF16;
+  ScratchBuffer meta(alloc, sizeof(RowParams) * batch + sizeof(int32_t) * (2 * batch + 1));
+  RowParams* d_rows = meta.as<RowParams>();
+  int32_t* d_out = reinterpret_cast<int32_t*>(d_rows + batch);
+  int32_t* d_offsets = d_out + batch;
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), sizeof(RowParams) * batch,
+                                     cudaMemcpyHostToDevice, s));
+  SampleParams sp{logits.data, is_bf16, vocab, d_rows, nullptr, nullptr, d_out};
+  const int64_t n = batch * vocab;
+  // Sort buffers (only when some row samples): keys in/out f32, ids in/out i32, cub temp.
+  size_t temp_bytes = 0;
+  if (any_random) {
+    COROLLA_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        nullptr, temp_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(n),
+        static_cast<int>(batch), d_offsets, d_offsets + 1, 0, 32, s));
+  }
+  ScratchBuffer sort_buf(alloc, any_random ? 16 * n + temp_bytes + 256 : 0);
+  if (any_random) {
+    float* keys_in = sort_buf.as<float>();
+    float* keys_out = keys_in + n;
+    int32_t* ids_in = reinterpret_cast<int32_t*>(keys_out + n);
+    int32_t* ids_out = ids_in + n;
+    void* temp = reinterpret_cast<char*>(ids_out + n) + 0;
+    PrepParams pp{logits.data, is_bf16, vocab, batch, keys_in, ids_in, d_offsets};
+    PrepareSortKernel<<<std::min<int64_t>((n + 255) / 256, 4096), 256, 0, s>>>(pp);
+    COROLLA_CUDA_CHECK_LAUNCH();
+    COROLLA_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        temp, temp_bytes, keys_in, keys_out, ids_in, ids_out, static_cast<int>(n),
+        static_cast<int>(batch), d_offsets, d_offsets + 1, 0, 32, s));
+    sp.sorted_keys = keys_out;
+    sp.sorted_ids = ids_out;
+  }
+  SampleKernel<<<batch, kThreads, 0, s>>>(sp);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(out_ids, d_out, sizeof(int32_t) * batch, cudaMemcpyDeviceToHost, s));
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace corolla::cuda

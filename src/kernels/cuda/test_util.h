@@ -1,0 +1,113 @@
+// Helpers of the CUDA tests: random bf16-rounded inputs, host <-> backend copies, NaN
+// poisoning, the normalised error ||out - ref|| / ||ref||, and a results table printed at exit.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/numeric.h"
+#include "kernels/backend.h"
+
+namespace corolla::cuda_test {
+
+inline std::mt19937& Rng() {
+  static std::mt19937 rng(12345);
+  return rng;
+}
+
+// n values uniform in [-scale, scale], rounded to bf16 so both backends see the same inputs.
+inline std::vector<float> RandomBf16(int64_t n, float scale = 1.0f) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = ToFloat(ToBf16(d(Rng())));
+  return v;
+}
+
+// A host f32 tensor holding `v`.
+inline Tensor HostF32(const std::vector<float>& v, Shape shape) {
+  Tensor t = Tensor::Empty(DType::kF32, shape);
+  std::copy(v.begin(), v.end(), t.ptr<float>());
+  return t;
+}
+inline Tensor HostI32(const std::vector<int32_t>& v, Shape shape) {
+  Tensor t = Tensor::Empty(DType::kI32, shape);
+  std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+  return t;
+}
+
+// A backend tensor of dtype `dt` (bf16 or f32) holding `v`.
+inline Tensor Upload(Backend& be, const std::vector<float>& v, Shape shape, DType dt) {
+  Tensor t = be.Empty(dt, shape);
+  if (dt == DType::kBF16) {
+    std::vector<bf16> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = ToBf16(v[i]);
+    be.CopyFromHost(h.data(), t);
+  } else {
+    be.CopyFromHost(v.data(), t);
+  }
+  return t;
+}
+inline Tensor UploadI32(Backend& be, const std::vector<int32_t>& v, Shape shape) {
+  Tensor t = be.Empty(DType::kI32, shape);
+  be.CopyFromHost(v.data(), t);
+  return t;
+}
+
+inline std::vector<float> Download(Backend& be, const TensorView& t) {
+  std::vector<float> out(t.numel());
+  if (t.dtype == DType::kBF16) {
+    std::vector<bf16> h(t.numel());
+    be.CopyToHost(t, h.data());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = ToFloat(h[i]);
+  } else {
+    be.CopyToHost(t, out.data());
+  }
+  return out;
+}
+inline std::vector<int32_t> DownloadI32(Backend& be, const TensorView& t) {
+  std::vector<int32_t> out(t.numel());
+  be.CopyToHost(t, out.data());
+  return out;
+}
+
+// Fills a contiguous backend tensor with NaN so unwritten outputs fail the comparison.
+inline void Poison(Backend& be, const TensorView& t) {
+  if (t.dtype == DType::kBF16) {
+    std::vector<bf16> h(t.numel(), bf16::FromBits(0x7fc0));
+    be.CopyFromHost(h.data(), t);
+  } else {
+    std::vector<float> h(t.numel(), NAN);
+    be.CopyFromHost(h.data(), t);
+  }
+}
+
+// ||a - b|| / ||b||; infinity when a has a NaN/inf or the sizes differ.
+inline double RelError(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+struct ResultRow {
+  std::string kernel, shape;
+  double error;
+  double tolerance;
+};
+inline std::vector<ResultRow>& Results() {
+  static std::vector<ResultRow> rows;
+  return rows;
+}
+inline void Record(const std::string& kernel, const std::string& shape, double error, double tol) {
+  Results().push_back({kernel, shape, error, tol});
+}
+
+}  // namespace corolla::cuda_test
