@@ -62,8 +62,9 @@ Result<ChatTemplate> ChatTemplate::LoadFromDir(const std::string& dir) {
   } else {
     auto it = config.find("chat_template");
     if (it == config.end() || it->is_null()) {
-      return NotFound(dir + ": no chat template (no chat_template in tokenizer_config.json and no "
-                            "chat_template.jinja)");
+      return NotFound(dir +
+                      ": no chat template (no chat_template in tokenizer_config.json and no "
+                      "chat_template.jinja)");
     }
     source_name = config_path + " chat_template";
     if (it->is_string()) {
@@ -83,15 +84,15 @@ Result<ChatTemplate> ChatTemplate::LoadFromDir(const std::string& dir) {
         }
       }
       if (!found) {
-        return NotFound(config_path + ": chat_template list has no \"default\" entry (has: " +
-                        names + ")");
+        return NotFound(config_path +
+                        ": chat_template list has no \"default\" entry (has: " + names + ")");
       }
     } else {
       return Corrupt(config_path + ": chat_template must be a string or a list");
     }
   }
-  Result<ChatTemplate> t = Parse(source, TokenContent(config, "bos_token"),
-                                 TokenContent(config, "eos_token"));
+  Result<ChatTemplate> t =
+      Parse(source, TokenContent(config, "bos_token"), TokenContent(config, "eos_token"));
   if (!t.ok()) return t.status().WithContext(source_name);
   return t;
 }

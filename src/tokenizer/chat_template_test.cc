@@ -30,9 +30,9 @@ bool RealTokenizersPresent() {
          fs::exists(std::string(kDeepSeekDir) + "/tokenizer_config.json");
 }
 
-#define REQUIRE_REAL_TOKENIZERS()                                                     \
-  ASSERT_TRUE(RealTokenizersPresent())                                                \
-      << "real tokenizer configs missing under .cache/tokenizers: run "               \
+#define REQUIRE_REAL_TOKENIZERS()                                       \
+  ASSERT_TRUE(RealTokenizersPresent())                                  \
+      << "real tokenizer configs missing under .cache/tokenizers: run " \
          "scripts/fetch_tokenizers.sh first"
 
 // Every `chat` case of tests/data/tokenizer-golden/NAME.json, rendered by transformers.
@@ -88,18 +88,68 @@ struct AgentCase {
   const char* expected;
 };
 const AgentCase kAgentCases[] = {
-    {"qwen3_tools", "[{\"role\": \"system\", \"content\": \"You are helpful.\"}, {\"role\": \"user\", \"content\": \"Weather in Paris\?\"}]",
-     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather for a city.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City name, e.g. Zürich\"}}, \"required\": [\"city\"]}}}]",
+    {"qwen3_tools",
+     "[{\"role\": \"system\", \"content\": \"You are helpful.\"}, {\"role\": \"user\", "
+     "\"content\": \"Weather in Paris\?\"}]",
+     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+     "\"Weather for a city.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "
+     "{\"type\": \"string\", \"description\": \"City name, e.g. Zürich\"}}, \"required\": "
+     "[\"city\"]}}}]",
      "{}",
-     "<|im_start|>system\nYou are helpful.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather for a city.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City name, e.g. Zürich\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris\?<|im_end|>\n<|im_start|>assistant\n"},
-    {"qwen3_agent", "[{\"role\": \"user\", \"content\": \"Weather in Paris\?\"}, {\"role\": \"assistant\", \"content\": \"\", \"reasoning_content\": \"Need the tool.\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}]}, {\"role\": \"tool\", \"content\": \"{\\\"temp\\\": 21}\"}, {\"role\": \"tool\", \"content\": \"second\"}, {\"role\": \"assistant\", \"content\": \"<think>\\nIt is warm.\\n</think>\\n\\nIt is 21 C.\"}, {\"role\": \"user\", \"content\": \"Thanks\"}]",
-     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather for a city.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City name, e.g. Zürich\"}}, \"required\": [\"city\"]}}}]",
+     "<|im_start|>system\nYou are helpful.\n\n# Tools\n\nYou may call one or more functions to "
+     "assist with the user query.\n\nYou are provided with function signatures within "
+     "<tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": "
+     "\"get_weather\", \"description\": \"Weather for a city.\", \"parameters\": {\"type\": "
+     "\"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City name, "
+     "e.g. Zürich\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a "
+     "json object with function name and arguments within <tool_call></tool_call> XML "
+     "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+     "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in "
+     "Paris\?<|im_end|>\n<|im_start|>assistant\n"},
+    {"qwen3_agent",
+     "[{\"role\": \"user\", \"content\": \"Weather in Paris\?\"}, {\"role\": \"assistant\", "
+     "\"content\": \"\", \"reasoning_content\": \"Need the tool.\", \"tool_calls\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": "
+     "\"Paris\"}}}]}, {\"role\": \"tool\", \"content\": \"{\\\"temp\\\": 21}\"}, {\"role\": "
+     "\"tool\", \"content\": \"second\"}, {\"role\": \"assistant\", \"content\": \"<think>\\nIt is "
+     "warm.\\n</think>\\n\\nIt is 21 C.\"}, {\"role\": \"user\", \"content\": \"Thanks\"}]",
+     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+     "\"Weather for a city.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "
+     "{\"type\": \"string\", \"description\": \"City name, e.g. Zürich\"}}, \"required\": "
+     "[\"city\"]}}}]",
      "{\"enable_thinking\": false}",
-     "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather for a city.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City name, e.g. Zürich\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris\?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\nsecond\n</tool_response><|im_end|>\n<|im_start|>assistant\nIt is 21 C.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"},
-    {"deepseek_tools", "[{\"role\": \"system\", \"content\": \"S1\"}, {\"role\": \"system\", \"content\": \"S2\"}, {\"role\": \"user\", \"content\": \"Weather\?\"}, {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}, {\"type\": \"function\", \"function\": {\"name\": \"get_time\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"content\": \"21C\"}, {\"role\": \"tool\", \"content\": \"noon\"}, {\"role\": \"assistant\", \"content\": \"Warm at noon.\"}, {\"role\": \"user\", \"content\": \"ok\"}]",
-     "null",
-     "{}",
-     "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Weather\?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>21C<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>noon<｜tool▁output▁end｜><｜tool▁outputs▁end｜>Warm at noon.<｜end▁of▁sentence｜><｜User｜>ok<｜Assistant｜>"},
+     "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user "
+     "query.\n\nYou are provided with function signatures within <tools></tools> XML "
+     "tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+     "\"description\": \"Weather for a city.\", \"parameters\": {\"type\": \"object\", "
+     "\"properties\": {\"city\": {\"type\": \"string\", \"description\": \"City name, e.g. "
+     "Zürich\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json "
+     "object with function name and arguments within <tool_call></tool_call> XML "
+     "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+     "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in "
+     "Paris\?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", "
+     "\"arguments\": {\"city\": "
+     "\"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": "
+     "21}\n</tool_response>\n<tool_response>\nsecond\n</"
+     "tool_response><|im_end|>\n<|im_start|>assistant\nIt is 21 "
+     "C.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n<think>\n\n</"
+     "think>\n\n"},
+    {"deepseek_tools",
+     "[{\"role\": \"system\", \"content\": \"S1\"}, {\"role\": \"system\", \"content\": \"S2\"}, "
+     "{\"role\": \"user\", \"content\": \"Weather\?\"}, {\"role\": \"assistant\", \"content\": "
+     "null, \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+     "\"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}, {\"type\": \"function\", \"function\": "
+     "{\"name\": \"get_time\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"content\": "
+     "\"21C\"}, {\"role\": \"tool\", \"content\": \"noon\"}, {\"role\": \"assistant\", "
+     "\"content\": \"Warm at noon.\"}, {\"role\": \"user\", \"content\": \"ok\"}]",
+     "null", "{}",
+     "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Weather\?<｜Assistant｜><｜tool▁calls▁begin｜><"
+     "｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": "
+     "\"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```"
+     "json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><"
+     "｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>21C<｜tool▁output▁end｜>\n<"
+     "｜tool▁output▁begin｜>noon<｜tool▁output▁end｜><｜tool▁outputs▁end｜>Warm at "
+     "noon.<｜end▁of▁sentence｜><｜User｜>ok<｜Assistant｜>"},
 };
 
 TEST(ChatTemplate, ToolsReasoningAndKwargsMatchJinja2) {
@@ -135,9 +185,9 @@ TEST(ChatTemplate, Qwen3EnableThinkingFalse) {
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("corolla_chat_template_test_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter_++));
+    path_ =
+        fs::temp_directory_path() / ("corolla_chat_template_test_" + std::to_string(::getpid()) +
+                                     "_" + std::to_string(counter_++));
     fs::create_directories(path_);
   }
   ~TempDir() { fs::remove_all(path_); }
@@ -189,7 +239,8 @@ TEST(ChatTemplate, ContextMatchesTransformers) {
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*text, "TrueTrueFalseTrue");
   options.add_generation_prompt = true;
-  options.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  options.tools =
+      nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
   options.extra_kwargs = {{"custom", 7}};
   text = t->Render(nlohmann::ordered_json::array(), options);
   ASSERT_TRUE(text.ok());
@@ -216,8 +267,7 @@ TEST(ChatTemplate, Errors) {
       "{% endif %}",
       "", "");
   ASSERT_TRUE(raising.ok());
-  Result<std::string> text =
-      raising->Render(R"([{"role": "assistant", "content": "x"}])"_json, {});
+  Result<std::string> text = raising->Render(R"([{"role": "assistant", "content": "x"}])"_json, {});
   ASSERT_FALSE(text.ok());
   EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(text.status().message().find("first message must be user"), std::string::npos);

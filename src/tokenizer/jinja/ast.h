@@ -66,8 +66,8 @@ struct Stmt {
     kFilterBlock,  // filter expr: body
     kBreak,
     kContinue,
-    kWith,     // with params: body
-    kScope,    // generation: body, rendered in place
+    kWith,   // with params: body
+    kScope,  // generation: body, rendered in place
   };
   Kind kind;
   int line = 0;

@@ -175,7 +175,8 @@ std::string JinjaTitle(std::string_view s) {
   return out;
 }
 
-std::string Replace(std::string_view s, std::string_view old, std::string_view with, int64_t count) {
+std::string Replace(std::string_view s, std::string_view old, std::string_view with,
+                    int64_t count) {
   std::string out;
   if (old.empty()) {  // Python inserts `with` around every code point
     std::vector<size_t> off = CodepointOffsets(s);
@@ -286,12 +287,23 @@ std::string HtmlEscape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -315,7 +327,8 @@ std::optional<int64_t> ParseInt(std::string_view s, int base) {
   if (t.empty()) return std::nullopt;
   std::string digits;
   for (size_t i = 0; i < t.size(); ++i) {
-    if (t[i] == '_' && i > 0 && i + 1 < t.size() && std::isalnum(t[i - 1]) && std::isalnum(t[i + 1])) {
+    if (t[i] == '_' && i > 0 && i + 1 < t.size() && std::isalnum(t[i - 1]) &&
+        std::isalnum(t[i + 1])) {
       continue;
     }
     digits += t[i];
@@ -478,10 +491,11 @@ Result<Value> FilterInt(Renderer&, const Value& v, const CallArgs& args) {
 
 Result<Value> FilterIndent(Renderer&, const Value& v, const CallArgs& args) {
   ASSIGN_OR_RETURN(auto a, args.Bind("indent", {"width", "first", "blank"}));
-  std::string indent = a[0].is_string() ? a[0].as_string()
-                       : a[0].is_undefined()
-                           ? std::string(4, ' ')
-                           : std::string(std::max<int64_t>(0, a[0].is_number() ? a[0].as_int() : 4), ' ');
+  std::string indent =
+      a[0].is_string() ? a[0].as_string()
+      : a[0].is_undefined()
+          ? std::string(4, ' ')
+          : std::string(std::max<int64_t>(0, a[0].is_number() ? a[0].as_int() : 4), ' ');
   std::string s = v.Str() + "\n";
   std::vector<std::string> lines;
   size_t pos = 0;
@@ -530,11 +544,16 @@ Result<Value> FilterJoin(Renderer& r, const Value& v, const CallArgs& args) {
 
 Result<Value> FilterLength(Renderer&, const Value& v, const CallArgs&) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return Value::Int(0);
-    case Value::Kind::kString: return Value::Int(static_cast<int64_t>(Utf8Length(v.as_string())));
-    case Value::Kind::kList: return Value::Int(static_cast<int64_t>(v.as_list().size()));
-    case Value::Kind::kDict: return Value::Int(static_cast<int64_t>(v.as_dict().size()));
-    default: return InvalidArgument("object of type '" + v.TypeName() + "' has no len()");
+    case Value::Kind::kUndefined:
+      return Value::Int(0);
+    case Value::Kind::kString:
+      return Value::Int(static_cast<int64_t>(Utf8Length(v.as_string())));
+    case Value::Kind::kList:
+      return Value::Int(static_cast<int64_t>(v.as_list().size()));
+    case Value::Kind::kDict:
+      return Value::Int(static_cast<int64_t>(v.as_dict().size()));
+    default:
+      return InvalidArgument("object of type '" + v.TypeName() + "' has no len()");
   }
 }
 
@@ -598,8 +617,12 @@ Result<Value> MinMax(Renderer& r, const Value& v, const CallArgs& args, bool wan
   }
   return items[best];
 }
-Result<Value> FilterMax(Renderer& r, const Value& v, const CallArgs& a) { return MinMax(r, v, a, true); }
-Result<Value> FilterMin(Renderer& r, const Value& v, const CallArgs& a) { return MinMax(r, v, a, false); }
+Result<Value> FilterMax(Renderer& r, const Value& v, const CallArgs& a) {
+  return MinMax(r, v, a, true);
+}
+Result<Value> FilterMin(Renderer& r, const Value& v, const CallArgs& a) {
+  return MinMax(r, v, a, false);
+}
 
 Result<Value> FilterReplace(Renderer& r, const Value& v, const CallArgs& args) {
   ASSIGN_OR_RETURN(auto a, args.Bind("replace", {"old", "new", "count"}));
@@ -722,8 +745,8 @@ Result<Value> FilterSum(Renderer& r, const Value& v, const CallArgs& args) {
       ASSIGN_OR_RETURN(x, GetAttrPath(r, item, a[0]));
     }
     if (!x.is_number() || !total.is_number()) {
-      return InvalidArgument("unsupported operand type(s) for +: '" + total.TypeName() +
-                             "' and '" + x.TypeName() + "'");
+      return InvalidArgument("unsupported operand type(s) for +: '" + total.TypeName() + "' and '" +
+                             x.TypeName() + "'");
     }
     if (x.is_float() || total.is_float()) {
       total = Value::Float(total.as_float() + x.as_float());
@@ -882,10 +905,14 @@ Result<bool> Compare(const Value& v, const CallArgs& args, const char* name, int
   (void)ok;
   const Value& other = First(args);
   switch (which) {
-    case 0: return v.Equals(other);
-    case 1: return !v.Equals(other);
-    case 2: return v.Less(other);
-    case 3: return other.Less(v);
+    case 0:
+      return v.Equals(other);
+    case 1:
+      return !v.Equals(other);
+    case 2:
+      return v.Less(other);
+    case 3:
+      return other.Less(v);
     case 4: {
       ASSIGN_OR_RETURN(bool g, other.Less(v));
       return !g;
@@ -897,10 +924,8 @@ Result<bool> Compare(const Value& v, const CallArgs& args, const char* name, int
   }
 }
 
-#define SIMPLE_TEST(fn_name, expr)                                         \
-  Result<bool> fn_name(Renderer&, const Value& v, const CallArgs& args) { \
-    return (expr);                                                         \
-  }
+#define SIMPLE_TEST(fn_name, expr) \
+  Result<bool> fn_name(Renderer&, const Value& v, const CallArgs& args) { return (expr); }
 
 SIMPLE_TEST(TestDefined, !v.is_undefined())
 SIMPLE_TEST(TestUndefined, v.is_undefined())
@@ -968,19 +993,44 @@ Result<bool> TestSameas(Renderer&, const Value& v, const CallArgs& args) {
 
 const std::unordered_map<std::string_view, TestFn>& Tests() {
   static const auto* tests = new std::unordered_map<std::string_view, TestFn>{
-      {"defined", TestDefined},   {"undefined", TestUndefined}, {"none", TestNone},
-      {"boolean", TestBoolean},   {"true", TestTrue},           {"false", TestFalse},
-      {"integer", TestInteger},   {"float", TestFloat},         {"number", TestNumber},
-      {"string", TestString},     {"mapping", TestMapping},     {"iterable", TestIterable},
-      {"sequence", TestSequence}, {"callable", TestCallable},   {"escaped", TestEscaped},
-      {"lower", TestLower},       {"upper", TestUpper},         {"odd", TestOdd},
-      {"even", TestEven},         {"divisibleby", TestDivisibleby},
-      {"eq", TestEq},             {"equalto", TestEq},          {"==", TestEq},
-      {"ne", TestNe},             {"!=", TestNe},               {"lt", TestLt},
-      {"lessthan", TestLt},       {"<", TestLt},                {"gt", TestGt},
-      {"greaterthan", TestGt},    {">", TestGt},                {"le", TestLe},
-      {"<=", TestLe},             {"ge", TestGe},               {">=", TestGe},
-      {"in", TestIn},             {"sameas", TestSameas},       {"filter", TestFilter},
+      {"defined", TestDefined},
+      {"undefined", TestUndefined},
+      {"none", TestNone},
+      {"boolean", TestBoolean},
+      {"true", TestTrue},
+      {"false", TestFalse},
+      {"integer", TestInteger},
+      {"float", TestFloat},
+      {"number", TestNumber},
+      {"string", TestString},
+      {"mapping", TestMapping},
+      {"iterable", TestIterable},
+      {"sequence", TestSequence},
+      {"callable", TestCallable},
+      {"escaped", TestEscaped},
+      {"lower", TestLower},
+      {"upper", TestUpper},
+      {"odd", TestOdd},
+      {"even", TestEven},
+      {"divisibleby", TestDivisibleby},
+      {"eq", TestEq},
+      {"equalto", TestEq},
+      {"==", TestEq},
+      {"ne", TestNe},
+      {"!=", TestNe},
+      {"lt", TestLt},
+      {"lessthan", TestLt},
+      {"<", TestLt},
+      {"gt", TestGt},
+      {"greaterthan", TestGt},
+      {">", TestGt},
+      {"le", TestLe},
+      {"<=", TestLe},
+      {"ge", TestGe},
+      {">=", TestGe},
+      {"in", TestIn},
+      {"sameas", TestSameas},
+      {"filter", TestFilter},
       {"test", TestTest},
   };
   return *tests;
@@ -988,8 +1038,7 @@ const std::unordered_map<std::string_view, TestFn>& Tests() {
 
 // --- globals ---
 
-Value MakeFunction(std::string name,
-                   std::function<Result<Value>(Renderer&, const CallArgs&)> fn) {
+Value MakeFunction(std::string name, std::function<Result<Value>(Renderer&, const CallArgs&)> fn) {
   auto c = std::make_shared<Callable>();
   c->name = std::move(name);
   c->fn = std::move(fn);
@@ -1011,20 +1060,23 @@ Result<Value> GlobalRange(Renderer&, const CallArgs& args) {
     }
   }
   if (step == 0) return InvalidArgument("range() arg 3 must not be zero");
-  __int128 span = step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
+  __int128 span =
+      step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
   __int128 n = span <= 0 ? 0 : (span + (step > 0 ? step : -step) - 1) / (step > 0 ? step : -step);
   if (n > kMaxRange) {
     return InvalidArgument("Range too big. The sandbox blocks ranges larger than MAX_RANGE (" +
                            std::to_string(kMaxRange) + ").");
   }
   List items;
-  for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) items.push_back(Value::Int(start + i * step));
+  for (int64_t i = 0; i < static_cast<int64_t>(n); ++i)
+    items.push_back(Value::Int(start + i * step));
   return Value::MakeList(std::move(items));
 }
 
 Result<std::shared_ptr<Dict>> DictFromArgs(const CallArgs& args, const char* fn) {
   auto dict = std::make_shared<Dict>();
-  if (args.positional.size() > 1) return InvalidArgument(std::string(fn) + "() takes at most 1 positional argument");
+  if (args.positional.size() > 1)
+    return InvalidArgument(std::string(fn) + "() takes at most 1 positional argument");
   if (!args.positional.empty()) {
     const Value& src = args.positional[0];
     if (src.is_dict()) {
@@ -1079,9 +1131,8 @@ Result<Value> GlobalStrftimeNow(Renderer&, const CallArgs& args) {
 using MethodFn = Result<Value> (*)(Renderer&, const Value& self, const CallArgs& args);
 
 Value BindMethod(const Value& self, std::string_view name, MethodFn fn) {
-  return MakeFunction(std::string(name), [self, fn](Renderer& r, const CallArgs& args) {
-    return fn(r, self, args);
-  });
+  return MakeFunction(std::string(name),
+                      [self, fn](Renderer& r, const CallArgs& args) { return fn(r, self, args); });
 }
 
 Value Unavailable(const Value& self, std::string_view name, bool mutating) {
@@ -1090,10 +1141,11 @@ Value Unavailable(const Value& self, std::string_view name, bool mutating) {
                                 "immutable sandbox"
                               : " is not supported");
   bool unsupported = !mutating;
-  return MakeFunction(std::string(name), [msg, unsupported](Renderer&, const CallArgs&) -> Result<Value> {
-    if (unsupported) return Unsupported(msg);
-    return InvalidArgument(msg);
-  });
+  return MakeFunction(std::string(name),
+                      [msg, unsupported](Renderer&, const CallArgs&) -> Result<Value> {
+                        if (unsupported) return Unsupported(msg);
+                        return InvalidArgument(msg);
+                      });
 }
 
 // Code point index of byte offset `byte` in s.
@@ -1119,9 +1171,11 @@ Result<std::pair<size_t, size_t>> ByteRange(const std::string& s, const Value& s
 }
 
 Result<Value> AffixImpl(const Value& self, const CallArgs& args, bool prefix) {
-  ASSIGN_OR_RETURN(auto a, args.Bind(prefix ? "startswith" : "endswith", {"affix", "start", "end"}));
+  ASSIGN_OR_RETURN(auto a,
+                   args.Bind(prefix ? "startswith" : "endswith", {"affix", "start", "end"}));
   ASSIGN_OR_RETURN(auto range, ByteRange(self.as_string(), a[1], a[2]));
-  std::string_view s = std::string_view(self.as_string()).substr(range.first, range.second - range.first);
+  std::string_view s =
+      std::string_view(self.as_string()).substr(range.first, range.second - range.first);
   List options;
   if (a[0].is_tuple()) {
     options = a[0].as_list();
@@ -1280,7 +1334,8 @@ Result<Value> StrFormat(Renderer& r, const Value& self, const CallArgs& args) {
       continue;
     }
     size_t close = f.find('}', i);
-    if (close == std::string::npos) return InvalidArgument("Single '{' encountered in format string");
+    if (close == std::string::npos)
+      return InvalidArgument("Single '{' encountered in format string");
     std::string field = f.substr(i + 1, close - i - 1);
     i = close;
     char conversion = 0;
@@ -1316,7 +1371,9 @@ Result<Value> StrIs(Renderer&, const Value& self, const CallArgs&) {
   return Value::Bool(std::all_of(cps.begin(), cps.end(), Pred));
 }
 bool CpDigit(uint32_t c) { return c >= '0' && c <= '9'; }
-bool CpAlpha(uint32_t c) { return c < 0x80 ? IsAsciiAlpha(static_cast<char>(c)) : !IsPyWhitespace(c); }
+bool CpAlpha(uint32_t c) {
+  return c < 0x80 ? IsAsciiAlpha(static_cast<char>(c)) : !IsPyWhitespace(c);
+}
 bool CpAlnum(uint32_t c) { return CpDigit(c) || CpAlpha(c); }
 bool CpSpace(uint32_t c) { return IsPyWhitespace(c); }
 
@@ -1419,29 +1476,51 @@ const MethodEntry* FindEntry(const std::vector<MethodEntry>& table, std::string_
 
 const std::vector<MethodEntry>& StrMethods() {
   static const auto* table = new std::vector<MethodEntry>{
-      {"startswith", StrStartswith},   {"endswith", StrEndswith},
-      {"split", StrSplit},             {"rsplit", StrRsplit},
-      {"strip", StrStrip},             {"lstrip", StrLstrip},
-      {"rstrip", StrRstrip},           {"replace", StrReplace},
-      {"upper", StrUpper},             {"lower", StrLower},
-      {"title", StrTitle},             {"capitalize", StrCapitalize},
-      {"find", StrFind},               {"rfind", StrRfind},
-      {"index", StrIndex},             {"count", StrCount},
-      {"join", StrJoin},               {"format", StrFormat},
-      {"isdigit", StrIs<CpDigit>},     {"isnumeric", StrIs<CpDigit>},
-      {"isdecimal", StrIs<CpDigit>},   {"isalpha", StrIs<CpAlpha>},
-      {"isalnum", StrIs<CpAlnum>},     {"isspace", StrIs<CpSpace>},
-      {"isupper", StrIsupper},         {"islower", StrIslower},
-      {"splitlines", StrSplitlines},   {"removeprefix", StrRemoveprefix},
+      {"startswith", StrStartswith},
+      {"endswith", StrEndswith},
+      {"split", StrSplit},
+      {"rsplit", StrRsplit},
+      {"strip", StrStrip},
+      {"lstrip", StrLstrip},
+      {"rstrip", StrRstrip},
+      {"replace", StrReplace},
+      {"upper", StrUpper},
+      {"lower", StrLower},
+      {"title", StrTitle},
+      {"capitalize", StrCapitalize},
+      {"find", StrFind},
+      {"rfind", StrRfind},
+      {"index", StrIndex},
+      {"count", StrCount},
+      {"join", StrJoin},
+      {"format", StrFormat},
+      {"isdigit", StrIs<CpDigit>},
+      {"isnumeric", StrIs<CpDigit>},
+      {"isdecimal", StrIs<CpDigit>},
+      {"isalpha", StrIs<CpAlpha>},
+      {"isalnum", StrIs<CpAlnum>},
+      {"isspace", StrIs<CpSpace>},
+      {"isupper", StrIsupper},
+      {"islower", StrIslower},
+      {"splitlines", StrSplitlines},
+      {"removeprefix", StrRemoveprefix},
       {"removesuffix", StrRemovesuffix},
-      {"casefold", nullptr},           {"center", nullptr},
-      {"encode", nullptr},             {"expandtabs", nullptr},
-      {"format_map", nullptr},         {"istitle", nullptr},
-      {"isidentifier", nullptr},       {"isprintable", nullptr},
-      {"ljust", nullptr},              {"maketrans", nullptr},
-      {"partition", nullptr},          {"rindex", nullptr},
-      {"rjust", nullptr},              {"rpartition", nullptr},
-      {"swapcase", nullptr},           {"translate", nullptr},
+      {"casefold", nullptr},
+      {"center", nullptr},
+      {"encode", nullptr},
+      {"expandtabs", nullptr},
+      {"format_map", nullptr},
+      {"istitle", nullptr},
+      {"isidentifier", nullptr},
+      {"isprintable", nullptr},
+      {"ljust", nullptr},
+      {"maketrans", nullptr},
+      {"partition", nullptr},
+      {"rindex", nullptr},
+      {"rjust", nullptr},
+      {"rpartition", nullptr},
+      {"swapcase", nullptr},
+      {"translate", nullptr},
       {"zfill", nullptr},
   };
   return *table;
@@ -1449,20 +1528,22 @@ const std::vector<MethodEntry>& StrMethods() {
 
 const std::vector<MethodEntry>& DictMethods() {
   static const auto* table = new std::vector<MethodEntry>{
-      {"items", DictItems},         {"keys", DictKeys},         {"values", DictValues},
-      {"get", DictGet},             {"copy", Identity},         {"fromkeys", nullptr},
-      {"clear", nullptr, true},     {"pop", nullptr, true},     {"popitem", nullptr, true},
-      {"setdefault", nullptr, true}, {"update", nullptr, true},
+      {"items", DictItems},       {"keys", DictKeys},
+      {"values", DictValues},     {"get", DictGet},
+      {"copy", Identity},         {"fromkeys", nullptr},
+      {"clear", nullptr, true},   {"pop", nullptr, true},
+      {"popitem", nullptr, true}, {"setdefault", nullptr, true},
+      {"update", nullptr, true},
   };
   return *table;
 }
 
 const std::vector<MethodEntry>& ListMethods() {
   static const auto* table = new std::vector<MethodEntry>{
-      {"index", ListIndex},          {"count", ListCount},         {"copy", Identity},
-      {"append", nullptr, true},     {"clear", nullptr, true},     {"extend", nullptr, true},
-      {"insert", nullptr, true},     {"pop", nullptr, true},       {"remove", nullptr, true},
-      {"reverse", nullptr, true},    {"sort", nullptr, true},
+      {"index", ListIndex},       {"count", ListCount},     {"copy", Identity},
+      {"append", nullptr, true},  {"clear", nullptr, true}, {"extend", nullptr, true},
+      {"insert", nullptr, true},  {"pop", nullptr, true},   {"remove", nullptr, true},
+      {"reverse", nullptr, true}, {"sort", nullptr, true},
   };
   return *table;
 }
@@ -1514,8 +1595,10 @@ std::optional<Value> FindMethod(const Value& obj, std::string_view name) {
 
 Result<List> Iterate(const Value& value) {
   switch (value.kind()) {
-    case Value::Kind::kUndefined: return List{};
-    case Value::Kind::kList: return value.as_list();
+    case Value::Kind::kUndefined:
+      return List{};
+    case Value::Kind::kList:
+      return value.as_list();
     case Value::Kind::kDict: {
       List keys;
       for (const auto& [k, v] : value.as_dict().items()) keys.push_back(k);
@@ -1537,7 +1620,8 @@ Result<List> Iterate(const Value& value) {
 
 Result<bool> Contains(const Value& container, const Value& item) {
   switch (container.kind()) {
-    case Value::Kind::kUndefined: return false;
+    case Value::Kind::kUndefined:
+      return false;
     case Value::Kind::kString:
       if (!item.is_string()) {
         return InvalidArgument("'in <string>' requires string as left operand, not " +
@@ -1549,7 +1633,8 @@ Result<bool> Contains(const Value& container, const Value& item) {
         if (v.Equals(item)) return true;
       }
       return false;
-    case Value::Kind::kDict: return container.as_dict().Find(item) != nullptr;
+    case Value::Kind::kDict:
+      return container.as_dict().Find(item) != nullptr;
     default:
       return InvalidArgument("argument of type '" + container.TypeName() + "' is not iterable");
   }
@@ -1627,8 +1712,8 @@ Result<std::string> PercentFormat(const std::string& fmt, const Value& args) {
       case 'X':
       case 'o': {
         if (!v->is_number()) {
-          return InvalidArgument("%" + std::string(1, conv) + " format: a real number is required, not " +
-                                 v->TypeName());
+          return InvalidArgument("%" + std::string(1, conv) +
+                                 " format: a real number is required, not " + v->TypeName());
         }
         long long n = v->is_float() ? static_cast<long long>(v->as_float()) : v->as_int();
         spec += "ll";
@@ -1720,7 +1805,8 @@ Value Index(const Value& obj, int64_t index) {
     return obj.as_list()[index];
   }
   const std::string& s = obj.as_string();
-  bool ascii = std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+  bool ascii =
+      std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
   if (ascii) {
     int64_t n = static_cast<int64_t>(s.size());
     if (index < 0) index += n;

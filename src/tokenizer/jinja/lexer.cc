@@ -50,17 +50,38 @@ std::string DecodeEscapes(std::string_view body) {
     }
     char e = body[++i];
     switch (e) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'v': out += '\v'; break;
-      case '\n': break;  // line continuation
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\'':
+        out += '\'';
+        break;
+      case '"':
+        out += '"';
+        break;
+      case 'a':
+        out += '\a';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'v':
+        out += '\v';
+        break;
+      case '\n':
+        break;  // line continuation
       case 'x':
       case 'u':
       case 'U': {
@@ -124,7 +145,8 @@ class Lexer {
     bool line_starting = true;  // the text about to be read begins a line
     while (pos_ < src_.size()) {
       size_t tag = FindTagStart(pos_);
-      std::string_view text(src_.data() + pos_, (tag == std::string::npos ? src_.size() : tag) - pos_);
+      std::string_view text(src_.data() + pos_,
+                            (tag == std::string::npos ? src_.size() : tag) - pos_);
       size_t text_pos = pos_;
       if (tag == std::string::npos) {
         Emit(Token::Type::kText, std::string(text), text_pos);
@@ -196,7 +218,8 @@ class Lexer {
   Status LexComment(size_t tag) {
     size_t end = src_.find("#}", pos_);
     if (end == std::string::npos) return Error(tag, "comment opened here is never closed");
-    char modifier = end > pos_ && (src_[end - 1] == '-' || src_[end - 1] == '+') ? src_[end - 1] : 0;
+    char modifier =
+        end > pos_ && (src_[end - 1] == '-' || src_[end - 1] == '+') ? src_[end - 1] : 0;
     pos_ = end + 2;
     AfterBlockEnd(modifier);
     return Status::Ok();
@@ -292,8 +315,8 @@ class Lexer {
       size_t p = pos_ + 1;
       while (p < src_.size() && src_[p] != c) p += src_[p] == '\\' ? 2 : 1;
       if (p >= src_.size()) return Error(start, "unterminated string literal");
-      Emit(Token::Type::kString, DecodeEscapes(std::string_view(src_).substr(pos_ + 1, p - pos_ - 1)),
-           start);
+      Emit(Token::Type::kString,
+           DecodeEscapes(std::string_view(src_).substr(pos_ + 1, p - pos_ - 1)), start);
       pos_ = p + 1;
       return Status::Ok();
     }

@@ -50,20 +50,30 @@ class Parser {
   }
   static std::string Describe(const Token& t) {
     switch (t.type) {
-      case T::kText: return "text";
-      case T::kVarBegin: return "'{{'";
-      case T::kVarEnd: return "'}}'";
-      case T::kBlockBegin: return "'{%'";
-      case T::kBlockEnd: return "'%}'";
-      case T::kString: return "string literal";
+      case T::kText:
+        return "text";
+      case T::kVarBegin:
+        return "'{{'";
+      case T::kVarEnd:
+        return "'}}'";
+      case T::kBlockBegin:
+        return "'{%'";
+      case T::kBlockEnd:
+        return "'%}'";
+      case T::kString:
+        return "string literal";
       case T::kInt:
-      case T::kFloat: return "number " + t.value;
-      case T::kEof: return "end of template";
-      default: return "'" + t.value + "'";
+      case T::kFloat:
+        return "number " + t.value;
+      case T::kEof:
+        return "end of template";
+      default:
+        return "'" + t.value + "'";
     }
   }
   Status Error(int line, const std::string& message) const {
-    return InvalidArgument("template syntax error at line " + std::to_string(line) + ": " + message);
+    return InvalidArgument("template syntax error at line " + std::to_string(line) + ": " +
+                           message);
   }
   Status Unexpected(const std::string& expected) const {
     return Error(Cur().line, "expected " + expected + ", got " + Describe(Cur()));
@@ -280,9 +290,9 @@ class Parser {
       RETURN_IF_ERROR(ExpectBlockEnd());
       return s;
     }
-    static const char* kKnownEnds[] = {"endif", "endfor", "endset", "endmacro", "endcall",
-                                       "endfilter", "endwith", "endgeneration", "elif", "else",
-                                       "endraw", "endblock"};
+    static const char* kKnownEnds[] = {"endif",   "endfor",    "endset",  "endmacro",
+                                       "endcall", "endfilter", "endwith", "endgeneration",
+                                       "elif",    "else",      "endraw",  "endblock"};
     for (const char* e : kKnownEnds) {
       if (name == e) return Error(line, "unexpected '" + name + "' (no open block it closes)");
     }
@@ -790,6 +800,8 @@ class Parser {
 
 }  // namespace
 
-Result<Body> ParseTokens(const std::vector<Token>& tokens) { return Parser(tokens).ParseTemplate(); }
+Result<Body> ParseTokens(const std::vector<Token>& tokens) {
+  return Parser(tokens).ParseTemplate();
+}
 
 }  // namespace corolla::jinja

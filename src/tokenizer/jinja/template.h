@@ -7,10 +7,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 #include "tokenizer/jinja/ast.h"
@@ -20,9 +19,9 @@ namespace corolla::jinja {
 
 // Bounds on one render. Exceeding one is ResourceExhausted.
 struct RenderLimits {
-  int64_t max_steps = 20'000'000;          // statements + expressions evaluated
-  size_t max_output_bytes = 64ull << 20;   // output and any single string/list built on the way
-  int max_call_depth = 200;                // nested macro calls
+  int64_t max_steps = 10'000'000;         // statements, expressions and loop iterations
+  size_t max_output_bytes = 64ull << 20;  // output and any single string/list built on the way
+  int max_call_depth = 200;               // nested macro calls
 };
 
 class Template {

@@ -10,8 +10,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using corolla::jinja::RenderLimits;
   using corolla::jinja::Template;
-  static const nlohmann::ordered_json* context = new nlohmann::ordered_json(
-      nlohmann::ordered_json::parse(R"({
+  static const nlohmann::ordered_json* context =
+      new nlohmann::ordered_json(nlohmann::ordered_json::parse(R"({
         "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
                      {"role": "assistant", "content": "<think>r</think>ok",
                       "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},

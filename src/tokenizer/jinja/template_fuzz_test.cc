@@ -38,11 +38,12 @@ std::vector<std::string> SeedTemplates() {
   return seeds;
 }
 
-const char* kFragments[] = {"{%", "%}", "{{", "}}", "{#", "#}", "-", "+", "(", ")", "[", "]",
-                            "{", "}", "'", "\"", "\\", "|", ".", ",", ":", "~", "*", "**",
-                            " if ", " else ", " endif ", " for ", " endfor ", " in ", " not ",
-                            " is ", " loop ", " set ", " macro ", " raw ", "\n", "0", "-1",
-                            "messages", "none", "range(", "tojson", "namespace(", "[::-1]"};
+const char* kFragments[] = {
+    "{%",    "%}",       "{{",   "}}",       "{#",   "#}",     "-",      "+",          "(",
+    ")",     "[",        "]",    "{",        "}",    "'",      "\"",     "\\",         "|",
+    ".",     ",",        ":",    "~",        "*",    "**",     " if ",   " else ",     " endif ",
+    " for ", " endfor ", " in ", " not ",    " is ", " loop ", " set ",  " macro ",    " raw ",
+    "\n",    "0",        "-1",   "messages", "none", "range(", "tojson", "namespace(", "[::-1]"};
 
 std::string Mutate(std::string s, std::mt19937& rng) {
   int num_mutations = 1 + rng() % 4;

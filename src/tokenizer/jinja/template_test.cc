@@ -109,9 +109,9 @@ TEST(JinjaTemplate, ErrorsNameTheLine) {
   EXPECT_NE(t.status().message().find("line 1"), std::string::npos) << t.status().ToString();
   EXPECT_NE(t.status().message().find("endfor"), std::string::npos) << t.status().ToString();
 
-  for (const char* bad : {"{{ 1 + }}", "{% if %}{% endif %}", "{{ 'abc }}", "{{ (1 }}",
-                          "{% endif %}", "{% break %}", "{# open", "{{ a", "{{ a ]] }}",
-                          "{% set x %}", "{{ x[] }}"}) {
+  for (const char* bad :
+       {"{{ 1 + }}", "{% if %}{% endif %}", "{{ 'abc }}", "{{ (1 }}", "{% endif %}", "{% break %}",
+        "{# open", "{{ a", "{{ a ]] }}", "{% set x %}", "{{ x[] }}"}) {
     EXPECT_FALSE(Template::Parse(bad).ok()) << bad;
   }
 }

@@ -111,14 +111,29 @@ void DumpJsonString(std::string_view s, bool ensure_ascii, std::string& out) {
     size_t start = i;
     uint32_t cp = DecodeUtf8(s, &i);
     switch (cp) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
+      case '"':
+        out += "\\\"";
+        continue;
+      case '\\':
+        out += "\\\\";
+        continue;
+      case '\n':
+        out += "\\n";
+        continue;
+      case '\r':
+        out += "\\r";
+        continue;
+      case '\t':
+        out += "\\t";
+        continue;
+      case '\b':
+        out += "\\b";
+        continue;
+      case '\f':
+        out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (cp < 0x20 || (ensure_ascii && cp >= 0x7F)) {
       if (cp >= 0x10000) {
@@ -137,11 +152,16 @@ void DumpJsonString(std::string_view s, bool ensure_ascii, std::string& out) {
 
 Result<std::string> JsonKey(const Value& key) {
   switch (key.kind()) {
-    case Value::Kind::kString: return key.as_string();
-    case Value::Kind::kInt: return std::to_string(key.as_int());
-    case Value::Kind::kFloat: return PythonFloatRepr(key.as_float());
-    case Value::Kind::kBool: return std::string(key.as_bool() ? "true" : "false");
-    case Value::Kind::kNone: return std::string("null");
+    case Value::Kind::kString:
+      return key.as_string();
+    case Value::Kind::kInt:
+      return std::to_string(key.as_int());
+    case Value::Kind::kFloat:
+      return PythonFloatRepr(key.as_float());
+    case Value::Kind::kBool:
+      return std::string(key.as_bool() ? "true" : "false");
+    case Value::Kind::kNone:
+      return std::string("null");
     default:
       return InvalidArgument("tojson: keys must be str, int, float, bool or None, not " +
                              key.TypeName());
@@ -156,9 +176,15 @@ Status DumpJsonImpl(const Value& v, const JsonDumpOptions& opt, int depth, std::
     for (int i = 0; i < level; ++i) out += *opt.indent;
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: out += "null"; return Status::Ok();
-    case Value::Kind::kBool: out += v.as_bool() ? "true" : "false"; return Status::Ok();
-    case Value::Kind::kInt: out += std::to_string(v.as_int()); return Status::Ok();
+    case Value::Kind::kNone:
+      out += "null";
+      return Status::Ok();
+    case Value::Kind::kBool:
+      out += v.as_bool() ? "true" : "false";
+      return Status::Ok();
+    case Value::Kind::kInt:
+      out += std::to_string(v.as_int());
+      return Status::Ok();
     case Value::Kind::kFloat: {
       double d = v.as_float();
       if (std::isnan(d)) {
@@ -170,7 +196,9 @@ Status DumpJsonImpl(const Value& v, const JsonDumpOptions& opt, int depth, std::
       }
       return Status::Ok();
     }
-    case Value::Kind::kString: DumpJsonString(v.as_string(), opt.ensure_ascii, out); return Status::Ok();
+    case Value::Kind::kString:
+      DumpJsonString(v.as_string(), opt.ensure_ascii, out);
+      return Status::Ok();
     case Value::Kind::kList: {
       const List& items = v.as_list();
       if (items.empty()) {
@@ -312,45 +340,72 @@ const std::string& Value::undefined_hint() const {
 bool Value::Truthy() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return as_bool();
-    case Kind::kInt: return as_int() != 0;
-    case Kind::kFloat: return as_float() != 0.0;
-    case Kind::kString: return !as_string().empty();
-    case Kind::kList: return !as_list().empty();
-    case Kind::kDict: return as_dict().size() != 0;
-    default: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return as_bool();
+    case Kind::kInt:
+      return as_int() != 0;
+    case Kind::kFloat:
+      return as_float() != 0.0;
+    case Kind::kString:
+      return !as_string().empty();
+    case Kind::kList:
+      return !as_list().empty();
+    case Kind::kDict:
+      return as_dict().size() != 0;
+    default:
+      return true;
   }
 }
 
 std::string Value::TypeName() const {
   switch (kind_) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return is_tuple_ ? "tuple" : "list";
-    case Kind::kDict: return "dict";
-    case Kind::kObject: return as_object().TypeName();
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return is_tuple_ ? "tuple" : "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kObject:
+      return as_object().TypeName();
+    case Kind::kCallable:
+      return "function";
   }
   return "object";
 }
 
 std::string Value::Str() const {
   switch (kind_) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return as_bool() ? "True" : "False";
-    case Kind::kInt: return std::to_string(as_int());
-    case Kind::kFloat: return PythonFloatRepr(as_float());
-    case Kind::kString: return as_string();
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return as_bool() ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(as_int());
+    case Kind::kFloat:
+      return PythonFloatRepr(as_float());
+    case Kind::kString:
+      return as_string();
     case Kind::kList:
-    case Kind::kDict: return ReprImpl(*this, 0);
-    case Kind::kObject: return as_object().Repr();
-    case Kind::kCallable: return "<function " + as_callable().name + ">";
+    case Kind::kDict:
+      return ReprImpl(*this, 0);
+    case Kind::kObject:
+      return as_object().Repr();
+    case Kind::kCallable:
+      return "<function " + as_callable().name + ">";
   }
   return "";
 }
@@ -365,8 +420,10 @@ bool Value::Equals(const Value& other) const {
   if (kind_ != other.kind_) return false;
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return as_string() == other.as_string();
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return as_string() == other.as_string();
     case Kind::kList: {
       if (is_tuple_ != other.is_tuple_) return false;
       const List& a = as_list();
@@ -387,9 +444,12 @@ bool Value::Equals(const Value& other) const {
       }
       return true;
     }
-    case Kind::kObject: return &as_object() == &other.as_object();
-    case Kind::kCallable: return &as_callable() == &other.as_callable();
-    default: return false;
+    case Kind::kObject:
+      return &as_object() == &other.as_object();
+    case Kind::kCallable:
+      return &as_callable() == &other.as_callable();
+    default:
+      return false;
   }
 }
 

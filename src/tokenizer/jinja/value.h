@@ -8,14 +8,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 
@@ -44,7 +43,7 @@ class Value {
     kCallable,  // macros, globals, bound methods
   };
 
-  Value() : kind_(Kind::kUndefined) {}  // Undefined
+  Value() : kind_(Kind::kUndefined) {}            // Undefined
   static Value Undefined(std::string hint = {});  // hint: "'x' is undefined" for errors
   static Value None() { return Value(Kind::kNone); }
   static Value Bool(bool b);
@@ -75,7 +74,7 @@ class Value {
   bool is_callable() const { return kind_ == Kind::kCallable; }
 
   bool as_bool() const { return std::get<bool>(data_); }
-  int64_t as_int() const;  // bool or int
+  int64_t as_int() const;   // bool or int
   double as_float() const;  // bool, int or float
   const std::string& as_string() const { return *std::get<StrPtr>(data_); }
   const List& as_list() const { return *std::get<ListPtr>(data_); }
