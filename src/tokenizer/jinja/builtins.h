@@ -1,6 +1,8 @@
 // The built-in library of the interpreter: jinja2's filters and tests, the globals transformers
 // provides (range, namespace, dict, raise_exception, strftime_now), and Python methods of str,
 // dict and list. Internal to corolla_jinja; all functions are pure apart from their arguments.
+// Implemented in filters.cc, jinja_tests.cc, globals.cc, methods.cc and builtins.cc, with the
+// helpers they share in builtins_internal.h.
 #pragma once
 
 #include <optional>
