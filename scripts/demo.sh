@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-exec build/corolla generate --prompt-ids 1,282,201,320,286,223,25,333,223,23,33,2,201,1,281,201 \
+exec build/corolla generate --chat "What is 7 + 5?" \
   --max-tokens 32 --temperature 0 "$@"

@@ -48,8 +48,11 @@ Engine::Engine(Model& model, Backend& backend, EngineOptions options, int num_bl
       backend_(backend),
       options_(options),
       max_model_len_(max_model_len),
-      kv_cache_(backend, model.kv_cache_spec(), num_blocks, options.block_size),
-      pool_(num_blocks, options.enable_prefix_caching),
+      // Hybrid models keep one state slot per running sequence (+1 spare). Their prefix cache
+      // would need state snapshots at block boundaries; until those exist it stays off.
+      kv_cache_(backend, model.kv_cache_spec(), num_blocks, options.block_size, model.state_spec(),
+                model.state_spec().num_layers > 0 ? options.max_num_seqs + 1 : 0),
+      pool_(num_blocks, options.enable_prefix_caching && model.state_spec().num_layers == 0),
       runner_(model, backend, kv_cache_) {}
 
 Status Engine::Validate(const GenerationRequest& request) const {
@@ -126,6 +129,8 @@ void Engine::Release(Sequence& s) {
   pool_.Free(reversed);
   s.block_table.clear();
   s.num_committed_blocks = 0;
+  kv_cache_.FreeStateSlot(s.state_slot);
+  s.state_slot = -1;
 }
 
 uint64_t Engine::BlockHashOf(Sequence& s, int block_idx) {
@@ -203,7 +208,8 @@ std::vector<ScheduledChunk> Engine::Schedule() {
     Sequence& s = *waiting_.front();
     int cached = MatchPrefix(s);
     int n = std::min(s.num_uncomputed(), budget);
-    if (!Reserve(s, n)) {
+    if (kv_cache_.has_state() && s.state_slot < 0) s.state_slot = kv_cache_.AllocateStateSlot();
+    if (!Reserve(s, n) || (kv_cache_.has_state() && s.state_slot < 0)) {
       Release(s);  // the shared blocks stay cached for the next attempt
       s.num_computed_tokens = 0;
       break;

@@ -49,6 +49,11 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
   }
   std::vector<int32_t> Ids(int k) { return ToIds(Golden("ids_" + std::to_string(k))); }
   int64_t vocab() const { return model_->config().vocab_size; }
+  // Splitting a sequence differently changes only the GEMM shapes, hence the rounding. The
+  // hybrid's recurrent state and per-head norms amplify that rounding at a few positions
+  // (measured: 1.2e-5 at one position of 130 decoding token by token, while one prefill is
+  // within 6e-7 of the reference everywhere), so it gets a slightly wider bound.
+  double ConsistencyTolerance() const { return model_->state_spec().num_layers > 0 ? 3e-5 : 1e-5; }
 
   std::string dir_;
   std::unique_ptr<Backend> backend_;
@@ -82,13 +87,16 @@ TEST_P(GoldenTest, DecodeAndChunkedPrefillEqualOnePrefill) {
   ASSERT_TRUE(full.ok());
   for (int chunk : {1, 7, 64}) {
     const int bs = 16;
-    KvCache kv(*backend_, model_->kv_cache_spec(), (static_cast<int>(ids.size()) + bs - 1) / bs + 3, bs);
+    KvCache kv(*backend_, model_->kv_cache_spec(), (static_cast<int>(ids.size()) + bs - 1) / bs + 3, bs,
+               model_->state_spec(), 2);
     ModelRunner runner(*model_, *backend_, kv);
     Sequence s;
     s.tokens = ids;
     s.num_prompt_tokens = s.num_tokens();
     // Blocks in a scrambled order, so the block table matters.
     for (int b = kv.num_blocks() - 1; b >= 0; --b) s.block_table.push_back(b);
+    kv.AllocateStateSlot();  // hybrid models: use slot 1, not the first
+    s.state_slot = kv.AllocateStateSlot();
     while (s.num_computed_tokens < s.num_tokens()) {
       int n = std::min(chunk, s.num_uncomputed());
       ScheduledChunk c{&s, n};
@@ -96,7 +104,7 @@ TEST_P(GoldenTest, DecodeAndChunkedPrefillEqualOnePrefill) {
       for (int i = 0; i < n; ++i) {
         int p = s.num_computed_tokens + i;
         double e = RowError(logits.ptr<float>() + i * vocab(), full->ptr<float>() + p * vocab(), vocab());
-        ASSERT_LT(e, 1e-5) << "chunk " << chunk << " position " << p;
+        ASSERT_LT(e, ConsistencyTolerance()) << "chunk " << chunk << " position " << p;
       }
       s.num_computed_tokens += n;
     }
@@ -112,7 +120,7 @@ TEST_P(GoldenTest, MixedBatchEqualsEachAlone) {
     alone.push_back(ComputeLogits(*model_, *backend_, seqs.back()).value());
   }
   const int bs = 16;
-  KvCache kv(*backend_, model_->kv_cache_spec(), 64, bs);
+  KvCache kv(*backend_, model_->kv_cache_spec(), 64, bs, model_->state_spec(), 5);
   ModelRunner runner(*model_, *backend_, kv);
   std::vector<Sequence> s(5);
   int next_block = 0;
@@ -121,6 +129,7 @@ TEST_P(GoldenTest, MixedBatchEqualsEachAlone) {
     s[k].num_prompt_tokens = s[k].num_tokens();
     int blocks = (s[k].num_tokens() + bs - 1) / bs;
     for (int b = 0; b < blocks; ++b) s[k].block_table.push_back(next_block++);
+    s[k].state_slot = 4 - k;
   }
   // Step sizes per sequence: some decode one token per step, others take chunks.
   const int step_size[5] = {1, 1, 3, 16, 50};
@@ -136,7 +145,7 @@ TEST_P(GoldenTest, MixedBatchEqualsEachAlone) {
       for (int i = 0; i < c.num_tokens; ++i, ++row) {
         int p = c.seq->num_computed_tokens + i;
         double e = RowError(logits.ptr<float>() + row * vocab(), alone[k].ptr<float>() + p * vocab(), vocab());
-        ASSERT_LT(e, 1e-5) << "sequence " << k << " position " << p;
+        ASSERT_LT(e, ConsistencyTolerance()) << "sequence " << k << " position " << p;
       }
     }
     for (const auto& c : chunks) c.seq->num_computed_tokens += c.num_tokens;
@@ -169,7 +178,8 @@ TEST_P(GoldenTest, GreedyContinuationMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
-                         ::testing::Values("qwen3-dense", "qwen3-moe", "deepseek-v3", "deepseek-v3-fp8"));
+                         ::testing::Values("qwen3-dense", "qwen3-moe", "qwen3.5-moe-hybrid", "deepseek-v3",
+                                           "deepseek-v3-fp8"));
 
 // MLA: attention over the latent with absorbed up-projections equals the decompressed
 // multi-head form, for prefill chunks of every size.

@@ -60,6 +60,17 @@ Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_log
   batch.positions = d_positions;
   batch.attention = {d_query_start, d_seq_lens, d_tables, d_slots, max_q_len, max_seq_len};
   batch.logits_rows = d_rows;
+  Tensor d_state_slots;
+  if (kv_cache_.has_state()) {
+    std::vector<int32_t> state_slots;
+    for (const auto& c : chunks) {
+      COROLLA_CHECK(c.seq->state_slot >= 0) << "sequence " << c.seq->id << " has no state slot";
+      state_slots.push_back(c.seq->state_slot);
+    }
+    d_state_slots = ToDevice(state_slots, {num_seqs});
+    batch.state_slots = d_state_slots;
+    batch.linear_states = kv_cache_.state_views();
+  }
   Tensor logits = backend_.Empty(DType::kF32, {num_rows, model_.config().vocab_size});
   if (num_tokens > 0) model_.Forward(batch, kv_cache_.views(), logits);
   return logits;
@@ -172,12 +183,13 @@ Result<Tensor> ComputeLogits(Model& model, Backend& backend, const std::vector<i
                         " is outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
   constexpr int kBlockSize = 16;
   const int num_blocks = static_cast<int>((ids.size() + kBlockSize - 1) / kBlockSize);
-  KvCache kv(backend, model.kv_cache_spec(), num_blocks, kBlockSize);
+  KvCache kv(backend, model.kv_cache_spec(), num_blocks, kBlockSize, model.state_spec(), 1);
   ModelRunner runner(model, backend, kv);
   Sequence s;
   s.tokens = ids;
   s.num_prompt_tokens = s.num_tokens();
   for (int b = 0; b < num_blocks; ++b) s.block_table.push_back(b);
+  s.state_slot = kv.AllocateStateSlot();
   ScheduledChunk chunk{&s, s.num_tokens()};
   Tensor logits = runner.Execute({&chunk, 1}, /*all_logits=*/true);
   return LogitsToHost(backend, logits);

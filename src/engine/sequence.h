@@ -39,6 +39,7 @@ struct Sequence {
   int num_prompt_tokens = 0;
   int num_computed_tokens = 0;
   std::vector<int32_t> block_table;
+  int state_slot = -1;  // hybrid models: the slot of its linear-attention states
 
   SamplingParams sampling;
   PenaltyParams penalties;

@@ -124,6 +124,33 @@ class Backend {
   virtual void MoeExperts(const TensorView& x, const TensorView& topk_ids,
                           const TensorView& topk_weights, const TensorView& w_gate_up,
                           const TensorView& w_down, const TensorView& out) = 0;
+  // --- Gated DeltaNet (Qwen3.5 / Qwen3-Next hybrids) and gated attention -----------------
+  // Backends without these return false here (models check at load) and abort if called.
+  virtual bool supports_linear_attention() const { return false; }
+  // x [T, N] *= sigmoid(gate [T, G]), each gate column covering N / G consecutive columns.
+  virtual void SigmoidMul(const TensorView& x, const TensorView& gate);
+  // Causal depthwise conv1d (kernel K) + SiLU over each sequence's chunk, continuing from its
+  // conv state (the K-1 inputs before the chunk; zeros where the sequence starts at position 0)
+  // and leaving the last K-1 inputs there. x, out [T, C]; weight [C, K];
+  // conv_state [slots, C, K-1]; state_slots [B] i32.
+  virtual void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                            const TensorView& state_slots, const AttentionBatch& batch,
+                            const TensorView& out);
+  // The gated delta rule over each sequence's chunk, from and back into its recurrent state
+  // (zeros at position 0): q, k L2-normalised (q also scaled by Dk^-0.5); per value head h,
+  // with g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b):
+  //   S = exp(g) S;  S += k (beta (v - S^T k))^T;  out = S^T q.
+  // q, k [T, Hk, Dk] (value head h reads q/k head h / (Hv/Hk)); v [T, Hv, Dv]; a, b [T, Hv];
+  // A_log, dt_bias [Hv] f32; state [slots, Hv, Dk, Dv] f32; out [T, Hv, Dv].
+  virtual void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& a, const TensorView& b, const TensorView& a_log,
+                              const TensorView& dt_bias, const TensorView& state,
+                              const TensorView& state_slots, const AttentionBatch& batch,
+                              const TensorView& out);
+  // out = w * rmsnorm(x) * silu(z) per head: x, z, out [T, H, D]; w [D].
+  virtual void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
+                            const TensorView& out);
+
   // One token per row of logits [B, V] (f32 or the activation dtype); params [B]; `steps` [B]
   // counters for the per-request random stream. out_ids [B] i32 (host memory).
   virtual void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,

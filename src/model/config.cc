@@ -131,6 +131,46 @@ Status ParseRope(const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+// Qwen3.5 / Qwen3-Next: which layers are Gated DeltaNet, their sizes, the shared expert.
+Status ParseHybrid(const json& j, ModelConfig* c) {
+  Fields f(j);
+  LinearAttentionConfig& la = c->linear;
+  RETURN_IF_ERROR(f.Int("linear_num_key_heads", &la.num_key_heads, true));
+  RETURN_IF_ERROR(f.Int("linear_num_value_heads", &la.num_value_heads, true));
+  RETURN_IF_ERROR(f.Int("linear_key_head_dim", &la.key_head_dim, true));
+  RETURN_IF_ERROR(f.Int("linear_value_head_dim", &la.value_head_dim, true));
+  RETURN_IF_ERROR(f.Int("linear_conv_kernel_dim", &la.conv_kernel));
+  RETURN_IF_ERROR(f.Int("shared_expert_intermediate_size", &c->shared_expert_intermediate_size));
+  c->attention_output_gate = true;
+  RETURN_IF_ERROR(f.Bool("attn_output_gate", &c->attention_output_gate));
+  c->zero_centered_norm = true;
+  if (la.num_key_heads <= 0 || la.num_value_heads <= 0 || la.key_head_dim <= 0 || la.value_head_dim <= 0 ||
+      la.conv_kernel < 1 || la.num_value_heads % la.num_key_heads != 0)
+    return InvalidArgument("config.json: linear attention sizes must be positive and linear_num_value_heads a "
+                           "multiple of linear_num_key_heads");
+  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    if (static_cast<int>(it->size()) != c->num_layers)
+      return InvalidArgument("config.json: layer_types has " + std::to_string(it->size()) + " entries for " +
+                             std::to_string(c->num_layers) + " layers");
+    for (int l = 0; l < c->num_layers; ++l) {
+      const json& t = (*it)[l];
+      std::string kind = t.is_string() ? t.get<std::string>() : "";
+      if (kind == "linear_attention") {
+        c->layer_kinds[l] = LayerKind::kLinearAttention;
+      } else if (kind != "full_attention") {
+        return Unsupported("config.json: layer type " + t.dump() + " is not supported");
+      }
+    }
+  } else {
+    int interval = 4;
+    RETURN_IF_ERROR(f.Int("full_attention_interval", &interval));
+    if (interval <= 0) return InvalidArgument("config.json: full_attention_interval must be positive");
+    for (int l = 0; l < c->num_layers; ++l)
+      c->layer_kinds[l] = (l + 1) % interval == 0 ? LayerKind::kFullAttention : LayerKind::kLinearAttention;
+  }
+  return Status::Ok();
+}
+
 Status ParseQwen3(const json& j, ModelConfig* c) {
   Fields f(j);
   RETURN_IF_ERROR(f.Int("vocab_size", &c->vocab_size, true));
@@ -152,7 +192,7 @@ Status ParseQwen3(const json& j, ModelConfig* c) {
   if (bos >= 0) c->bos_token_id = bos;
   RETURN_IF_ERROR(ParseRope(j, c));
 
-  if (c->family == ModelFamily::kQwen3Moe) {
+  if (c->family == ModelFamily::kQwen3Moe || c->family == ModelFamily::kQwen3Hybrid) {
     // Hub checkpoints say num_experts; transformers >= 5 writes num_local_experts.
     RETURN_IF_ERROR(f.Int("num_experts", &c->num_experts));
     RETURN_IF_ERROR(f.Int("num_local_experts", &c->num_experts));
@@ -168,9 +208,11 @@ Status ParseQwen3(const json& j, ModelConfig* c) {
       return InvalidArgument("config.json: decoder_sparse_step must be positive");
   }
 
-  // Only full attention in these families; layer_types, if given, must agree.
   c->layer_kinds.assign(std::max(c->num_layers, 0), LayerKind::kFullAttention);
-  if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+  if (c->family == ModelFamily::kQwen3Hybrid) {
+    RETURN_IF_ERROR(ParseHybrid(j, c));
+  } else if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+    // Only full attention in the other families; layer_types, if given, must agree.
     for (const auto& t : *it) {
       if (!t.is_string() || t.get<std::string>() != "full_attention")
         return Unsupported("config.json: layer type " + t.dump() + " is not supported for " +
@@ -279,6 +321,10 @@ bool ModelConfig::is_moe_layer(int layer) const {
   return (layer + 1) % decoder_sparse_step == 0;
 }
 
+int ModelConfig::num_linear_layers() const {
+  return static_cast<int>(std::count(layer_kinds.begin(), layer_kinds.end(), LayerKind::kLinearAttention));
+}
+
 int ModelConfig::rotary_dim() const {
   int d = static_cast<int>(head_dim * rope.partial_rotary_factor);
   return d - d % 2;
@@ -305,11 +351,13 @@ Result<ModelConfig> ParseModelConfig(const json& root) {
     c.family = ModelFamily::kQwen3;
   } else if (c.model_type == "qwen3_moe") {
     c.family = ModelFamily::kQwen3Moe;
+  } else if (c.model_type == "qwen3_5_moe_text" || c.model_type == "qwen3_5_moe") {
+    c.family = ModelFamily::kQwen3Hybrid;
   } else if (c.model_type == "deepseek_v3") {
     c.family = ModelFamily::kDeepseekV3;
   } else {
     return Unsupported("config.json: model_type '" + c.model_type +
-                       "' is not supported (supported: qwen3, qwen3_moe, deepseek_v3)");
+                       "' is not supported (supported: qwen3, qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, deepseek_v3)");
   }
   RETURN_IF_ERROR(c.family == ModelFamily::kDeepseekV3 ? ParseDeepseekV3(*j, &c) : ParseQwen3(*j, &c));
   if (c.eos_token_ids.empty() && j != &root) RETURN_IF_ERROR(Fields(root).IntList("eos_token_id", &c.eos_token_ids));

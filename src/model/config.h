@@ -14,7 +14,7 @@
 
 namespace corolla {
 
-enum class ModelFamily { kQwen3, kQwen3Moe, kDeepseekV3 };
+enum class ModelFamily { kQwen3, kQwen3Moe, kQwen3Hybrid, kDeepseekV3 };
 
 enum class LayerKind { kFullAttention, kLinearAttention };
 
@@ -48,6 +48,18 @@ struct QuantConfig {
   std::string method;  // "" (none) or "fp8"
   int block_rows = 128;
   int block_cols = 128;
+};
+
+// Gated DeltaNet layers of the Qwen3.5 / Qwen3-Next hybrids.
+struct LinearAttentionConfig {
+  int num_key_heads = 0;
+  int num_value_heads = 0;
+  int key_head_dim = 0;
+  int value_head_dim = 0;
+  int conv_kernel = 4;
+  int key_dim() const { return num_key_heads * key_head_dim; }
+  int value_dim() const { return num_value_heads * value_head_dim; }
+  int conv_channels() const { return 2 * key_dim() + value_dim(); }  // q | k | v
 };
 
 struct ModelConfig {
@@ -84,6 +96,11 @@ struct ModelConfig {
   int num_shared_experts = 0;            // DeepSeek: n_shared_experts x moe_intermediate_size
   int num_nextn_predict_layers = 0;      // MTP layers stored after the decoder layers
 
+  int shared_expert_intermediate_size = 0;  // Qwen3.5: one sigmoid-gated shared expert
+  bool attention_output_gate = false;       // Qwen3.5: q_proj also yields a sigmoid gate per head
+  bool zero_centered_norm = false;          // Qwen3.5: RMSNorm scales by (1 + weight)
+  LinearAttentionConfig linear;
+
   MlaConfig mla;  // kv_lora_rank > 0: the attention is MLA
   QuantConfig quant;
 
@@ -91,6 +108,7 @@ struct ModelConfig {
   std::optional<int> bos_token_id;
 
   bool is_moe_layer(int layer) const;
+  int num_linear_layers() const;
   int rotary_dim() const;  // head_dim * partial_rotary_factor, even
   int q_size() const { return num_attention_heads * head_dim; }
   int kv_size() const { return num_kv_heads * head_dim; }

@@ -13,6 +13,7 @@ Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backen
   switch (config.family) {
     case ModelFamily::kQwen3:
     case ModelFamily::kQwen3Moe:
+    case ModelFamily::kQwen3Hybrid:
       model = LoadQwen3(config, *checkpoint, backend);
       break;
     case ModelFamily::kDeepseekV3:

@@ -12,12 +12,21 @@
 
 namespace corolla {
 
+// The per-sequence state of one linear-attention layer, indexed by state slot.
+struct LinearStateView {
+  TensorView conv;       // [slots, C, K-1] f32: the last K-1 inputs of the causal conv
+  TensorView recurrent;  // [slots, Hv, Dk, Dv] f32: the delta-rule state
+};
+
 // One step's inputs, all on the backend's device.
 struct ForwardBatch {
   TensorView token_ids;    // [T] i32
   TensorView positions;    // [T] i32
   AttentionBatch attention;
   TensorView logits_rows;  // [N] i32: rows of the flat batch whose logits are computed
+  // Hybrid models: each sequence's state slot [B] i32, and the states of the linear layers.
+  TensorView state_slots;
+  std::span<const LinearStateView> linear_states;
 };
 
 // What the engine must allocate for the model's paged KV cache.
@@ -29,11 +38,22 @@ struct KvCacheSpec {
   bool shared_kv = false;
 };
 
+// What the engine must allocate for the model's per-sequence linear-attention states.
+struct StateSpec {
+  int num_layers = 0;  // linear-attention layers (0: none)
+  int conv_channels = 0;
+  int conv_history = 0;  // kernel - 1
+  int num_heads = 0;     // value heads
+  int key_dim = 0;
+  int value_dim = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual KvCacheSpec kv_cache_spec() const = 0;
+  virtual StateSpec state_spec() const { return {}; }
   // Runs the batch; writes this step's K/V into `kv_caches` (one per KV layer) and logits
   // [N, vocab] (float32) for batch.logits_rows.
   virtual void Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,

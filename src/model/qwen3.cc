@@ -3,13 +3,14 @@
 #include <cmath>
 #include <vector>
 
+#include "model/gated_deltanet.h"
 #include "model/weights.h"
 
 namespace corolla {
 namespace {
 
 struct AttentionWeights {
-  Tensor qkv;     // [(Hq + 2 Hk) * D, H]: q_proj | k_proj | v_proj rows
+  Tensor qkv;     // [(Hq (x2 with the output gate) + 2 Hk) * D, H]: q_proj | k_proj | v_proj rows
   Tensor o;       // [H, Hq * D]
   Tensor q_norm;  // [D]
   Tensor k_norm;  // [D]
@@ -24,12 +25,17 @@ struct MoeWeights {
   Tensor router;        // [E, H]
   Tensor gate_up;       // [E, 2I, H]
   Tensor down;          // [E, H, I]
+  MlpWeights shared;    // Qwen3.5: one shared expert ...
+  Tensor shared_gate;   // ... scaled by sigmoid(x . shared_gate), [1, H]
 };
 
 struct LayerWeights {
   Tensor input_norm;         // [H]
   Tensor post_attention_norm;  // [H]
+  bool is_linear = false;    // Gated DeltaNet instead of attention
+  int cache_idx = 0;         // index among the KV layers (attention) or state layers (linear)
   AttentionWeights attn;
+  GatedDeltaNetWeights linear;
   bool is_moe = false;
   MlpWeights mlp;
   MoeWeights moe;
@@ -43,7 +49,13 @@ class Qwen3Model final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   KvCacheSpec kv_cache_spec() const override {
-    return {config_.num_layers, config_.num_kv_heads, config_.head_dim};
+    return {config_.num_layers - config_.num_linear_layers(), config_.num_kv_heads, config_.head_dim};
+  }
+  StateSpec state_spec() const override {
+    const LinearAttentionConfig& la = config_.linear;
+    if (config_.num_linear_layers() == 0) return {};
+    return {config_.num_linear_layers(), la.conv_channels(), la.conv_kernel - 1, la.num_value_heads,
+            la.key_head_dim, la.value_head_dim};
   }
   void Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
                const TensorView& logits) override;
@@ -52,6 +64,8 @@ class Qwen3Model final : public Model {
   void AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
                       const KvCacheView& cache, const TensorView& out);
   void MlpBlock(int layer, const TensorView& x, const TensorView& out);
+  void Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out);
+  Result<Tensor> LoadNorm(WeightLoader& w, const std::string& name, int64_t dim);
 
   ModelConfig config_;
   Backend& backend_;
@@ -67,24 +81,35 @@ Status Qwen3Model::Load(const Checkpoint& checkpoint) {
   const std::string& root = c.weight_prefix;  // "model." (or "model.language_model.")
   const int64_t hidden = c.hidden_size, d = c.head_dim;
   ASSIGN_OR_RETURN(embed_, w.Load(root + "embed_tokens.weight", {c.vocab_size, hidden}));
-  ASSIGN_OR_RETURN(final_norm_, w.Load(root + "norm.weight", {hidden}));
+  ASSIGN_OR_RETURN(final_norm_, LoadNorm(w, root + "norm.weight", hidden));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
     ASSIGN_OR_RETURN(lm_head_, w.Load("lm_head.weight", {c.vocab_size, hidden}));
   }
+  if (c.num_linear_layers() > 0 && !backend_.supports_linear_attention())
+    return Unsupported(c.model_type + ": the " + backend_.name() +
+                       " backend has no Gated DeltaNet kernels yet (use --device cpu)");
+  const int64_t q_rows = c.q_size() * (c.attention_output_gate ? 2 : 1);
   layers_.resize(c.num_layers);
+  int num_attention = 0, num_linear = 0;
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = layers_[l];
     std::string p = root + "layers." + std::to_string(l) + ".";
-    ASSIGN_OR_RETURN(lw.input_norm, w.Load(p + "input_layernorm.weight", {hidden}));
-    ASSIGN_OR_RETURN(lw.post_attention_norm, w.Load(p + "post_attention_layernorm.weight", {hidden}));
-    std::string a = p + "self_attn.";
-    ASSIGN_OR_RETURN(lw.attn.qkv, w.LoadConcat({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                               {{c.q_size(), hidden}, {c.kv_size(), hidden}, {c.kv_size(), hidden}}));
-    ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, c.q_size()}));
-    ASSIGN_OR_RETURN(lw.attn.q_norm, w.Load(a + "q_norm.weight", {d}));
-    ASSIGN_OR_RETURN(lw.attn.k_norm, w.Load(a + "k_norm.weight", {d}));
+    ASSIGN_OR_RETURN(lw.input_norm, LoadNorm(w, p + "input_layernorm.weight", hidden));
+    ASSIGN_OR_RETURN(lw.post_attention_norm, LoadNorm(w, p + "post_attention_layernorm.weight", hidden));
+    lw.is_linear = c.layer_kinds[l] == LayerKind::kLinearAttention;
+    lw.cache_idx = lw.is_linear ? num_linear++ : num_attention++;
+    if (lw.is_linear) {
+      RETURN_IF_ERROR(LoadGatedDeltaNet(w, backend_, c, p + "linear_attn.", &lw.linear));
+    } else {
+      std::string a = p + "self_attn.";
+      ASSIGN_OR_RETURN(lw.attn.qkv, w.LoadConcat({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                                 {{q_rows, hidden}, {c.kv_size(), hidden}, {c.kv_size(), hidden}}));
+      ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, c.q_size()}));
+      ASSIGN_OR_RETURN(lw.attn.q_norm, LoadNorm(w, a + "q_norm.weight", d));
+      ASSIGN_OR_RETURN(lw.attn.k_norm, LoadNorm(w, a + "k_norm.weight", d));
+    }
     std::string m = p + "mlp.";
     lw.is_moe = c.is_moe_layer(l);
     if (lw.is_moe) {
@@ -92,6 +117,14 @@ Status Qwen3Model::Load(const Checkpoint& checkpoint) {
       ASSIGN_OR_RETURN(lw.moe.router, w.Load(m + "gate.weight", {e, hidden}));
       ASSIGN_OR_RETURN(lw.moe.gate_up, w.LoadExpertsGateUp(m + "experts.", e, inter, c.hidden_size));
       ASSIGN_OR_RETURN(lw.moe.down, w.LoadExpertsDown(m + "experts.", e, inter, c.hidden_size));
+      if (c.shared_expert_intermediate_size > 0) {
+        const int64_t si = c.shared_expert_intermediate_size;
+        std::string se = m + "shared_expert.";
+        ASSIGN_OR_RETURN(lw.moe.shared.gate_up, w.LoadConcat({se + "gate_proj.weight", se + "up_proj.weight"},
+                                                             {{si, hidden}, {si, hidden}}));
+        ASSIGN_OR_RETURN(lw.moe.shared.down, w.Load(se + "down_proj.weight", {hidden, si}));
+        ASSIGN_OR_RETURN(lw.moe.shared_gate, w.Load(m + "shared_expert_gate.weight", {1, hidden}));
+      }
     } else {
       const int64_t inter = c.intermediate_size;
       ASSIGN_OR_RETURN(lw.mlp.gate_up, w.LoadConcat({m + "gate_proj.weight", m + "up_proj.weight"},
@@ -100,10 +133,19 @@ Status Qwen3Model::Load(const Checkpoint& checkpoint) {
     }
   }
   return w.CheckAllUsed([&](const std::string& name) {
-    // Tied checkpoints may still carry lm_head.weight; old exports carry rotary buffers.
+    // Tied checkpoints may still carry lm_head.weight; old exports carry rotary buffers;
+    // Qwen3.5 checkpoints carry multi-token-prediction weights (mtp.*) for speculation.
     return (c.tie_word_embeddings && name == "lm_head.weight") ||
-           name.find("rotary_emb.inv_freq") != std::string::npos;
+           name.find("rotary_emb.inv_freq") != std::string::npos || name.rfind("mtp.", 0) == 0;
   });
+}
+
+// Qwen3.5's RMSNorms scale by (1 + weight); folding the 1 in at load leaves one norm kernel.
+Result<Tensor> Qwen3Model::LoadNorm(WeightLoader& w, const std::string& name, int64_t dim) {
+  if (!config_.zero_centered_norm) return w.Load(name, {dim});
+  ASSIGN_OR_RETURN(Tensor host, w.LoadHost(name, {dim}));
+  for (int64_t i = 0; i < dim; ++i) host.ptr<float>()[i] += 1.0f;
+  return backend_.LoadWeight(host);
 }
 
 void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
@@ -113,17 +155,20 @@ void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBat
   const int64_t tokens = x.dim(0), d = c.head_dim, hq = c.num_attention_heads, hk = c.num_kv_heads;
   const DType act = backend_.activation_dtype();
 
-  Tensor qkv = backend_.Empty(act, {tokens, (hq + 2 * hk) * d});  // [T, (Hq + 2Hk) * D]
+  // With the output gate, q_proj yields [q (D) | gate (D)] per head.
+  const int64_t q_cols = hq * d * (c.attention_output_gate ? 2 : 1), width = q_cols + 2 * hk * d;
+  Tensor qkv = backend_.Empty(act, {tokens, width});  // [T, q | k | v]
   backend_.Linear(x, w.qkv, qkv);
-  // Strided views into qkv: q [T, Hq, D], k [T, Hk, D], v [T, Hk, D].
-  auto heads = [&](int64_t first_head, int64_t num_heads) {
+  // Strided views into qkv: q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], gate [T, Hq, D].
+  auto heads = [&](int64_t first_col, int64_t num_heads, int64_t head_stride) {
     TensorView v = qkv.view();
-    v.data = static_cast<char*>(v.data) + first_head * d * DTypeSize(act);
+    v.data = static_cast<char*>(v.data) + first_col * DTypeSize(act);
     v.shape = {tokens, num_heads, d};
-    v.strides = {(hq + 2 * hk) * d, d, 1, 0};
+    v.strides = {width, head_stride, 1, 0};
     return v;
   };
-  TensorView q = heads(0, hq), k = heads(hq, hk), v = heads(hq + hk, hk);
+  const int64_t q_stride = c.attention_output_gate ? 2 * d : d;
+  TensorView q = heads(0, hq, q_stride), k = heads(q_cols, hk, d), v = heads(q_cols + hk * d, hk, d);
   backend_.HeadRmsNorm(q, w.q_norm, static_cast<float>(c.rms_norm_eps));
   backend_.HeadRmsNorm(k, w.k_norm, static_cast<float>(c.rms_norm_eps));
   backend_.Rope(q, k, batch.positions, {c.rotary_dim(), static_cast<float>(c.rope.theta)});
@@ -131,7 +176,13 @@ void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBat
 
   Tensor attn = backend_.Empty(act, {tokens, hq, d});  // [T, Hq, D]
   backend_.Attention(q, cache, batch.attention, 1.0f / std::sqrt(static_cast<float>(d)), attn);
-  backend_.Linear(attn.view().Reshape({tokens, hq * d}), w.o, out);
+  TensorView attn2d = attn.view().Reshape({tokens, hq * d});
+  if (c.attention_output_gate) {
+    Tensor gate = backend_.Empty(act, {tokens, hq, d});
+    backend_.Copy(heads(d, hq, q_stride), gate);
+    backend_.SigmoidMul(attn2d, gate.view().Reshape({tokens, hq * d}));
+  }
+  backend_.Linear(attn2d, w.o, out);
 }
 
 void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out) {
@@ -140,12 +191,7 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   const int64_t tokens = x.dim(0);
   const DType act = backend_.activation_dtype();
   if (!lw.is_moe) {
-    const int64_t inter = c.intermediate_size;
-    Tensor gate_up = backend_.Empty(act, {tokens, 2 * inter});  // [T, 2I]
-    Tensor h = backend_.Empty(act, {tokens, inter});            // [T, I]
-    backend_.Linear(x, lw.mlp.gate_up, gate_up);
-    backend_.SiluMul(gate_up, h);
-    backend_.Linear(h, lw.mlp.down, out);
+    Mlp(lw.mlp, x, out);
     return;
   }
   const int64_t experts = c.num_experts, k = c.num_experts_per_token;
@@ -155,6 +201,24 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   backend_.Linear(x, lw.moe.router, router_logits);
   backend_.MoeRoute(router_logits, {static_cast<int>(k), c.norm_topk_prob}, topk_ids, topk_weights);
   backend_.MoeExperts(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out);
+  if (lw.moe.shared_gate.defined()) {
+    Tensor shared = backend_.Empty(act, {tokens, c.hidden_size});
+    Tensor gate = backend_.Empty(act, {tokens, 1});
+    Mlp(lw.moe.shared, x, shared);
+    backend_.Linear(x, lw.moe.shared_gate, gate);
+    backend_.SigmoidMul(shared, gate);
+    backend_.Add(out, shared);
+  }
+}
+
+void Qwen3Model::Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out) {
+  const int64_t tokens = x.dim(0), inter = w.down.dim(1);
+  const DType act = backend_.activation_dtype();
+  Tensor gate_up = backend_.Empty(act, {tokens, 2 * inter});  // [T, 2I]
+  Tensor h = backend_.Empty(act, {tokens, inter});            // [T, I]
+  backend_.Linear(x, w.gate_up, gate_up);
+  backend_.SiluMul(gate_up, h);
+  backend_.Linear(h, w.down, out);
 }
 
 void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
@@ -163,7 +227,8 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   const int64_t tokens = batch.token_ids.numel(), hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DType act = backend_.activation_dtype();
-  COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
+  COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), kv_cache_spec().num_layers);
+  COROLLA_CHECK_EQ(static_cast<int>(batch.linear_states.size()), state_spec().num_layers);
 
   Tensor residual = backend_.Empty(act, {tokens, hidden});  // [T, H] running sum of the stream
   Tensor x = backend_.Empty(act, {tokens, hidden});         // [T, H] normed input of a block
@@ -171,7 +236,12 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   backend_.Embedding(batch.token_ids, embed_, residual);
   backend_.RmsNorm(residual, layers_[0].input_norm, eps, x, nullptr);
   for (int l = 0; l < c.num_layers; ++l) {
-    AttentionBlock(l, x, batch, kv_caches[l], y);
+    const LayerWeights& lw = layers_[l];
+    if (lw.is_linear) {
+      GatedDeltaNetForward(backend_, c, lw.linear, x, batch, batch.linear_states[lw.cache_idx], y);
+    } else {
+      AttentionBlock(l, x, batch, kv_caches[lw.cache_idx], y);
+    }
     backend_.RmsNorm(y, layers_[l].post_attention_norm, eps, x, &residual.view());
     MlpBlock(l, x, y);
     const Tensor& next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;

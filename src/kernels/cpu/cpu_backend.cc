@@ -112,6 +112,22 @@ class CpuBackend final : public Backend {
                   const TensorView& out) override {
     cpu::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
   }
+  bool supports_linear_attention() const override { return true; }
+  void SigmoidMul(const TensorView& x, const TensorView& gate) override { cpu::SigmoidMul(x, gate); }
+  void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                    const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override {
+    cpu::CausalConv1d(x, weight, conv_state, state_slots, batch, out);
+  }
+  void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
+                      const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
+                      const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
+                      const TensorView& out) override {
+    cpu::GatedDeltaRule(q, k, v, a, b, a_log, dt_bias, state, state_slots, batch, out);
+  }
+  void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
+                    const TensorView& out) override {
+    cpu::GatedRmsNorm(x, z, w, eps, out);
+  }
   void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
               int32_t* out_ids) override {
     COROLLA_CHECK(logits.dtype == DType::kF32 && logits.is_contiguous());

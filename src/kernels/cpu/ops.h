@@ -29,4 +29,14 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
 void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                 const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out);
 
+// Gated DeltaNet and gated attention (linear_attention.cc).
+void SigmoidMul(const TensorView& x, const TensorView& gate);
+void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                  const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out);
+void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
+                    const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
+                    const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
+                    const TensorView& out);
+void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps, const TensorView& out);
+
 }  // namespace corolla::cpu
