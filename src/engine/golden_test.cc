@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
@@ -198,6 +201,72 @@ TEST(DeepseekMla, AbsorbedEqualsDecompressed) {
       ASSERT_LT(RowError(absorbed.ptr<float>() + p * vocab, decompressed.ptr<float>() + p * vocab, vocab), 1e-5)
           << name << " position " << p;
   }
+}
+
+// Qwen3-Next stores the Gated DeltaNet projections fused per key head (in_proj_qkvz,
+// in_proj_ba). The same weights written in that layout must give the same logits.
+TEST(Qwen3Next, FusedProjectionLayoutEqualsQwen35) {
+  namespace fs = std::filesystem;
+  const std::string src = "tests/data/models/qwen3.5-moe-hybrid";
+  const fs::path dir = fs::temp_directory_path() / ("corolla_qwen3_next_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  nlohmann::json config = nlohmann::json::parse(ReadFile(src + "/config.json").value());
+  config["model_type"] = "qwen3_next";
+  std::ofstream(dir / "config.json") << config.dump();
+  const int64_t hk = config["linear_num_key_heads"], hv = config["linear_num_value_heads"];
+  const int64_t dk = config["linear_key_head_dim"], dv = config["linear_value_head_dim"];
+  const int64_t hidden = config["hidden_size"], r = hv / hk, kd = hk * dk, vd = hv * dv;
+
+  auto file = SafetensorsFile::Open(src + "/model.safetensors").value();
+  std::vector<Tensor> keep;
+  std::vector<std::pair<std::string, TensorView>> out;
+  auto row_bytes = hidden * 2;  // bf16
+  for (const auto& e : file->entries()) {
+    const std::string& name = e.name;
+    auto pos = name.find("linear_attn.in_proj_");
+    if (pos == std::string::npos) {
+      out.emplace_back(name, file->View(e));
+      continue;
+    }
+    std::string prefix = name.substr(0, pos + 12);  // "...linear_attn."
+    if (name != prefix + "in_proj_qkv.weight") continue;  // z, b, a are folded in below
+    auto rows = [&](const std::string& n) { return static_cast<const char*>(file->View(*file->Find(prefix + n)).data); };
+    const char *qkv = rows("in_proj_qkv.weight"), *z = rows("in_proj_z.weight");
+    const char *b = rows("in_proj_b.weight"), *a = rows("in_proj_a.weight");
+    Tensor qkvz = Tensor::Empty(DType::kBF16, {2 * kd + 2 * vd, hidden});
+    Tensor ba = Tensor::Empty(DType::kBF16, {2 * hv, hidden});
+    char* dst = static_cast<char*>(qkvz.view().data);
+    char* dst_ba = static_cast<char*>(ba.view().data);
+    for (int64_t g = 0; g < hk; ++g) {
+      auto put = [&](const char* from, int64_t row, int64_t n) {
+        std::memcpy(dst, from + row * row_bytes, n * row_bytes);
+        dst += n * row_bytes;
+      };
+      put(qkv, g * dk, dk);
+      put(qkv, kd + g * dk, dk);
+      put(qkv, 2 * kd + g * r * dv, r * dv);
+      put(z, g * r * dv, r * dv);
+      std::memcpy(dst_ba, b + g * r * row_bytes, r * row_bytes);
+      std::memcpy(dst_ba + r * row_bytes, a + g * r * row_bytes, r * row_bytes);
+      dst_ba += 2 * r * row_bytes;
+    }
+    keep.push_back(qkvz);
+    keep.push_back(ba);
+    out.emplace_back(prefix + "in_proj_qkvz.weight", qkvz.view());
+    out.emplace_back(prefix + "in_proj_ba.weight", ba.view());
+  }
+  ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), out).ok());
+
+  auto backend = MakeCpuBackend();
+  auto qwen35 = LoadModel(src, *backend).value();
+  auto next = LoadModel(dir.string(), *backend);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  std::vector<int32_t> ids{5, 900, 17, 3, 256, 1000, 42, 7, 77};
+  Tensor a = ComputeLogits(*qwen35, *backend, ids).value();
+  Tensor b = ComputeLogits(**next, *backend, ids).value();
+  EXPECT_EQ(0, std::memcmp(a.view().data, b.view().data, a.view().nbytes()));
+  fs::remove_all(dir);
 }
 
 TEST(DemoModel, GreedyChatsReproduceReferenceExactly) {

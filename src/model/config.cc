@@ -351,13 +351,13 @@ Result<ModelConfig> ParseModelConfig(const json& root) {
     c.family = ModelFamily::kQwen3;
   } else if (c.model_type == "qwen3_moe") {
     c.family = ModelFamily::kQwen3Moe;
-  } else if (c.model_type == "qwen3_5_moe_text" || c.model_type == "qwen3_5_moe") {
+  } else if (c.model_type == "qwen3_5_moe_text" || c.model_type == "qwen3_5_moe" || c.model_type == "qwen3_next") {
     c.family = ModelFamily::kQwen3Hybrid;
   } else if (c.model_type == "deepseek_v3") {
     c.family = ModelFamily::kDeepseekV3;
   } else {
     return Unsupported("config.json: model_type '" + c.model_type +
-                       "' is not supported (supported: qwen3, qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, deepseek_v3)");
+                       "' is not supported (supported: qwen3, qwen3_moe, qwen3_5_moe, qwen3_5_moe_text, qwen3_next, deepseek_v3)");
   }
   RETURN_IF_ERROR(c.family == ModelFamily::kDeepseekV3 ? ParseDeepseekV3(*j, &c) : ParseQwen3(*j, &c));
   if (c.eos_token_ids.empty() && j != &root) RETURN_IF_ERROR(Fields(root).IntList("eos_token_id", &c.eos_token_ids));

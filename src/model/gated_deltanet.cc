@@ -1,5 +1,7 @@
 #include "model/gated_deltanet.h"
 
+#include <algorithm>
+
 namespace corolla {
 namespace {
 
@@ -29,15 +31,46 @@ Result<Tensor> LoadF32(WeightLoader& w, Backend& backend, const std::string& nam
 
 }  // namespace
 
+// Qwen3-Next fuses the projections per key head: in_proj_qkvz rows are, for each key head g,
+// [q (Dk) | k (Dk) | v (r Dv) | z (r Dv)] with r = Hv / Hk, and in_proj_ba rows [b (r) | a (r)].
+// Reordered here into the layout Qwen3.5 stores: q | k | v | z | b | a, each over all heads.
+Result<Tensor> LoadFusedQwen3NextProjection(WeightLoader& w, Backend& backend, const ModelConfig& c,
+                                            const std::string& p) {
+  const LinearAttentionConfig& la = c.linear;
+  const int64_t hidden = c.hidden_size, hk = la.num_key_heads, hv = la.num_value_heads;
+  const int64_t dk = la.key_head_dim, dv = la.value_head_dim, r = hv / hk;
+  const int64_t kd = la.key_dim(), vd = la.value_dim();
+  ASSIGN_OR_RETURN(Tensor qkvz, w.LoadHost(p + "in_proj_qkvz.weight", {2 * kd + 2 * vd, hidden}));
+  ASSIGN_OR_RETURN(Tensor ba, w.LoadHost(p + "in_proj_ba.weight", {2 * hv, hidden}));
+  Tensor out = Tensor::Empty(DType::kF32, {2 * kd + 2 * vd + 2 * hv, hidden});
+  auto copy_rows = [&](const Tensor& src, int64_t src_row, int64_t dst_row, int64_t n) {
+    std::copy_n(src.ptr<float>() + src_row * hidden, n * hidden, out.ptr<float>() + dst_row * hidden);
+  };
+  const int64_t group = 2 * dk + 2 * r * dv;
+  for (int64_t g = 0; g < hk; ++g) {
+    copy_rows(qkvz, g * group, g * dk, dk);                                       // q
+    copy_rows(qkvz, g * group + dk, kd + g * dk, dk);                             // k
+    copy_rows(qkvz, g * group + 2 * dk, 2 * kd + g * r * dv, r * dv);             // v
+    copy_rows(qkvz, g * group + 2 * dk + r * dv, 2 * kd + vd + g * r * dv, r * dv);  // z
+    copy_rows(ba, g * 2 * r, 2 * kd + 2 * vd + g * r, r);                         // b
+    copy_rows(ba, g * 2 * r + r, 2 * kd + 2 * vd + hv + g * r, r);                // a
+  }
+  return backend.LoadWeight(out);
+}
+
 Status LoadGatedDeltaNet(WeightLoader& w, Backend& backend, const ModelConfig& c, const std::string& p,
                          GatedDeltaNetWeights* out) {
   const LinearAttentionConfig& la = c.linear;
   const int64_t hidden = c.hidden_size, hv = la.num_value_heads;
   // One projection for everything the layer reads from its input.
-  ASSIGN_OR_RETURN(out->in_proj,
-                   w.LoadConcat({p + "in_proj_qkv.weight", p + "in_proj_z.weight", p + "in_proj_b.weight",
-                                 p + "in_proj_a.weight"},
-                                {{la.conv_channels(), hidden}, {la.value_dim(), hidden}, {hv, hidden}, {hv, hidden}}));
+  if (w.Has(p + "in_proj_qkvz.weight")) {
+    ASSIGN_OR_RETURN(out->in_proj, LoadFusedQwen3NextProjection(w, backend, c, p));
+  } else {
+    ASSIGN_OR_RETURN(out->in_proj,
+                     w.LoadConcat({p + "in_proj_qkv.weight", p + "in_proj_z.weight", p + "in_proj_b.weight",
+                                   p + "in_proj_a.weight"},
+                                  {{la.conv_channels(), hidden}, {la.value_dim(), hidden}, {hv, hidden}, {hv, hidden}}));
+  }
   ASSIGN_OR_RETURN(Tensor conv, w.Load(p + "conv1d.weight", {la.conv_channels(), 1, la.conv_kernel}));
   out->conv = conv.Reshaped({la.conv_channels(), la.conv_kernel});
   ASSIGN_OR_RETURN(out->a_log, LoadF32(w, backend, p + "A_log", hv));
