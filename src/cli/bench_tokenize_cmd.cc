@@ -90,7 +90,7 @@ Result<std::vector<std::string>> GoldenTexts(const std::string& dir) {
 }
 
 Status Bench(int argc, char** argv, bool* help) {
-  std::string dir, golden_dir = "tests/data/tokenizer-golden";
+  std::string dir, golden_dir = "tests/data/tokenizer-golden", write_text;
   int64_t mb = 10, golden_repeats = 20;
   Flags flags("bench tokenize",
               "Measures single-threaded Encode speed in MB/s on the golden corpus and on a "
@@ -99,6 +99,8 @@ Status Bench(int argc, char** argv, bool* help) {
   flags.String("golden-dir", &golden_dir, "folder of the golden files (qwen3.json, deepseek_v3.json)");
   flags.Int("mb", &mb, "size of the generated text in MB");
   flags.Int("golden-repeats", &golden_repeats, "passes over the golden corpus");
+  flags.String("write-text", &write_text,
+               "also write the generated text to this file (for scripts/bench_tokenize_hf.py)");
   RETURN_IF_ERROR(flags.Parse(argc, argv, argc > 1 && std::string(argv[1]) == "bench" ? 3 : 2, help));
   if (*help) return Status::Ok();
   if (dir.empty()) return InvalidArgument("--tokenizer DIR is required");
@@ -108,6 +110,11 @@ Status Bench(int argc, char** argv, bool* help) {
   double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
   ASSIGN_OR_RETURN(std::vector<std::string> golden, GoldenTexts(golden_dir));
   std::string big = GenerateText(static_cast<size_t>(mb) << 20);
+  if (!write_text.empty()) {
+    std::ofstream out(write_text, std::ios::binary);
+    out << big;
+    if (!out) return NotFound("cannot write " + write_text);
+  }
 
   size_t golden_bytes = 0, golden_tokens = 0;
   t0 = Clock::now();
