@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One command from a fresh machine to the main job: installs, builds, and runs the built-in model.
+# One command from a fresh machine to the main job: installs, builds, and serves the built-in
+# model on http://127.0.0.1:8000 (OpenAI API). Extra arguments go to `corolla serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-exec build/corolla generate --chat "What is 7 + 5?" \
-  --max-tokens 32 --temperature 0 "$@"
+exec build/corolla serve "$@"
