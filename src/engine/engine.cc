@@ -48,12 +48,36 @@ Engine::Engine(Model& model, Backend& backend, EngineOptions options, int num_bl
       backend_(backend),
       options_(options),
       max_model_len_(max_model_len),
-      // Hybrid models keep one state slot per running sequence (+1 spare). Their prefix cache
-      // would need state snapshots at block boundaries; until those exist it stays off.
+      // Hybrid models keep one state slot per running sequence (+1 spare), and for the prefix
+      // cache, snapshots of the states at block boundaries.
       kv_cache_(backend, model.kv_cache_spec(), num_blocks, options.block_size, model.state_spec(),
-                model.state_spec().num_layers > 0 ? options.max_num_seqs + 1 : 0),
-      pool_(num_blocks, options.enable_prefix_caching && model.state_spec().num_layers == 0),
-      runner_(model, backend, kv_cache_) {}
+                model.state_spec().num_layers > 0 ? options.max_num_seqs + 1 + NumSnapshots(options) : 0),
+      pool_(num_blocks, options.enable_prefix_caching &&
+                            (model.state_spec().num_layers == 0 || NumSnapshots(options) > 0)),
+      runner_(model, backend, kv_cache_) {
+  if (kv_cache_.has_state() && pool_.prefix_caching())
+    snapshots_ = std::make_unique<StateSnapshots>(backend, kv_cache_, NumSnapshots(options));
+}
+
+int Engine::NumSnapshots(const EngineOptions& options) {
+  if (!options.enable_prefix_caching) return 0;
+  return options.num_state_snapshots >= 0 ? options.num_state_snapshots : 2 * options.max_num_seqs;
+}
+
+int Engine::ChunkSize(const Sequence& s, int budget) const {
+  int n = std::min(s.num_uncomputed(), budget);
+  if (!snapshots_) return n;
+  // Hybrid prefix caching snapshots states where a step ends on a block boundary: end chunks
+  // there, and stop at the last boundary a later identical prompt can hit.
+  const int bs = options_.block_size, start = s.num_computed_tokens;
+  const int last_hit_boundary = (s.num_tokens() - 1) / bs * bs;
+  if (start < last_hit_boundary && start + n > last_hit_boundary) return last_hit_boundary - start;
+  if (start + n < s.num_tokens()) {
+    int aligned = (start + n) / bs * bs - start;
+    if (aligned > 0) return aligned;
+  }
+  return n;
+}
 
 Status Engine::Validate(const GenerationRequest& request) const {
   const int vocab = model_.config().vocab_size;
@@ -156,6 +180,15 @@ int Engine::MatchPrefix(Sequence& s) {
     pool_.Share(*block);
     s.block_table.push_back(*block);
   }
+  if (snapshots_) {
+    // The linear layers resume only where a snapshot of their states exists.
+    int usable = static_cast<int>(s.block_table.size());
+    while (usable > 0 && !snapshots_->Has(BlockHashOf(s, usable - 1))) --usable;
+    std::vector<int32_t> unusable(s.block_table.begin() + usable, s.block_table.end());
+    pool_.Free(unusable);
+    s.block_table.resize(usable);
+    if (usable > 0) COROLLA_CHECK(snapshots_->Restore(BlockHashOf(s, usable - 1), s.state_slot));
+  }
   s.num_committed_blocks = static_cast<int>(s.block_table.size());
   s.num_computed_tokens = s.num_committed_blocks * bs;
   return s.num_computed_tokens;
@@ -189,7 +222,7 @@ std::vector<ScheduledChunk> Engine::Schedule() {
   //    When blocks run out, the newest running sequence goes back to the waiting queue.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
-    int n = std::min(s.num_uncomputed(), budget);
+    int n = ChunkSize(s, budget);
     while (!Reserve(s, n)) {
       Sequence& victim = *running_.back();
       Preempt(victim);
@@ -206,10 +239,11 @@ std::vector<ScheduledChunk> Engine::Schedule() {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Sequence& s = *waiting_.front();
-    int cached = MatchPrefix(s);
-    int n = std::min(s.num_uncomputed(), budget);
     if (kv_cache_.has_state() && s.state_slot < 0) s.state_slot = kv_cache_.AllocateStateSlot();
-    if (!Reserve(s, n) || (kv_cache_.has_state() && s.state_slot < 0)) {
+    if (kv_cache_.has_state() && s.state_slot < 0) break;
+    int cached = MatchPrefix(s);
+    int n = ChunkSize(s, budget);
+    if (!Reserve(s, n)) {
       Release(s);  // the shared blocks stay cached for the next attempt
       s.num_computed_tokens = 0;
       break;
@@ -244,6 +278,8 @@ std::vector<StepOutput> Engine::Step() {
     Sequence& s = *chunks[i].seq;
     s.num_computed_tokens += chunks[i].num_tokens;
     CommitFullBlocks(s);
+    if (snapshots_ && s.num_computed_tokens % options_.block_size == 0)
+      snapshots_->Save(BlockHashOf(s, s.num_computed_tokens / options_.block_size - 1), s.state_slot);
     if (sampled[i].token < 0) continue;
     s.tokens.push_back(sampled[i].token);
     CheckStop(s);

@@ -13,6 +13,7 @@
 #include "engine/kv_cache.h"
 #include "engine/model_runner.h"
 #include "engine/sequence.h"
+#include "engine/state_snapshots.h"
 
 namespace corolla {
 
@@ -24,6 +25,9 @@ struct EngineOptions {
   int max_batch_tokens = 2048;    // tokens per step (decode tokens + prefill chunks)
   int max_model_len = 0;          // 0: the model's max_position_embeddings
   bool enable_prefix_caching = true;
+  // Hybrid models: linear-attention states kept at block boundaries for prefix-cache hits
+  // (-1: two per sequence slot; 0 turns prefix caching off for them).
+  int num_state_snapshots = -1;
 };
 
 struct GenerationRequest {
@@ -82,6 +86,9 @@ class Engine {
  private:
   Engine(Model& model, Backend& backend, EngineOptions options, int num_blocks, int max_model_len);
 
+  static int NumSnapshots(const EngineOptions& options);
+  // Tokens of `s` to compute this step within `budget`.
+  int ChunkSize(const Sequence& s, int budget) const;
   int BlocksNeeded(const Sequence& s, int num_new_tokens) const;
   bool Reserve(Sequence& s, int num_new_tokens);  // allocates blocks if possible
   void Preempt(Sequence& s);
@@ -101,6 +108,7 @@ class Engine {
   int max_model_len_;
   KvCache kv_cache_;
   BlockPool pool_;
+  std::unique_ptr<StateSnapshots> snapshots_;  // hybrid models with prefix caching
   ModelRunner runner_;
   int64_t next_id_ = 0;
   int64_t num_preemptions_ = 0;
