@@ -35,12 +35,22 @@ struct LayerWeights {
   FfnWeights shared;    // when num_shared_experts > 0
 };
 
+// One multi-token-prediction module: the next token's embedding and the main model's last
+// hidden state, each normed, joined by eh_proj, through one more decoder layer.
+struct MtpWeights {
+  Tensor enorm, hnorm;  // [H]
+  Tensor eh_proj;       // [H, 2H]
+  Tensor head_norm;     // [H] before the shared LM head
+  LayerWeights layer;
+};
+
 class DeepseekV3Model final : public Model {
  public:
   DeepseekV3Model(ModelConfig config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
   Status Load(const Checkpoint& checkpoint);
   void set_mode(MlaMode mode) { mode_ = mode; }
+  int num_mtp_modules() const { return static_cast<int>(mtp_.size()); }
 
   const ModelConfig& config() const override { return config_; }
   KvCacheSpec kv_cache_spec() const override {
@@ -51,6 +61,7 @@ class DeepseekV3Model final : public Model {
 
  private:
   Status LoadFfn(WeightLoader& w, const std::string& prefix, int64_t inter, FfnWeights* out);
+  Status LoadLayer(WeightLoader& w, const std::string& prefix, bool is_moe, LayerWeights* out);
   void Ffn(const FfnWeights& f, const TensorView& x, const TensorView& out);
   void Attention(int layer, const TensorView& x, const ForwardBatch& batch, const KvCacheView& cache,
                  bool absorbed, const TensorView& out);
@@ -67,6 +78,7 @@ class DeepseekV3Model final : public Model {
   float attention_scale_ = 1.0f;
   Tensor embed_, lm_head_, final_norm_;
   std::vector<LayerWeights> layers_;
+  std::vector<MtpWeights> mtp_;
 };
 
 // Rows [begin, begin + width) of every row of a 2-D view.
@@ -94,6 +106,60 @@ Status DeepseekV3Model::LoadFfn(WeightLoader& w, const std::string& p, int64_t i
   return Status::Ok();
 }
 
+Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is_moe, LayerWeights* out) {
+  const ModelConfig& c = config_;
+  const MlaConfig& m = c.mla;
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, vdim = m.v_head_dim;
+  const int64_t kv_lora = m.kv_lora_rank, qk_head = m.qk_head_dim();
+  const std::string a = p + "self_attn.";
+  LayerWeights& lw = *out;
+  ASSIGN_OR_RETURN(lw.input_norm, w.Load(p + "input_layernorm.weight", {hidden}));
+  ASSIGN_OR_RETURN(lw.post_attention_norm, w.Load(p + "post_attention_layernorm.weight", {hidden}));
+  // One projection for the query path and the latent path (q_a and kv_a share their input).
+  const Shape kv_a_shape{kv_lora + rope, hidden};
+  if (m.q_lora_rank > 0) {
+    ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                                   {{m.q_lora_rank, hidden}, kv_a_shape}));
+    ASSIGN_OR_RETURN(lw.attn.q_a_norm, w.Load(a + "q_a_layernorm.weight", {m.q_lora_rank}));
+    ASSIGN_OR_RETURN(lw.attn.q_b, w.Load(a + "q_b_proj.weight", {heads * qk_head, m.q_lora_rank}));
+  } else {
+    ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                                   {{heads * qk_head, hidden}, kv_a_shape}));
+  }
+  ASSIGN_OR_RETURN(lw.attn.kv_a_norm, w.Load(a + "kv_a_layernorm.weight", {kv_lora}));
+  ASSIGN_OR_RETURN(Tensor kv_b, w.LoadHost(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}));
+  lw.attn.kv_b = backend_.LoadWeight(kv_b);
+  // Per head h, rows [h*(nope+v), +nope) of kv_b are W_UK[h] [nope, kv_lora], the next v rows
+  // W_UV[h] [v, kv_lora].
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* uk = kv_b.ptr<float>() + h * (nope + vdim) * kv_lora;
+    Tensor uk_t = Tensor::Empty(DType::kF32, {kv_lora, nope});
+    for (int64_t i = 0; i < nope; ++i)
+      for (int64_t j = 0; j < kv_lora; ++j) uk_t.ptr<float>()[j * nope + i] = uk[i * kv_lora + j];
+    lw.attn.uk_t.push_back(backend_.LoadWeight(uk_t));
+    lw.attn.uv.push_back(backend_.LoadWeight(
+        TensorView(const_cast<float*>(uk + nope * kv_lora), DType::kF32, {vdim, kv_lora})));
+  }
+  ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, heads * vdim}));
+
+  const std::string f = p + "mlp.";
+  lw.is_moe = is_moe;
+  if (!lw.is_moe) return LoadFfn(w, f, c.intermediate_size, &lw.dense);
+  const int e = c.num_experts, inter = c.moe_intermediate_size;
+  ASSIGN_OR_RETURN(lw.router, w.Load(f + "gate.weight", {e, hidden}));
+  if (w.Has(f + "gate.e_score_correction_bias")) {
+    ASSIGN_OR_RETURN(Tensor bias, w.LoadHost(f + "gate.e_score_correction_bias", {e}));
+    lw.router_bias = backend_.Empty(DType::kF32, {e});
+    backend_.CopyFromHost(bias.view().data, lw.router_bias);
+  }
+  ASSIGN_OR_RETURN(lw.experts_gate_up, w.LoadExpertsGateUp(f + "experts.", e, inter, c.hidden_size));
+  ASSIGN_OR_RETURN(lw.experts_down, w.LoadExpertsDown(f + "experts.", e, inter, c.hidden_size));
+  if (c.num_shared_experts > 0)
+    RETURN_IF_ERROR(LoadFfn(w, f + "shared_experts.", static_cast<int64_t>(inter) * c.num_shared_experts, &lw.shared));
+  return Status::Ok();
+}
+
 Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
   const ModelConfig& c = config_;
   const MlaConfig& m = c.mla;
@@ -113,55 +179,21 @@ Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
   }
 
   layers_.resize(c.num_layers);
-  for (int l = 0; l < c.num_layers; ++l) {
-    LayerWeights& lw = layers_[l];
-    const std::string p = root + "layers." + std::to_string(l) + ".", a = p + "self_attn.";
-    ASSIGN_OR_RETURN(lw.input_norm, w.Load(p + "input_layernorm.weight", {hidden}));
-    ASSIGN_OR_RETURN(lw.post_attention_norm, w.Load(p + "post_attention_layernorm.weight", {hidden}));
-    // One projection for the query path and the latent path (q_a and kv_a share their input).
-    const Shape kv_a_shape{kv_lora + rope, hidden};
-    if (m.q_lora_rank > 0) {
-      ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
-                                                     {{m.q_lora_rank, hidden}, kv_a_shape}));
-      ASSIGN_OR_RETURN(lw.attn.q_a_norm, w.Load(a + "q_a_layernorm.weight", {m.q_lora_rank}));
-      ASSIGN_OR_RETURN(lw.attn.q_b, w.Load(a + "q_b_proj.weight", {heads * qk_head, m.q_lora_rank}));
-    } else {
-      ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
-                                                     {{heads * qk_head, hidden}, kv_a_shape}));
-    }
-    ASSIGN_OR_RETURN(lw.attn.kv_a_norm, w.Load(a + "kv_a_layernorm.weight", {kv_lora}));
-    ASSIGN_OR_RETURN(Tensor kv_b, w.LoadHost(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}));
-    lw.attn.kv_b = backend_.LoadWeight(kv_b);
-    // Per head h, rows [h*(nope+v), +nope) of kv_b are W_UK[h] [nope, kv_lora], the next v rows
-    // W_UV[h] [v, kv_lora].
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* uk = kv_b.ptr<float>() + h * (nope + vdim) * kv_lora;
-      Tensor uk_t = Tensor::Empty(DType::kF32, {kv_lora, nope});
-      for (int64_t i = 0; i < nope; ++i)
-        for (int64_t j = 0; j < kv_lora; ++j) uk_t.ptr<float>()[j * nope + i] = uk[i * kv_lora + j];
-      lw.attn.uk_t.push_back(backend_.LoadWeight(uk_t));
-      lw.attn.uv.push_back(backend_.LoadWeight(
-          TensorView(const_cast<float*>(uk + nope * kv_lora), DType::kF32, {vdim, kv_lora})));
-    }
-    ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, heads * vdim}));
-
-    const std::string f = p + "mlp.";
-    lw.is_moe = c.is_moe_layer(l);
-    if (!lw.is_moe) {
-      RETURN_IF_ERROR(LoadFfn(w, f, c.intermediate_size, &lw.dense));
-      continue;
-    }
-    const int e = c.num_experts, inter = c.moe_intermediate_size;
-    ASSIGN_OR_RETURN(lw.router, w.Load(f + "gate.weight", {e, hidden}));
-    if (w.Has(f + "gate.e_score_correction_bias")) {
-      ASSIGN_OR_RETURN(Tensor bias, w.LoadHost(f + "gate.e_score_correction_bias", {e}));
-      lw.router_bias = backend_.Empty(DType::kF32, {e});
-      backend_.CopyFromHost(bias.view().data, lw.router_bias);
-    }
-    ASSIGN_OR_RETURN(lw.experts_gate_up, w.LoadExpertsGateUp(f + "experts.", e, inter, c.hidden_size));
-    ASSIGN_OR_RETURN(lw.experts_down, w.LoadExpertsDown(f + "experts.", e, inter, c.hidden_size));
-    if (c.num_shared_experts > 0)
-      RETURN_IF_ERROR(LoadFfn(w, f + "shared_experts.", static_cast<int64_t>(inter) * c.num_shared_experts, &lw.shared));
+  for (int l = 0; l < c.num_layers; ++l)
+    RETURN_IF_ERROR(LoadLayer(w, root + "layers." + std::to_string(l) + ".", c.is_moe_layer(l), &layers_[l]));
+  // Multi-token-prediction modules (model.layers.<num_hidden_layers + i>.*), kept for
+  // speculative decoding. transformers' save_pretrained drops them; published checkpoints
+  // carry them.
+  for (int i = 0; i < c.num_nextn_predict_layers; ++i) {
+    const std::string p = root + "layers." + std::to_string(c.num_layers + i) + ".";
+    if (!w.Has(p + "eh_proj.weight")) break;
+    MtpWeights& mtp = mtp_.emplace_back();
+    ASSIGN_OR_RETURN(mtp.enorm, w.Load(p + "enorm.weight", {hidden}));
+    ASSIGN_OR_RETURN(mtp.hnorm, w.Load(p + "hnorm.weight", {hidden}));
+    ASSIGN_OR_RETURN(mtp.eh_proj, w.Load(p + "eh_proj.weight", {hidden, 2 * hidden}));
+    ASSIGN_OR_RETURN(mtp.head_norm, w.Load(p + "shared_head.norm.weight", {hidden}));
+    // The embedding and LM head are shared with the main model (the checkpoint may repeat them).
+    RETURN_IF_ERROR(LoadLayer(w, p, /*is_moe=*/true, &mtp.layer));
   }
 
   rope_.rotary_dim = static_cast<int>(rope);
@@ -185,9 +217,15 @@ Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
   }
   // Multi-token-prediction layers (model.layers.<num_hidden_layers>.*) stay on disk until the
   // speculative decoding that uses them exists.
-  const std::string mtp = root + "layers." + std::to_string(c.num_layers) + ".";
+  auto is_mtp_copy = [&](const std::string& name) {  // MTP's copies of the shared embedding/head
+    for (int i = 0; i < c.num_nextn_predict_layers; ++i) {
+      const std::string p = root + "layers." + std::to_string(c.num_layers + i) + ".";
+      if (name == p + "embed_tokens.weight" || name == p + "shared_head.head.weight") return true;
+    }
+    return false;
+  };
   return w.CheckAllUsed([&](const std::string& name) {
-    return name.rfind(mtp, 0) == 0 || name.find("rotary_emb.inv_freq") != std::string::npos ||
+    return is_mtp_copy(name) || name.find("rotary_emb.inv_freq") != std::string::npos ||
            (c.tie_word_embeddings && name == "lm_head.weight");
   });
 }
@@ -390,6 +428,11 @@ Result<std::unique_ptr<Model>> LoadDeepseekV3(const ModelConfig& config, const C
   auto model = std::make_unique<DeepseekV3Model>(config, backend);
   RETURN_IF_ERROR(model->Load(checkpoint));
   return std::unique_ptr<Model>(std::move(model));
+}
+
+int NumMtpModules(const Model& model) {
+  auto* ds = dynamic_cast<const DeepseekV3Model*>(&model);
+  return ds ? ds->num_mtp_modules() : 0;
 }
 
 void SetMlaMode(Model& model, MlaMode mode) {

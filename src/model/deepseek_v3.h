@@ -17,6 +17,8 @@ enum class MlaMode { kAuto, kDecompressed, kAbsorbed };
 
 Result<std::unique_ptr<Model>> LoadDeepseekV3(const ModelConfig& config, const Checkpoint& checkpoint,
                                               Backend& backend);
+// Multi-token-prediction modules loaded with the model (0 for other models).
+int NumMtpModules(const Model& model);
 // Forces the attention form of a model loaded by LoadDeepseekV3.
 void SetMlaMode(Model& model, MlaMode mode);
 

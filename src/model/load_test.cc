@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "model/config.h"
+#include "model/deepseek_v3.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -255,6 +256,75 @@ TEST_F(BrokenCheckpoint, FusedExpertLayoutLoadsTheSame) {
   auto fused = LoadModel(dir_.string(), *backend).value();
   auto per_expert = LoadModel(kMoe, *backend).value();
   EXPECT_EQ(Forward(*fused, *backend), Forward(*per_expert, *backend));
+}
+
+}  // namespace
+}  // namespace corolla
+
+namespace corolla {
+namespace {
+
+// DeepSeek's multi-token-prediction module (model.layers.<num_hidden_layers>.*), which
+// transformers does not save: a copy of the fixture with one added must load it, and name a
+// mis-shaped MTP tensor.
+class DeepseekMtp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("corolla_mtp_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const fs::path src = "tests/data/models/deepseek-v3";
+    for (const char* f : {"config.json", "generation_config.json"}) fs::copy_file(src / f, dir_ / f);
+    auto file = SafetensorsFile::Open((src / "model.safetensors").string()).value();
+    for (const auto& e : file->entries()) {
+      tensors_.emplace_back(e.name, Tensor::Empty(e.dtype, e.shape));
+      std::memcpy(tensors_.back().second.view().data, file->View(e).data, e.nbytes);
+      // The MTP layer (index 3) is built like the last decoder layer (a MoE layer).
+      const std::string last = "model.layers.2.";
+      if (e.name.rfind(last, 0) == 0) {
+        Tensor copy = Tensor::Empty(e.dtype, e.shape);
+        std::memcpy(copy.view().data, file->View(e).data, e.nbytes);
+        tensors_.emplace_back("model.layers.3." + e.name.substr(last.size()), copy);
+      }
+    }
+    const int64_t h = 128;
+    for (const char* n : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
+      tensors_.emplace_back(std::string("model.layers.3.") + n, Tensor::Zeros(DType::kBF16, {h}));
+    tensors_.emplace_back("model.layers.3.eh_proj.weight", Tensor::Zeros(DType::kBF16, {h, 2 * h}));
+    tensors_.emplace_back("model.layers.3.embed_tokens.weight", Tensor::Zeros(DType::kBF16, {1024, h}));
+    tensors_.emplace_back("model.layers.3.shared_head.head.weight", Tensor::Zeros(DType::kBF16, {1024, h}));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  Result<std::unique_ptr<Model>> Load() {
+    std::vector<std::pair<std::string, TensorView>> views;
+    for (auto& [n, t] : tensors_) views.emplace_back(n, t.view());
+    Status s = WriteSafetensors((dir_ / "model.safetensors").string(), views);
+    if (!s.ok()) return s;
+    return LoadModel(dir_.string(), *backend_);
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Backend> backend_ = MakeCpuBackend();
+  std::vector<std::pair<std::string, Tensor>> tensors_;
+};
+
+TEST_F(DeepseekMtp, LoadsTheModule) {
+  auto model = Load();
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_EQ(NumMtpModules(**model), 1);
+  auto plain = LoadModel("tests/data/models/deepseek-v3", *backend_).value();
+  EXPECT_EQ(NumMtpModules(*plain), 0);
+}
+
+TEST_F(DeepseekMtp, NamesAMisshapenTensor) {
+  for (auto& [n, t] : tensors_)
+    if (n == "model.layers.3.eh_proj.weight") t = Tensor::Zeros(DType::kBF16, {128, 128});
+  auto model = Load();
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("tensor model.layers.3.eh_proj.weight: expected [128, 256]"),
+            std::string::npos)
+      << model.status().ToString();
 }
 
 }  // namespace
