@@ -25,7 +25,10 @@ cmake --build "$build_dir" -j "$jobs" --target cuda_kernels_test
 
 mkdir -p gpu-bundle
 for t in "${targets[@]}"; do
-  cp "$(find "$build_dir" -name "$t" -type f -perm -u+x | head -1)" "gpu-bundle/$t"
+  # The build's top level first (corolla lands there; an older layout left one in src/).
+  src="$build_dir/$t"
+  [ -x "$src" ] || src=$(find "$build_dir" -name "$t" -type f -perm -u+x | head -1)
+  cp "$src" "gpu-bundle/$t"
   strip "gpu-bundle/$t"
 done
 echo "== shared libraries the bundle needs (the GPU machine has CUDA/cuBLAS, openblas, pcre2, gomp):"

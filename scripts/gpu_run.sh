@@ -2,7 +2,9 @@
 # Runs on the GPU machine (the device tool's `run`, from the repository root, with gpu-bundle/
 # carried): prints the GPU, runs the CUDA kernel/model tests and benchmarks from
 # gpu-bundle/cuda_kernels_test with logs under $OUT, and ends with a short summary.
-# Build the bundle here first with scripts/build_gpu.sh. Env: COROLLA_GTEST_FILTER (default *).
+# Build the bundle here first with scripts/build_gpu.sh. Env: COROLLA_GTEST_FILTER (default *);
+# COROLLA_BENCH=1 also runs `corolla bench decode|prefill` on Qwen3-30B-A3B random weights
+# (COROLLA_BENCH_LAYERS: depth, default all 48; logs $OUT/bench_*.log); COROLLA_SKIP_TESTS=1 skips the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NCCL from python's wheel first (2.28.9, matching our headers), then CUDA 13 / cuBLAS 13.
@@ -21,15 +23,31 @@ if ldd "$bin" | grep -q "not found"; then
   echo "gpu_run.sh: missing shared libraries:"; ldd "$bin" | grep "not found"; exit 1
 fi
 start=$(date +%s)
-"$bin" --gtest_filter="${COROLLA_GTEST_FILTER:-*}" >"$OUT/cuda_kernels_test.log" 2>&1
-rc=$?
+rc=0
+if [ -z "${COROLLA_SKIP_TESTS:-}" ]; then
+  "$bin" --gtest_filter="${COROLLA_GTEST_FILTER:-*}" >"$OUT/cuda_kernels_test.log" 2>&1
+  rc=$?
+fi
 end=$(date +%s)
+touch "$OUT/cuda_kernels_test.log"
+
 
 echo "=== cuda_kernels_test exit $rc in $((end - start)) s; full log: $OUT/cuda_kernels_test.log"
 grep -E "^\[  FAILED  \]|Failure|error:|CUDA error|cuBLAS error|Check failed" "$OUT/cuda_kernels_test.log" | head -40
 echo "=== results table"
 sed -n '/^kernel  /,$p' "$OUT/cuda_kernels_test.log"
 echo "=== summary"
-grep -E "max error vs golden|vs one prefill|demo greedy|HBM copy|decode layer|^\[  PASSED  \]|^\[  FAILED  \]|tests ran" \
+grep -E "max error vs golden|vs one prefill|demo greedy|HBM copy|decode layer|moe experts|^\[  PASSED  \]|^\[  FAILED  \]|tests ran" \
   "$OUT/cuda_kernels_test.log"
+if [ -n "${COROLLA_BENCH:-}" ]; then
+  cfg=tests/data/configs/qwen3-30b-a3b.json
+  layers=${COROLLA_BENCH_LAYERS:-0}
+  echo "=== bench decode ($cfg, layers ${layers} (0: all))"
+  gpu-bundle/corolla bench decode --config $cfg --random-weights --device cuda --layers "$layers" \
+    --batch "${COROLLA_BENCH_BATCHES:-1,8,64,256}" --context "${COROLLA_BENCH_CONTEXTS:-1024}" --steps 15 \
+    2>&1 | tee "$OUT/bench_decode.log" || rc=1
+  echo "=== bench prefill"
+  gpu-bundle/corolla bench prefill --config $cfg --random-weights --device cuda --layers "$layers" \
+    --context "${COROLLA_BENCH_PREFILL:-1024,4096}" --steps 3 2>&1 | tee "$OUT/bench_prefill.log" || rc=1
+fi
 exit $rc

@@ -16,6 +16,8 @@ struct Benchmark {
 
 constexpr Benchmark kBenchmarks[] = {
     {"tokenize", BenchTokenizeMain, "single-threaded encoding MB/s of a tokenizer"},
+    {"decode", BenchDecodeMain, "one decode step of a model vs the HBM copy bandwidth"},
+    {"prefill", BenchPrefillMain, "one prefill of a model vs the bf16 matmul peak"},
 };
 
 void PrintUsage(FILE* out) {

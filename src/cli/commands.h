@@ -11,5 +11,7 @@ int DetokenizeMain(int argc, char** argv);  // tokenize_cmd.cc
 int ServeMain(int argc, char** argv);       // serve_cmd.cc
 int BenchMain(int argc, char** argv);       // bench_cmd.cc: dispatches `bench WHAT`
 int BenchTokenizeMain(int argc, char** argv);  // bench_tokenize_cmd.cc
+int BenchDecodeMain(int argc, char** argv);    // bench_model_cmd.cc
+int BenchPrefillMain(int argc, char** argv);   // bench_model_cmd.cc
 
 }  // namespace corolla::cli

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "engine/engine.h"
+#include "parallel/launcher.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -78,6 +79,7 @@ Status Run(const GenerateOptions& o) {
   auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(auto results, engine->Generate({request}));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!m.is_output_rank()) return Status::Ok();  // every rank computed the same tokens; rank 0 prints
   const auto& [ids, reason] = results[0];
   std::string text;
   if (tokenizer) {
@@ -128,6 +130,8 @@ int GenerateMain(int argc, char** argv) {
   if (help) return 0;
   int given = !o.prompt_ids.empty() + !o.prompt.empty() + !o.chat.empty();
   if (s.ok() && given != 1) s = InvalidArgument("give exactly one of --prompt-ids, --prompt, --chat");
+  if (s.ok())
+    if (std::optional<int> rc = SpawnLocalRanks(static_cast<int>(o.model.tp), argc, argv)) return *rc;
   if (s.ok()) s = Run(o);
   return ReportStatus("generate", s);
 }

@@ -5,6 +5,7 @@
 #include "cli/model_options.h"
 #include "engine/model_runner.h"
 #include "model/safetensors.h"
+#include "parallel/launcher.h"
 
 namespace corolla::cli {
 
@@ -23,10 +24,12 @@ int LogitsMain(int argc, char** argv) {
   if (s.ok() && ids_text.empty()) s = InvalidArgument("--ids is required");
   if (s.ok() && out_path.empty()) s = InvalidArgument("--out is required");
   if (!s.ok()) return ReportStatus("logits", s);
+  if (std::optional<int> rc = SpawnLocalRanks(static_cast<int>(model.tp), argc, argv)) return *rc;
   s = [&]() -> Status {
     ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIdList(ids_text));
     ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromOptions(model));
     ASSIGN_OR_RETURN(Tensor logits, ComputeLogits(*m.model, *m.backend, ids));
+    if (!m.is_output_rank()) return Status::Ok();  // logits are replicated; rank 0 writes them
     return WriteSafetensors(out_path, {{"logits", logits.view()}});
   }();
   return ReportStatus("logits", s);

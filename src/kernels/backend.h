@@ -121,6 +121,7 @@ class Backend {
                         const TensorView& topk_ids, const TensorView& topk_weights) = 0;
   // out[t] = sum_k w[t,k] * down_e(silu(gate_e x) * up_e x), e = topk_ids[t,k].
   // x [T, H], w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I], out [T, H].
+  // Ids outside [0, E) are skipped: under expert parallelism w holds this rank's experts only.
   virtual void MoeExperts(const TensorView& x, const TensorView& topk_ids,
                           const TensorView& topk_weights, const TensorView& w_gate_up,
                           const TensorView& w_down, const TensorView& out) = 0;

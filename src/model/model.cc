@@ -6,7 +6,7 @@
 
 namespace corolla {
 
-Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backend) {
+Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backend, const ModelShard& shard) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(dir));
   Result<std::unique_ptr<Model>> model = Unsupported("model_type " + config.model_type);
@@ -14,9 +14,13 @@ Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backen
     case ModelFamily::kQwen3:
     case ModelFamily::kQwen3Moe:
     case ModelFamily::kQwen3Hybrid:
-      model = LoadQwen3(config, *checkpoint, backend);
+      model = LoadQwen3(config, *checkpoint, backend, shard);
       break;
     case ModelFamily::kDeepseekV3:
+      if (shard.tp_size > 1 || shard.ep_size > 1) {
+        model = Unsupported(config.model_type + ": tensor/expert parallelism is not implemented for MLA yet");
+        break;
+      }
       model = LoadDeepseekV3(config, *checkpoint, backend);
       break;
   }

@@ -12,6 +12,18 @@
 
 namespace corolla {
 
+class Communicator;  // parallel/communicator.h
+
+// How a model is split over the ranks of a TP-EP group (parallel/): attention heads and dense
+// layers tensor-parallel over tp_size ranks, experts expert-parallel over ep_size ranks (TP-EP:
+// the same ranks, tokens replicated). The default is one rank holding everything.
+struct ModelShard {
+  int tp_size = 1, tp_rank = 0;
+  Communicator* tp = nullptr;  // sums row-parallel outputs; null when tp_size is 1
+  int ep_size = 1, ep_rank = 0;
+  Communicator* ep = nullptr;  // sums the MoE layers' partial outputs; null when ep_size is 1
+};
+
 // The per-sequence state of one linear-attention layer, indexed by state slot.
 struct LinearStateView {
   TensorView conv;       // [slots, C, K-1] f32: the last K-1 inputs of the causal conv
@@ -61,6 +73,8 @@ class Model {
 };
 
 // Loads the Hugging Face checkpoint in `dir` onto `backend` (which must outlive the model).
-Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backend);
+// With a shard, only this rank's part of each weight is read; the communicators must outlive
+// the model too.
+Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backend, const ModelShard& shard = {});
 
 }  // namespace corolla

@@ -5,6 +5,8 @@
 
 #include "model/gated_deltanet.h"
 #include "model/weights.h"
+#include "parallel/communicator.h"
+#include "parallel/expert_parallel.h"
 
 namespace corolla {
 namespace {
@@ -43,13 +45,14 @@ struct LayerWeights {
 
 class Qwen3Model final : public Model {
  public:
-  Qwen3Model(ModelConfig config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
+  Qwen3Model(ModelConfig config, Backend& backend, const ModelShard& shard)
+      : config_(std::move(config)), backend_(backend), shard_(shard) {}
 
   Status Load(const Checkpoint& checkpoint);
 
   const ModelConfig& config() const override { return config_; }
   KvCacheSpec kv_cache_spec() const override {
-    return {config_.num_layers - config_.num_linear_layers(), config_.num_kv_heads, config_.head_dim};
+    return {config_.num_layers - config_.num_linear_layers(), num_kv_heads_, config_.head_dim};
   }
   StateSpec state_spec() const override {
     const LinearAttentionConfig& la = config_.linear;
@@ -66,18 +69,64 @@ class Qwen3Model final : public Model {
   void MlpBlock(int layer, const TensorView& x, const TensorView& out);
   void Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out);
   Result<Tensor> LoadNorm(WeightLoader& w, const std::string& name, int64_t dim);
+  // Splits heads, MLP columns and experts over the shard's ranks (all of them for one rank).
+  Status PlanShard();
+  // Sums a row-parallel output over `comm`'s ranks (nothing without one).
+  void AllReduce(Communicator* comm, const TensorView& x) {
+    if (comm != nullptr) comm->AllReduceSum(x);
+  }
 
   ModelConfig config_;
   Backend& backend_;
+  ModelShard shard_;
+  // This rank's part: query heads [first_q_head_, + num_q_heads_), KV heads
+  // [first_kv_head_, + num_kv_heads_), MLP rows [.. inter / tp ..), experts [first_expert_, + num_local_experts_).
+  int num_q_heads_ = 0, first_q_head_ = 0;
+  int num_kv_heads_ = 0, first_kv_head_ = 0;
+  int num_local_experts_ = 0, first_expert_ = 0;
   Tensor embed_;    // [V, H]
   Tensor lm_head_;  // [V, H] (the embedding when tied)
   Tensor final_norm_;
   std::vector<LayerWeights> layers_;
 };
 
+Status Qwen3Model::PlanShard() {
+  const ModelConfig& c = config_;
+  const int tp = shard_.tp_size, hq = c.num_attention_heads, hk = c.num_kv_heads;
+  auto fail = [&](const std::string& why) {
+    return InvalidArgument(c.model_type + " does not split over --tp " + std::to_string(tp) + " / --ep " +
+                           std::to_string(shard_.ep_size) + ": " + why);
+  };
+  if (tp > 1 && c.num_linear_layers() > 0) return Unsupported(c.model_type + ": tensor parallelism of Gated DeltaNet layers is not implemented yet");
+  if (c.num_experts > 0 && shard_.ep_size != tp) return fail("the experts must be split over the TP ranks (TP-EP: --ep = --tp)");
+  if (hq % tp != 0) return fail(std::to_string(hq) + " query heads");
+  num_q_heads_ = hq / tp;
+  first_q_head_ = shard_.tp_rank * num_q_heads_;
+  if (hk >= tp) {
+    if (hk % tp != 0) return fail(std::to_string(hk) + " KV heads");
+    num_kv_heads_ = hk / tp;
+    first_kv_head_ = shard_.tp_rank * num_kv_heads_;
+  } else {  // each rank keeps the one KV head its query heads read (replicated over tp / hk ranks)
+    if (tp % hk != 0) return fail(std::to_string(hk) + " KV heads");
+    num_kv_heads_ = 1;
+    first_kv_head_ = first_q_head_ / (hq / hk);
+  }
+  for (int l = 0; l < c.num_layers; ++l)
+    if (!c.is_moe_layer(l) && c.intermediate_size % tp != 0)
+      return fail("intermediate size " + std::to_string(c.intermediate_size));
+  if (c.shared_expert_intermediate_size % tp != 0) return fail("shared expert size " + std::to_string(c.shared_expert_intermediate_size));
+  const int ep = shard_.ep_size;
+  if (c.num_experts % ep != 0) return fail(std::to_string(c.num_experts) + " experts");
+  num_local_experts_ = c.num_experts / ep;
+  first_expert_ = shard_.ep_rank * num_local_experts_;
+  return Status::Ok();
+}
+
 Status Qwen3Model::Load(const Checkpoint& checkpoint) {
   const ModelConfig& c = config_;
+  RETURN_IF_ERROR(PlanShard());
   WeightLoader w(checkpoint, backend_);
+  const int tp = shard_.tp_size, tp_rank = shard_.tp_rank;
   const std::string& root = c.weight_prefix;  // "model." (or "model.language_model.")
   const int64_t hidden = c.hidden_size, d = c.head_dim;
   ASSIGN_OR_RETURN(embed_, w.Load(root + "embed_tokens.weight", {c.vocab_size, hidden}));
@@ -104,9 +153,16 @@ Status Qwen3Model::Load(const Checkpoint& checkpoint) {
       RETURN_IF_ERROR(LoadGatedDeltaNet(w, backend_, c, p + "linear_attn.", &lw.linear));
     } else {
       std::string a = p + "self_attn.";
+      // Column-parallel q|k|v (this rank's heads; a head's rows are contiguous, [q | gate] with
+      // the output gate), row-parallel o_proj (the matching input columns).
+      const int64_t q_head_rows = q_rows / c.num_attention_heads;
+      const Shard q_part = Shard::Rows(first_q_head_ * q_head_rows, (first_q_head_ + num_q_heads_) * q_head_rows);
+      const Shard kv_part = Shard::Rows(first_kv_head_ * d, (first_kv_head_ + num_kv_heads_) * d);
       ASSIGN_OR_RETURN(lw.attn.qkv, w.LoadConcat({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                                 {{q_rows, hidden}, {c.kv_size(), hidden}, {c.kv_size(), hidden}}));
-      ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, c.q_size()}));
+                                                 {{q_rows, hidden}, {c.kv_size(), hidden}, {c.kv_size(), hidden}},
+                                                 {q_part, kv_part, kv_part}));
+      ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, c.q_size()},
+                                         Shard::Cols(first_q_head_ * d, (first_q_head_ + num_q_heads_) * d)));
       ASSIGN_OR_RETURN(lw.attn.q_norm, LoadNorm(w, a + "q_norm.weight", d));
       ASSIGN_OR_RETURN(lw.attn.k_norm, LoadNorm(w, a + "k_norm.weight", d));
     }
@@ -115,21 +171,25 @@ Status Qwen3Model::Load(const Checkpoint& checkpoint) {
     if (lw.is_moe) {
       const int e = c.num_experts, inter = c.moe_intermediate_size;
       ASSIGN_OR_RETURN(lw.moe.router, w.Load(m + "gate.weight", {e, hidden}));
-      ASSIGN_OR_RETURN(lw.moe.gate_up, w.LoadExpertsGateUp(m + "experts.", e, inter, c.hidden_size));
-      ASSIGN_OR_RETURN(lw.moe.down, w.LoadExpertsDown(m + "experts.", e, inter, c.hidden_size));
-      if (c.shared_expert_intermediate_size > 0) {
+      ASSIGN_OR_RETURN(lw.moe.gate_up, w.LoadExpertsGateUp(m + "experts.", e, inter, c.hidden_size, first_expert_,
+                                                           num_local_experts_));
+      ASSIGN_OR_RETURN(lw.moe.down, w.LoadExpertsDown(m + "experts.", e, inter, c.hidden_size, first_expert_,
+                                                      num_local_experts_));
+      if (c.shared_expert_intermediate_size > 0) {  // tensor-parallel like a dense MLP
         const int64_t si = c.shared_expert_intermediate_size;
+        const Shard rows = Shard::Part(0, si, tp_rank, tp), cols = Shard::Part(1, si, tp_rank, tp);
         std::string se = m + "shared_expert.";
         ASSIGN_OR_RETURN(lw.moe.shared.gate_up, w.LoadConcat({se + "gate_proj.weight", se + "up_proj.weight"},
-                                                             {{si, hidden}, {si, hidden}}));
-        ASSIGN_OR_RETURN(lw.moe.shared.down, w.Load(se + "down_proj.weight", {hidden, si}));
+                                                             {{si, hidden}, {si, hidden}}, {rows, rows}));
+        ASSIGN_OR_RETURN(lw.moe.shared.down, w.Load(se + "down_proj.weight", {hidden, si}, cols));
         ASSIGN_OR_RETURN(lw.moe.shared_gate, w.Load(m + "shared_expert_gate.weight", {1, hidden}));
       }
     } else {
       const int64_t inter = c.intermediate_size;
+      const Shard rows = Shard::Part(0, inter, tp_rank, tp), cols = Shard::Part(1, inter, tp_rank, tp);
       ASSIGN_OR_RETURN(lw.mlp.gate_up, w.LoadConcat({m + "gate_proj.weight", m + "up_proj.weight"},
-                                                    {{inter, hidden}, {inter, hidden}}));
-      ASSIGN_OR_RETURN(lw.mlp.down, w.Load(m + "down_proj.weight", {hidden, inter}));
+                                                    {{inter, hidden}, {inter, hidden}}, {rows, rows}));
+      ASSIGN_OR_RETURN(lw.mlp.down, w.Load(m + "down_proj.weight", {hidden, inter}, cols));
     }
   }
   return w.CheckAllUsed([&](const std::string& name) {
@@ -152,7 +212,7 @@ void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBat
                                 const KvCacheView& cache, const TensorView& out) {
   const ModelConfig& c = config_;
   const AttentionWeights& w = layers_[layer].attn;
-  const int64_t tokens = x.dim(0), d = c.head_dim, hq = c.num_attention_heads, hk = c.num_kv_heads;
+  const int64_t tokens = x.dim(0), d = c.head_dim, hq = num_q_heads_, hk = num_kv_heads_;  // this rank's heads
   const DType act = backend_.activation_dtype();
 
   // With the output gate, q_proj yields [q (D) | gate (D)] per head.
@@ -182,7 +242,8 @@ void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBat
     backend_.Copy(heads(d, hq, q_stride), gate);
     backend_.SigmoidMul(attn2d, gate.view().Reshape({tokens, hq * d}));
   }
-  backend_.Linear(attn2d, w.o, out);
+  backend_.Linear(attn2d, w.o, out);  // [T, H], this rank's partial sum
+  AllReduce(shard_.tp, out);
 }
 
 void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out) {
@@ -191,7 +252,8 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   const int64_t tokens = x.dim(0);
   const DType act = backend_.activation_dtype();
   if (!lw.is_moe) {
-    Mlp(lw.mlp, x, out);
+    Mlp(lw.mlp, x, out);  // [T, H], this rank's partial sum
+    AllReduce(shard_.tp, out);
     return;
   }
   const int64_t experts = c.num_experts, k = c.num_experts_per_token;
@@ -200,6 +262,8 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   Tensor topk_weights = backend_.Empty(DType::kF32, {tokens, k});
   backend_.Linear(x, lw.moe.router, router_logits);
   backend_.MoeRoute(router_logits, {static_cast<int>(k), c.norm_topk_prob}, topk_ids, topk_weights);
+  // TP-EP: every rank routes all tokens and runs the pairs of its own experts.
+  if (shard_.ep_size > 1) ToLocalExpertIds(backend_, topk_ids, first_expert_);
   backend_.MoeExperts(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out);
   if (lw.moe.shared_gate.defined()) {
     Tensor shared = backend_.Empty(act, {tokens, c.hidden_size});
@@ -209,6 +273,7 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
     backend_.SigmoidMul(shared, gate);
     backend_.Add(out, shared);
   }
+  AllReduce(shard_.ep, out);  // local experts (+ this rank's shared-expert slice) of every rank
 }
 
 void Qwen3Model::Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out) {
@@ -256,8 +321,8 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
 }  // namespace
 
 Result<std::unique_ptr<Model>> LoadQwen3(const ModelConfig& config, const Checkpoint& checkpoint,
-                                         Backend& backend) {
-  auto model = std::make_unique<Qwen3Model>(config, backend);
+                                         Backend& backend, const ModelShard& shard) {
+  auto model = std::make_unique<Qwen3Model>(config, backend, shard);
   RETURN_IF_ERROR(model->Load(checkpoint));
   return std::unique_ptr<Model>(std::move(model));
 }

@@ -366,7 +366,24 @@ Result<TensorView> Checkpoint::Get(std::string_view name) const {
   if (it == tensors_.end()) {
     return NotFound("tensor " + std::string(name) + " not found in checkpoint " + dir_);
   }
+  if (it->second.file == nullptr) return it->second.view;
   return it->second.file->View(*it->second.entry);
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::FromViews(
+    const std::string& dir, const std::vector<std::pair<std::string, TensorView>>& views) {
+  std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
+  ckpt->dir_ = dir;
+  for (const auto& [name, view] : views) {
+    auto entry = std::make_unique<SafetensorsEntry>();
+    entry->name = name;
+    entry->dtype = view.dtype;
+    entry->shape = view.shape;
+    entry->nbytes = view.nbytes();
+    ckpt->tensors_[name] = Location{nullptr, entry.get(), view};
+    ckpt->memory_entries_.push_back(std::move(entry));
+  }
+  return ckpt;
 }
 
 std::vector<std::string> Checkpoint::Names() const {

@@ -76,6 +76,10 @@ class Checkpoint {
   Checkpoint& operator=(const Checkpoint&) = delete;
 
   static Result<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  // A checkpoint over host views already in memory (random weights for benchmarks: see
+  // model/random_weights.h). The views' memory must outlive the checkpoint; `dir` names it in errors.
+  static std::unique_ptr<Checkpoint> FromViews(const std::string& dir,
+                                               const std::vector<std::pair<std::string, TensorView>>& views);
 
   bool Has(std::string_view name) const { return Find(name) != nullptr; }
   Result<TensorView> Get(std::string_view name) const;  // NotFound naming the tensor
@@ -85,14 +89,16 @@ class Checkpoint {
 
  private:
   struct Location {
-    const SafetensorsFile* file;
+    const SafetensorsFile* file;  // null for a view held in memory (FromViews)
     const SafetensorsEntry* entry;
+    TensorView view{};            // FromViews only
   };
   Checkpoint() = default;
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Location, std::less<>> tensors_;
+  std::vector<std::unique_ptr<SafetensorsEntry>> memory_entries_;  // FromViews' entries
 };
 
 // Writes host, contiguous tensors to `path` (through a temporary file renamed into place).

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <cstring>
+
 #include "base/numeric.h"
 
 namespace corolla {
@@ -51,8 +53,32 @@ Result<TensorView> WeightLoader::DequantizeFp8(const std::string& name, const Te
   return out.view();
 }
 
-Result<Tensor> WeightLoader::Load(const std::string& name, const Shape& expected) {
+Result<TensorView> WeightLoader::FindShard(const std::string& name, const Shape& expected, const Shard& shard) {
   ASSIGN_OR_RETURN(TensorView view, Find(name, expected));
+  if (shard.dim < 0) return view;
+  if (view.rank() < shard.dim + 1 || shard.begin < 0 || shard.begin > shard.end || shard.end > view.dim(shard.dim))
+    return InvalidArgument("tensor " + name + ": shard [" + std::to_string(shard.begin) + ", " +
+                           std::to_string(shard.end) + ") of dim " + std::to_string(shard.dim) +
+                           " does not fit " + view.ToString());
+  if (shard.dim == 0) return view.Slice(shard.begin, shard.end);
+  // Columns of a row-major [rows, cols] matrix: gathered row by row.
+  if (view.rank() != 2) return InvalidArgument("tensor " + name + ": column shards need a 2-D tensor, got " + view.ToString());
+  const int64_t rows = view.dim(0), width = shard.end - shard.begin, esize = DTypeSize(view.dtype);
+  Tensor part = Tensor::Empty(view.dtype, {rows, width});
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(part.view().data) + r * width * esize,
+                static_cast<const char*>(view.data) + (r * view.strides[0] + shard.begin) * esize, width * esize);
+  scratch_.push_back(part);
+  return part.view();
+}
+
+void WeightLoader::MarkUsed(const std::string& name) {
+  if (checkpoint_.Has(name)) used_.insert(name);
+  if (checkpoint_.Has(name + "_scale_inv")) used_.insert(name + "_scale_inv");
+}
+
+Result<Tensor> WeightLoader::Load(const std::string& name, const Shape& expected, const Shard& shard) {
+  ASSIGN_OR_RETURN(TensorView view, FindShard(name, expected, shard));
   Tensor t = backend_.LoadWeight(view);
   scratch_.clear();
   return t;
@@ -66,10 +92,11 @@ Result<Tensor> WeightLoader::LoadHost(const std::string& name, const Shape& expe
 }
 
 Result<Tensor> WeightLoader::LoadConcat(const std::vector<std::string>& names,
-                                        const std::vector<Shape>& expected) {
+                                        const std::vector<Shape>& expected, const std::vector<Shard>& shards) {
+  COROLLA_CHECK(shards.empty() || shards.size() == names.size());
   std::vector<TensorView> views;
   for (size_t i = 0; i < names.size(); ++i) {
-    ASSIGN_OR_RETURN(TensorView view, Find(names[i], expected[i]));
+    ASSIGN_OR_RETURN(TensorView view, FindShard(names[i], expected[i], shards.empty() ? Shard{} : shards[i]));
     views.push_back(view);
   }
   Tensor t = backend_.LoadWeightConcat(views);
@@ -78,38 +105,51 @@ Result<Tensor> WeightLoader::LoadConcat(const std::vector<std::string>& names,
 }
 
 Result<Tensor> WeightLoader::LoadExpertsGateUp(const std::string& prefix, int num_experts,
-                                               int inter, int hidden) {
+                                               int inter, int hidden, int first_expert, int num_local) {
+  if (num_local < 0) num_local = num_experts - first_expert;
+  COROLLA_CHECK(first_expert >= 0 && first_expert + num_local <= num_experts);
   if (checkpoint_.Has(prefix + "gate_up_proj")) {
     ASSIGN_OR_RETURN(TensorView view, Find(prefix + "gate_up_proj", {num_experts, 2 * inter, hidden}));
-    return backend_.LoadWeight(view);
+    return backend_.LoadWeight(view.Slice(first_expert, first_expert + num_local));
   }
   // Per-expert: gate then up rows of each expert, experts in order -> [E * 2I, H] -> [E, 2I, H].
   std::vector<TensorView> views;
   for (int e = 0; e < num_experts; ++e) {
     std::string p = prefix + std::to_string(e) + ".";
+    if (e < first_expert || e >= first_expert + num_local) {
+      MarkUsed(p + "gate_proj.weight");
+      MarkUsed(p + "up_proj.weight");
+      continue;
+    }
     ASSIGN_OR_RETURN(TensorView gate, Find(p + "gate_proj.weight", {inter, hidden}));
     ASSIGN_OR_RETURN(TensorView up, Find(p + "up_proj.weight", {inter, hidden}));
     views.push_back(gate);
     views.push_back(up);
   }
-  Tensor t = backend_.LoadWeightConcat(views).Reshaped({num_experts, 2 * inter, hidden});
+  Tensor t = backend_.LoadWeightConcat(views).Reshaped({num_local, 2 * inter, hidden});
   scratch_.clear();
   return t;
 }
 
 Result<Tensor> WeightLoader::LoadExpertsDown(const std::string& prefix, int num_experts, int inter,
-                                             int hidden) {
+                                             int hidden, int first_expert, int num_local) {
+  if (num_local < 0) num_local = num_experts - first_expert;
+  COROLLA_CHECK(first_expert >= 0 && first_expert + num_local <= num_experts);
   if (checkpoint_.Has(prefix + "down_proj")) {
     ASSIGN_OR_RETURN(TensorView view, Find(prefix + "down_proj", {num_experts, hidden, inter}));
-    return backend_.LoadWeight(view);
+    return backend_.LoadWeight(view.Slice(first_expert, first_expert + num_local));
   }
   std::vector<TensorView> views;
   for (int e = 0; e < num_experts; ++e) {
+    if (e < first_expert || e >= first_expert + num_local) {
+      MarkUsed(prefix + std::to_string(e) + ".down_proj.weight");
+      continue;
+    }
     ASSIGN_OR_RETURN(TensorView down,
                      Find(prefix + std::to_string(e) + ".down_proj.weight", {hidden, inter}));
     views.push_back(down);
   }
-  Tensor t = backend_.LoadWeightConcat(views).Reshaped({num_experts, hidden, inter});
+  Tensor t = backend_.LoadWeightConcat(views).Reshaped({num_local, hidden, inter});
   scratch_.clear();
   return t;
 }

@@ -4,7 +4,8 @@
 // K/V stream through shared memory 32 keys at a time with an online softmax (fp32, log2
 // domain) and fp32 accumulators; the same kernel serves decode (q_len 1), prefill, and chunked
 // prefill over a cached prefix. SIMT fp32 math: the tensor-core (mma/wgmma) version is the
-// next step, and long-context decode wants a split-KV variant.
+// next step. Decode batches that would under-fill the GPU split each sequence's keys across
+// CTAs (split-KV) and merge the partial softmax states in a second kernel.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -29,6 +30,12 @@ struct AttentionParams {
   const int32_t* seq_lens;
   int kv_heads, group, block_size;
   float scale_log2;  // softmax scale * log2(e)
+  // Split-KV (decode): blockIdx.x = row tile + row_tiles * split; split s reads keys
+  // [s * kv_chunk, (s + 1) * kv_chunk) and writes unnormalised partials, merged by
+  // AttentionMergeKernel. num_splits 1: no split, the CTA writes out itself.
+  int row_tiles, num_splits, kv_chunk, q_heads;
+  float* part_o;   // [T * Hq, num_splits, D]
+  float* part_ml;  // [T * Hq, num_splits, 2]: running max (log2 domain) and sum
 };
 
 template <int kD>
@@ -43,7 +50,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
   const int q0 = p.query_start[b];
   const int q_len = p.query_start[b + 1] - q0;
   const int rows_total = q_len * p.group;
-  const int row0 = blockIdx.x * kBlockM;
+  const int split = blockIdx.x / p.row_tiles;
+  const int row0 = (blockIdx.x % p.row_tiles) * kBlockM;
   if (row0 >= rows_total) return;
   const int prefix = p.seq_lens[b] - q_len;
   const int32_t* table = p.block_tables + b * p.table_stride;
@@ -70,7 +78,9 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
     pos[r] = row < rows_total ? prefix + row / p.group : -1;
   }
   const int last_row = min(row0 + kBlockM, rows_total) - 1;
-  const int kv_end = prefix + last_row / p.group + 1;  // keys [0, kv_end) are visible to the tile
+  const int visible_end = prefix + last_row / p.group + 1;  // keys [0, visible_end) are visible to the tile
+  const int kv_begin = split * p.kv_chunk;
+  const int kv_end = p.num_splits > 1 ? min(visible_end, kv_begin + p.kv_chunk) : visible_end;
 
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kPerLane];
 #pragma unroll
@@ -81,7 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
     for (int c = 0; c < kPerLane; ++c) o[r][c] = 0.f;
   }
 
-  for (int n0 = 0; n0 < kv_end; n0 += kBlockN) {
+  for (int n0 = kv_begin; n0 < kv_end; n0 += kBlockN) {
     __syncthreads();  // previous tile fully consumed (and sQ written, on the first pass)
     for (int idx = threadIdx.x; idx < kBlockN * kD / 8; idx += blockDim.x) {
       const int j = idx / (kD / 8), c = idx % (kD / 8);
@@ -151,6 +161,16 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
     if (pos[r] < 0) continue;
     const int row = row0 + warp * kRowsPerWarp + r;
     const int tok = row / p.group, head = kvh * p.group + row % p.group;
+    if (p.num_splits > 1) {  // unnormalised partials (m -inf, l 0 when the split saw no key)
+      const int64_t part = (static_cast<int64_t>(q0 + tok) * p.q_heads + head) * p.num_splits + split;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) p.part_o[part * kD + lane + 32 * c] = o[r][c];
+      if (lane == 0) {
+        p.part_ml[2 * part] = m[r];
+        p.part_ml[2 * part + 1] = l[r];
+      }
+      continue;
+    }
     bf16_t* dst = p.out + (q0 + tok) * p.out_token_stride + head * p.out_head_stride;
     const float inv = 1.f / l[r];
 #pragma unroll
@@ -158,10 +178,47 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
   }
 }
 
+// out[row] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the splits; one warp per
+// (token, head) row, lane owning dims lane + 32 c.
+struct MergeParams {
+  const float* part_o;
+  const float* part_ml;
+  bf16_t* out;
+  int64_t out_token_stride, out_head_stride;
+  int64_t rows;
+  int q_heads, num_splits;
+};
+
+template <int kD>
+__global__ void AttentionMergeKernel(const __grid_constant__ MergeParams p) {
+  constexpr int kPerLane = kD / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.rows) return;
+  const float* ml = p.part_ml + row * p.num_splits * 2;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, ml[2 * s]);
+  float acc[kPerLane] = {}, l = 0.f;
+  for (int s = 0; s < p.num_splits; ++s) {
+    if (ml[2 * s] == -INFINITY) continue;
+    const float w = exp2f(ml[2 * s] - mx);
+    l += w * ml[2 * s + 1];
+    const float* o = p.part_o + (row * p.num_splits + s) * kD;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) acc[c] = fmaf(w, o[lane + 32 * c], acc[c]);
+  }
+  const int64_t tok = row / p.q_heads, head = row % p.q_heads;
+  bf16_t* dst = p.out + tok * p.out_token_stride + head * p.out_head_stride;
+  const float inv = 1.f / l;
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) dst[lane + 32 * c] = __float2bfloat16(acc[c] * inv);
+}
+
 }  // namespace
 
-void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
-               float scale, const TensorView& out, cudaStream_t s) {
+void Attention(
+const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+               float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
   const TensorView& kc = cache.k;
   COROLLA_CHECK(cache.k.data != cache.v.data && out.dim(2) == q.dim(2))
       << "attention: MLA (shared latent cache, Dv < Dk) is not implemented on CUDA yet";
@@ -185,9 +242,41 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
                     scale * 1.4426950408889634f};
   // max_q_len is a host hint; without it, every token could belong to one sequence.
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
-  dim3 grid(CeilDiv(static_cast<int64_t>(max_q_len) * group, kBlockM), kc.dim(1), num_seqs);
-  bool ok = DispatchHeadDim(static_cast<int>(q.dim(2)), [&](auto d) {
-    AttentionKernel<decltype(d)::value><<<grid, kWarps * 32, 0, s>>>(p);
+  const int row_tiles = CeilDiv(static_cast<int64_t>(max_q_len) * group, kBlockM);
+  p.row_tiles = row_tiles;
+  p.num_splits = 1;
+  p.kv_chunk = 0;
+  p.q_heads = static_cast<int>(q.dim(1));
+  // Split-KV for decode-like batches that would leave the GPU under-filled: enough splits for
+  // Tuning().attention_split_min_ctas CTAs, each split at least kMinSplitKeys keys.
+  constexpr int kMinSplitKeys = 32;
+  const int64_t ctas = static_cast<int64_t>(row_tiles) * kc.dim(1) * num_seqs;
+  const int min_ctas = Tuning().attention_split_min_ctas;
+  if (max_q_len <= 16 && batch.max_seq_len > kMinSplitKeys && min_ctas > 0 && ctas < min_ctas) {
+    int splits = static_cast<int>(std::min<int64_t>(CeilDiv(min_ctas, ctas), CeilDiv(batch.max_seq_len, kMinSplitKeys)));
+    const int chunk = CeilDiv(CeilDiv(batch.max_seq_len, splits), kBlockN) * kBlockN;
+    splits = CeilDiv(batch.max_seq_len, chunk);
+    if (splits > 1) {
+      p.num_splits = splits;
+      p.kv_chunk = chunk;
+    }
+  }
+  const int64_t merge_rows = q.dim(0) * q.dim(1);
+  const int64_t d = q.dim(2);
+  ScratchBuffer partials(alloc, p.num_splits > 1 ? merge_rows * p.num_splits * (d + 2) * sizeof(float) : 0);
+  if (p.num_splits > 1) {
+    p.part_o = partials.as<float>();
+    p.part_ml = p.part_o + merge_rows * p.num_splits * d;
+  }
+  dim3 grid(row_tiles * p.num_splits, kc.dim(1), num_seqs);
+  bool ok = DispatchHeadDim(static_cast<int>(d), [&](auto dd) {
+    AttentionKernel<decltype(dd)::value><<<grid, kWarps * 32, 0, s>>>(p);
+    COROLLA_CUDA_CHECK_LAUNCH();
+    if (p.num_splits > 1) {
+      MergeParams mp{p.part_o, p.part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
+                     p.q_heads, p.num_splits};
+      AttentionMergeKernel<decltype(dd)::value><<<CeilDiv(merge_rows, 4), 128, 0, s>>>(mp);
+    }
   });
   COROLLA_CHECK(ok) << "attention: head dim " << q.dim(2) << " is not in the supported table (32, 64, 128, 256)";
   COROLLA_CUDA_CHECK_LAUNCH();

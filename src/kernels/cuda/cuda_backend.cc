@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_backend.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -9,6 +10,16 @@
 
 namespace corolla {
 namespace cuda {
+
+KernelTuning& Tuning() {
+  static KernelTuning tuning = [] {
+    KernelTuning t;
+    if (const char* v = std::getenv("COROLLA_MOE_DECODE_MAX_PAIRS")) t.moe_decode_max_pairs = std::atoll(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_SPLIT_MIN_CTAS")) t.attention_split_min_ctas = std::atoi(v);
+    return t;
+  }();
+  return tuning;
+}
 
 Result<std::unique_ptr<Backend>> CudaBackend::Create(int device_idx) {
   int count = 0;
@@ -104,7 +115,17 @@ void CudaBackend::HeadRmsNorm(const TensorView& x, const TensorView& w, float ep
 }
 void CudaBackend::Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
                        const RopeParams& params) {
-  cuda::Rope(q, k, positions, params, *alloc_, stream_);
+  // Frequencies computed on the host exactly as the CPU twin does (YaRN included), uploaded once
+  // per distinct set: no pageable copy (a host synchronisation) inside a forward.
+  std::vector<float> freqs = RopeInvFreq(params);
+  auto it = rope_freqs_.find(freqs);
+  if (it == rope_freqs_.end()) {
+    Tensor t = Empty(DType::kF32, {static_cast<int64_t>(freqs.size())});
+    COROLLA_CUDA_CHECK(cudaMemcpy(t.view().data, freqs.data(), sizeof(float) * freqs.size(),
+                                  cudaMemcpyHostToDevice));
+    it = rope_freqs_.emplace(std::move(freqs), std::move(t)).first;
+  }
+  cuda::Rope(q, k, positions, params, it->second.ptr<float>(), stream_);
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   linear_->Run(x, w, out, stream_);
@@ -123,7 +144,7 @@ void CudaBackend::KvWrite(const TensorView& k, const TensorView& v, const KvCach
 }
 void CudaBackend::Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                             float scale, const TensorView& out) {
-  cuda::Attention(q, cache, batch, scale, out, stream_);
+  cuda::Attention(q, cache, batch, scale, out, *alloc_, stream_);
 }
 void CudaBackend::MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
                            const TensorView& topk_ids, const TensorView& topk_weights) {

@@ -5,7 +5,9 @@
 // cuBLASLt state. Used by one thread at a time, as every Backend.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/allocator.h"
@@ -62,6 +64,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   std::shared_ptr<CachingAllocator> alloc_;
   std::unique_ptr<LtLinear> linear_;
+  std::map<std::vector<float>, Tensor> rope_freqs_;  // RopeInvFreq(params) -> device copy
 };
 
 }  // namespace corolla::cuda

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/sampling.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/test_util.h"
 
 namespace corolla::cuda_test {
@@ -268,13 +269,21 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
 }
 
 TEST_F(CudaKernelTest, KvWriteAndAttention) {
-  for (int d : {32, 64, 128, 256})
-    for (int group : {1, 2, 8}) {
-      RunAttention(gpu(), {d, group, {1, 1, 1}, {0, 16, 300}});           // decode
-      RunAttention(gpu(), {d, group, {37, 100}, {0, 0}});                 // prefill
-      RunAttention(gpu(), {d, group, {5, 64, 1}, {40, 129, 77}});         // chunked prefill + decode
-    }
-  RunAttention(gpu(), {128, 8, {1}, {4095}});  // long decode
+  // Each case with split-KV off, at its default (splits while the grid is under-filled) and
+  // forced wide (as many 32-key splits as the longest sequence has).
+  const int default_min_ctas = cuda::Tuning().attention_split_min_ctas;
+  for (int min_ctas : {0, default_min_ctas, 1 << 20}) {
+    cuda::Tuning().attention_split_min_ctas = min_ctas;
+    for (int d : {32, 64, 128, 256})
+      for (int group : {1, 2, 8}) {
+        RunAttention(gpu(), {d, group, {1, 1, 1}, {0, 16, 300}});           // decode
+        RunAttention(gpu(), {d, group, {37, 100}, {0, 0}});                 // prefill
+        RunAttention(gpu(), {d, group, {5, 64, 1}, {40, 129, 77}});         // chunked prefill + decode
+        RunAttention(gpu(), {d, group, {1, 2, 1, 1}, {31, 65, 1000, 7}});   // decode, split edges
+      }
+    RunAttention(gpu(), {128, 8, {1}, {4095}});  // long decode
+  }
+  cuda::Tuning().attention_split_min_ctas = default_min_ctas;
 }
 
 TEST_F(CudaKernelTest, MoeRoute) {
@@ -306,9 +315,13 @@ TEST_F(CudaKernelTest, MoeRoute) {
 
 TEST_F(CudaKernelTest, MoeExperts) {
   struct Case { int64_t tokens; int experts, k; int64_t hidden, inter; int mode; };  // mode 0 random, 1 all on one expert
+  // Each case through the tiled grouped GEMM and through the memory-bound decode GEMVs
+  // (1, 2, 3-4, 5-8 and over 8 tokens per expert: several passes).
+  const int64_t default_max_pairs = cuda::Tuning().moe_decode_max_pairs;
   for (Case c : {Case{1, 8, 2, 128, 64, 0}, Case{5, 16, 4, 128, 64, 0}, Case{130, 16, 4, 256, 192, 0},
                  Case{130, 8, 2, 256, 192, 1}, Case{64, 128, 8, 2048, 768, 0}, Case{3, 64, 8, 512, 136, 0},
-                 Case{200, 4, 1, 128, 64, 1}}) {
+                 Case{200, 4, 1, 128, 64, 1}, Case{1, 128, 8, 2048, 768, 0}, Case{3, 8, 2, 200, 72, 1},
+                 Case{6, 8, 2, 256, 64, 1}, Case{17, 8, 2, 136, 200, 1}, Case{256, 128, 8, 2048, 768, 0}}) {
     const int64_t t = c.tokens, h = c.hidden, inter = c.inter;
     auto x = RandomBf16(t * h);
     auto wgu = RandomBf16(int64_t{c.experts} * 2 * inter * h, 1.f / std::sqrt(float(h)));
@@ -331,15 +344,23 @@ TEST_F(CudaKernelTest, MoeExperts) {
     Tensor gx = Upload(gpu(), x, {t, h}, DType::kBF16);
     Tensor ggu = gpu().LoadWeight(cgu), gd = gpu().LoadWeight(cd);
     Tensor gids = UploadI32(gpu(), ids, {t, c.k}), gw = Upload(gpu(), w, {t, c.k}, DType::kF32);
-    Tensor gout = gpu().Empty(DType::kBF16, {t, h});
-    Poison(gpu(), gout);
-    gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
-    double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
-    std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) +
-                        " H" + std::to_string(h) + " I" + std::to_string(inter) + (c.mode ? " one-expert" : "");
-    Record("MoeExperts", shape, e, kBf16Tol);
-    EXPECT_LT(e, kBf16Tol) << shape;
+    for (int variant = 0; variant < 3; ++variant) {  // tiled, gemv, gemv with the multi-CTA permute
+      const int64_t max_pairs = variant == 0 ? 0 : int64_t{1} << 40;
+      cuda::Tuning().moe_decode_max_pairs = max_pairs;
+      cuda::Tuning().moe_fused_permute = variant != 2;
+      Tensor gout = gpu().Empty(DType::kBF16, {t, h});
+      Poison(gpu(), gout);
+      gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
+      double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
+      std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) +
+                          " H" + std::to_string(h) + " I" + std::to_string(inter) + (c.mode ? " one-expert" : "") +
+                          (variant == 0 ? " tiled" : variant == 1 ? " gemv" : " gemv 4-kernel permute");
+      Record("MoeExperts", shape, e, kBf16Tol);
+      EXPECT_LT(e, kBf16Tol) << shape;
+    }
   }
+  cuda::Tuning().moe_decode_max_pairs = default_max_pairs;
+  cuda::Tuning().moe_fused_permute = true;
 }
 
 TEST_F(CudaKernelTest, Sample) {

@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/test_util.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -198,7 +202,25 @@ TEST(CudaPerf, HbmCopyAndMoeDecodeLayer) {
   Tensor wgu = Upload(gpu, TiledRandom(e * 2 * inter * h, 0.02f), {e, 2 * inter, h}, DType::kBF16);
   Tensor wd = Upload(gpu, TiledRandom(e * h * inter, 0.02f), {e, h, inter}, DType::kBF16);
   Tensor norm_w = Upload(gpu, TiledRandom(h, 1.f), {h}, DType::kBF16);
-  for (int64_t batch : {1, 8, 64}) {
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu).stream();
+  // Mean device time (us) of `iters` back-to-back runs of fn, by events on the backend's stream.
+  auto time_us = [&](const std::function<void()>& fn, int iters) {
+    fn();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, stream);
+    for (int i = 0; i < iters; ++i) fn();
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return 1e3 * ms / iters;
+  };
+  const cuda::KernelTuning defaults = cuda::Tuning();
+  for (int64_t batch : {1, 8, 64, 256}) {
     const int ctx = 1024, bs = 16, blocks_per_seq = ctx / bs;
     const int num_blocks = static_cast<int>(batch) * blocks_per_seq;
     Tensor kc = Upload(gpu, TiledRandom(int64_t{num_blocks} * hk * bs * d, 1.f), {num_blocks, hk, bs, d}, DType::kBF16);
@@ -259,6 +281,29 @@ TEST(CudaPerf, HbmCopyAndMoeDecodeLayer) {
     std::printf("decode layer (Qwen3-30B-A3B shapes), batch %ld, ctx %d: %.1f us/layer, ~%.1f MB read -> %.2f TB/s\n",
                 static_cast<long>(batch), ctx, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12);
     Record("Perf.decode_layer_us", "B" + std::to_string(batch) + " ctx1024", us, 0);
+    // The two largest parts alone, each variant (distinct experts: E (1 - (1 - k/E)^B)).
+    auto moe = [&] { gpu.MoeExperts(x, ids, wts, wgu, wd, y); };
+    auto att = [&] { gpu.Attention(heads(0, hq), cache, ab, 0.088f, attn); };
+    const double distinct = e * (1.0 - std::pow(1.0 - double(k) / e, double(batch)));
+    const double moe_bytes = distinct * 2.0 * 3 * inter * h, kv_bytes = batch * 2.0 * 2 * ctx * hk * d;
+    cuda::Tuning().moe_decode_max_pairs = 0;
+    const double moe_tiled = time_us(moe, 20);
+    cuda::Tuning().moe_decode_max_pairs = int64_t{1} << 40;
+    const double moe_gemv = time_us(moe, 20);
+    cuda::Tuning().attention_split_min_ctas = 0;
+    const double att_plain = time_us(att, 20);
+    cuda::Tuning().attention_split_min_ctas = defaults.attention_split_min_ctas;
+    const double att_split = time_us(att, 20);
+    cuda::Tuning() = defaults;
+    std::printf("  B%ld moe experts (%.1f distinct, %.1f MB): tiled %.1f us (%.2f TB/s), gemv %.1f us (%.2f TB/s); "
+                "attention (KV %.1f MB): plain %.1f us (%.2f TB/s), split-KV %.1f us (%.2f TB/s)\n",
+                static_cast<long>(batch), distinct, moe_bytes / 1e6, moe_tiled, moe_bytes / moe_tiled / 1e6,
+                moe_gemv, moe_bytes / moe_gemv / 1e6, kv_bytes / 1e6, att_plain, kv_bytes / att_plain / 1e6,
+                att_split, kv_bytes / att_split / 1e6);
+    Record("Perf.moe_tiled_us", "B" + std::to_string(batch), moe_tiled, 0);
+    Record("Perf.moe_gemv_us", "B" + std::to_string(batch), moe_gemv, 0);
+    Record("Perf.attn_plain_us", "B" + std::to_string(batch) + " ctx1024", att_plain, 0);
+    Record("Perf.attn_split_us", "B" + std::to_string(batch) + " ctx1024", att_split, 0);
   }
 }
 

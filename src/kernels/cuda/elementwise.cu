@@ -404,7 +404,7 @@ void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps, cudaStream
 }
 
 void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
-          const RopeParams& params, CachingAllocator& alloc, cudaStream_t s) {
+          const RopeParams& params, const float* inv_freq, cudaStream_t s) {
   CheckBf16(q, "rope q");
   CheckBf16(k, "rope k");
   CheckI32(positions, "rope positions");
@@ -414,14 +414,8 @@ void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
                 k.dim(0) == tokens && k.dim(2) == d && positions.numel() == tokens)
       << "rope q " << q.ToString() << " k " << k.ToString() << " rot " << rot;
   if (tokens == 0) return;
-  // Frequencies on the host exactly as the CPU twin computes them (YaRN included), then one
-  // small pageable copy (safe to drop the host vector once it returns). Next step: cache them.
-  const std::vector<float> inv_freq = RopeInvFreq(params);
-  ScratchBuffer d_freq(alloc, sizeof(float) * inv_freq.size());
-  COROLLA_CUDA_CHECK(cudaMemcpyAsync(d_freq.as<float>(), inv_freq.data(), sizeof(float) * inv_freq.size(),
-                                     cudaMemcpyHostToDevice, s));
   RopeKernelParams p{q.ptr<bf16_t>(), q.strides[0], q.strides[1], k.ptr<bf16_t>(), k.strides[0],
-                     k.strides[1], positions.ptr<int32_t>(), d_freq.as<float>(),
+                     k.strides[1], positions.ptr<int32_t>(), inv_freq,
                      static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1)), rot,
                      params.interleaved, params.attention_factor};
   RopeKernel<<<tokens, 128, rot * sizeof(float), s>>>(p);

@@ -9,6 +9,8 @@
 // The grid of each grouped GEMM is sized by the bound ceil(TK / 64) + E tiles (no host read of
 // the counts); tiles past the real count exit at once. GEMMs are bf16 wmma (mma.sync) tiles
 // with fp32 accumulation; wgmma + TMA with a persistent tile scheduler is the next step.
+// Small batches (TK <= Tuning().moe_decode_max_pairs) take steps 4-5 as memory-bound GEMVs
+// instead (DecodeGemvKernel): one CTA per (active expert, output slice), 16-byte weight loads.
 #include <mma.h>
 
 #include "kernels/cuda/common.cuh"
@@ -110,6 +112,7 @@ struct PermuteState {
   int32_t* cursor;       // [E]
   int32_t* perm_token;   // [TK] token of each expert-sorted row
   int32_t* slot_row;     // [TK] row of each (token, slot) pair
+  int32_t* active;       // [E + 1]: the experts with tokens, in id order; active[E] = their number
 };
 
 struct PermuteParams {
@@ -131,16 +134,18 @@ __global__ void CountKernel(const __grid_constant__ PermuteParams p) {
 
 __global__ void ScanKernel(const __grid_constant__ PermuteParams p) {
   if (threadIdx.x != 0) return;
-  int rows = 0, tiles = 0;
+  int rows = 0, tiles = 0, num_active = 0;
   for (int e = 0; e < p.experts; ++e) {
     p.st.offsets[e] = rows;
     p.st.tile_offsets[e] = tiles;
     p.st.cursor[e] = 0;
+    if (p.st.counts[e] > 0) p.st.active[num_active++] = e;
     rows += p.st.counts[e];
     tiles += (p.st.counts[e] + kBM - 1) / kBM;
   }
   p.st.offsets[p.experts] = rows;
   p.st.tile_offsets[p.experts] = tiles;
+  p.st.active[p.experts] = num_active;
 }
 
 __global__ void PermuteKernel(const __grid_constant__ PermuteParams p) {
@@ -153,6 +158,52 @@ __global__ void PermuteKernel(const __grid_constant__ PermuteParams p) {
       continue;
     }
     const int row = p.st.offsets[e] + atomicAdd(&p.st.cursor[e], 1);
+    p.st.perm_token[row] = static_cast<int32_t>(i / p.top_k);
+    p.st.slot_row[i] = row;
+  }
+}
+
+// Count, scan and permute in one CTA, for decode-sized batches (pairs <= kFusedPermuteMaxPairs,
+// experts <= kFusedPermuteMaxExperts): one launch instead of a memset and three. The order of
+// rows within an expert follows the shared-memory atomics; results do not depend on it (each
+// row is computed alone and combined through slot_row).
+constexpr int kFusedPermuteThreads = 1024;
+constexpr int kFusedPermuteMaxPairs = 8192;
+constexpr int kFusedPermuteMaxExperts = 1024;
+
+__global__ void __launch_bounds__(kFusedPermuteThreads) FusedPermuteKernel(const __grid_constant__ PermuteParams p) {
+  __shared__ int32_t count[kFusedPermuteMaxExperts], cursor[kFusedPermuteMaxExperts];
+  const int64_t n = p.tokens * p.top_k;
+  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
+    if (e >= 0 && e < p.experts) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int rows = 0, tiles = 0, num_active = 0;
+    for (int e = 0; e < p.experts; ++e) {
+      p.st.counts[e] = count[e];
+      p.st.offsets[e] = rows;
+      p.st.tile_offsets[e] = tiles;
+      cursor[e] = rows;
+      if (count[e] > 0) p.st.active[num_active++] = e;
+      rows += count[e];
+      tiles += (count[e] + kBM - 1) / kBM;
+    }
+    p.st.offsets[p.experts] = rows;
+    p.st.tile_offsets[p.experts] = tiles;
+    p.st.active[p.experts] = num_active;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
+    if (e < 0 || e >= p.experts) {
+      p.st.slot_row[i] = -1;
+      continue;
+    }
+    const int row = atomicAdd(&cursor[e], 1);
     p.st.perm_token[row] = static_cast<int32_t>(i / p.top_k);
     p.st.slot_row[i] = row;
   }
@@ -273,6 +324,118 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemmKernel(const __grid_c
   }
 }
 
+
+// ---- memory-bound expert GEMV (decode) ----------------------------------------------------
+// For few tokens per expert the weights are the bytes that matter: one CTA per (active expert,
+// slice of output rows) streams each weight row once with 16-byte loads and multiplies it
+// with up to kDecTok of the expert's token rows held in shared memory (more tokens: further
+// passes, which re-read the slice from L2). GateUp: a warp takes kDecN outputs n, i.e. the gate
+// rows n and the up rows I + n, and writes silu(g) * u; Down: a warp takes kDecN rows h of
+// W_down and writes y (f32). CTAs past the number of active experts exit at once.
+constexpr int kDecWarps = 4;
+constexpr int kDecTok = 8;   // token rows per pass
+constexpr int kDecRows = 4;  // weight rows per warp in flight
+
+struct DecodeGemvParams {
+  const bf16_t* a;  // GateUp: x [T, K] read through perm_token; Down: act [TK, K]
+  int64_t a_stride;
+  const int32_t* perm_token;
+  const bf16_t* w;  // [E, N_w, K]: GateUp N_w = 2 N (gate rows, then up rows); Down N_w = N
+  bf16_t* act_out;  // GateUp output [TK, N]
+  float* y_out;     // Down output [TK, N]
+  const int32_t* offsets;
+  const int32_t* active;  // [E + 1], see PermuteState
+  int experts, n, k;
+};
+
+// acc[r][t] += dot(w row r, token row t) over this lane's share of K (16-byte vectors).
+template <int kT>
+__device__ __forceinline__ void DotRows(const bf16_t* const (&wrow)[kDecRows], const bf16_t* sx, int k,
+                                        float (&acc)[kDecRows][kDecTok]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 2
+  for (int c = lane * 8; c < k; c += 32 * 8) {
+    Bf16x8 wv[kDecRows];
+#pragma unroll
+    for (int r = 0; r < kDecRows; ++r) wv[r] = *reinterpret_cast<const Bf16x8*>(wrow[r] + c);
+    float wf[kDecRows][8];
+#pragma unroll
+    for (int r = 0; r < kDecRows; ++r) Unpack8(wv[r], wf[r]);
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      float xf[8];
+      Unpack8(*reinterpret_cast<const Bf16x8*>(sx + t * k + c), xf);
+#pragma unroll
+      for (int r = 0; r < kDecRows; ++r)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
+    }
+  }
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kDecWarps * 32) DecodeGemvKernel(const __grid_constant__ DecodeGemvParams p) {
+  extern __shared__ __align__(16) unsigned char dec_smem[];
+  bf16_t* sx = reinterpret_cast<bf16_t*>(dec_smem);  // [kDecTok][K]
+  if (static_cast<int>(blockIdx.x) >= p.active[p.experts]) return;
+  constexpr int kNPerWarp = kGateUp ? kDecRows / 2 : kDecRows;
+  const int e = p.active[blockIdx.x];
+  const int row_begin = p.offsets[e], count = p.offsets[e + 1] - row_begin;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = (blockIdx.y * kDecWarps + warp) * kNPerWarp;
+  const bf16_t* w = p.w + static_cast<int64_t>(e) * (kGateUp ? 2 : 1) * p.n * p.k;
+  // Weight rows of this warp; rows past N repeat a valid row (their results are dropped).
+  const bf16_t* wrow[kDecRows];
+#pragma unroll
+  for (int i = 0; i < kNPerWarp; ++i) {
+    const int n = min(n0 + i, p.n - 1);
+    if constexpr (kGateUp) {
+      wrow[2 * i] = w + static_cast<int64_t>(n) * p.k;
+      wrow[2 * i + 1] = w + static_cast<int64_t>(p.n + n) * p.k;
+    } else {
+      wrow[i] = w + static_cast<int64_t>(n) * p.k;
+    }
+  }
+  const int vecs_per_row = p.k / 8;
+  for (int t0 = 0; t0 < count; t0 += kDecTok) {
+    const int nt = min(kDecTok, count - t0);
+    __syncthreads();  // the previous pass is done with sx
+    for (int idx = threadIdx.x; idx < nt * vecs_per_row; idx += blockDim.x) {
+      const int t = idx / vecs_per_row, c = (idx % vecs_per_row) * 8;
+      const int64_t src = kGateUp ? p.perm_token[row_begin + t0 + t] : row_begin + t0 + t;
+      *reinterpret_cast<Bf16x8*>(sx + t * p.k + c) = *reinterpret_cast<const Bf16x8*>(p.a + src * p.a_stride + c);
+    }
+    __syncthreads();
+    if (n0 >= p.n) continue;
+    float acc[kDecRows][kDecTok] = {};
+    if (nt == 1) DotRows<1>(wrow, sx, p.k, acc);
+    else if (nt == 2) DotRows<2>(wrow, sx, p.k, acc);
+    else if (nt <= 4) DotRows<4>(wrow, sx, p.k, acc);  // rows nt..3 of sx are stale: dropped below
+    else DotRows<8>(wrow, sx, p.k, acc);
+#pragma unroll
+    for (int t = 0; t < kDecTok; ++t)
+      if (t < nt)  // warp-uniform
+#pragma unroll
+        for (int r = 0; r < kDecRows; ++r) acc[r][t] = WarpSum(acc[r][t]);
+    // Lane t writes token t's outputs.
+#pragma unroll
+    for (int t = 0; t < kDecTok; ++t) {
+      if (lane != t || t >= nt) continue;
+      const int64_t out_row = static_cast<int64_t>(row_begin + t0 + t) * p.n;
+#pragma unroll
+      for (int i = 0; i < kNPerWarp; ++i) {
+        if (n0 + i >= p.n) break;
+        if constexpr (kGateUp) {
+          const float g = acc[2 * i][t], u = acc[2 * i + 1][t];
+          p.act_out[out_row + n0 + i] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+        } else {
+          p.y_out[out_row + n0 + i] = acc[i][t];
+        }
+      }
+    }
+  }
+}
+
 // ---- combine ----------------------------------------------------------------------------
 struct CombineParams {
   const float* y;  // [TK, H]
@@ -346,37 +509,67 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
       << w_gate_up.ToString() << " down " << w_down.ToString() << " out " << out.ToString();
   if (tokens == 0) return;
   const int64_t pairs = tokens * k;
-  // One scratch block: counts, offsets, tile offsets, cursor, perm, slot rows | act | y.
-  const int64_t meta_ints = 4 * (experts + 1) + 2 * pairs;
+  // One scratch block: counts, offsets, tile offsets, cursor, active, perm, slot rows | act | y.
+  const int64_t meta_ints = 5 * (experts + 1) + 2 * pairs;
   const int64_t meta_bytes = (meta_ints * 4 + 255) / 256 * 256;
   const int64_t act_bytes = (pairs * inter * 2 + 255) / 256 * 256;
   ScratchBuffer scratch(alloc, meta_bytes + act_bytes + pairs * hidden * 4);
   int32_t* meta = scratch.as<int32_t>();
   PermuteState st{meta, meta + (experts + 1), meta + 2 * (experts + 1), meta + 3 * (experts + 1),
-                  meta + 4 * (experts + 1), meta + 4 * (experts + 1) + pairs};
+                  meta + 5 * (experts + 1), meta + 5 * (experts + 1) + pairs, meta + 4 * (experts + 1)};
   bf16_t* act = reinterpret_cast<bf16_t*>(scratch.as<char>() + meta_bytes);
   float* y = reinterpret_cast<float*>(scratch.as<char>() + meta_bytes + act_bytes);
 
   PermuteParams pp{topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts, st};
-  COROLLA_CUDA_CHECK(cudaMemsetAsync(st.counts, 0, sizeof(int32_t) * experts, s));
-  const int elem_grid = std::min(CeilDiv(pairs, 256), 1024);
-  CountKernel<<<elem_grid, 256, 0, s>>>(pp);
-  COROLLA_CUDA_CHECK_LAUNCH();
-  ScanKernel<<<1, 32, 0, s>>>(pp);
-  COROLLA_CUDA_CHECK_LAUNCH();
-  PermuteKernel<<<elem_grid, 256, 0, s>>>(pp);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  if (pairs <= kFusedPermuteMaxPairs && experts <= kFusedPermuteMaxExperts && Tuning().moe_fused_permute) {
+    FusedPermuteKernel<<<1, kFusedPermuteThreads, 0, s>>>(pp);
+    COROLLA_CUDA_CHECK_LAUNCH();
+  } else {
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(st.counts, 0, sizeof(int32_t) * experts, s));
+    const int elem_grid = std::min(CeilDiv(pairs, 256), 1024);
+    CountKernel<<<elem_grid, 256, 0, s>>>(pp);
+    COROLLA_CUDA_CHECK_LAUNCH();
+    ScanKernel<<<1, 32, 0, s>>>(pp);
+    COROLLA_CUDA_CHECK_LAUNCH();
+    PermuteKernel<<<elem_grid, 256, 0, s>>>(pp);
+    COROLLA_CUDA_CHECK_LAUNCH();
+  }
 
-  const int max_tiles = CeilDiv(pairs, kBM) + experts;
-  GroupedGemmParams g1{x.ptr<bf16_t>(), x.strides[0], st.perm_token, w_gate_up.ptr<bf16_t>(), act,
-                       nullptr, st.offsets, st.tile_offsets, experts, static_cast<int>(inter),
-                       static_cast<int>(hidden)};
-  GroupedGemmKernel<true><<<dim3(max_tiles, CeilDiv(inter, kBN)), kGemmThreads, 0, s>>>(g1);
-  COROLLA_CUDA_CHECK_LAUNCH();
-  GroupedGemmParams g2{act, inter, nullptr, w_down.ptr<bf16_t>(), nullptr, y, st.offsets,
-                       st.tile_offsets, experts, static_cast<int>(hidden), static_cast<int>(inter)};
-  GroupedGemmKernel<false><<<dim3(max_tiles, CeilDiv(hidden, kBN)), kGemmThreads, 0, s>>>(g2);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  // The memory-bound GEMV path while the token rows of a pass fit shared memory and the
+  // batch is small enough that weights, not arithmetic, bound the layer (Tuning()).
+  // DotRows reads 1, 2, 4 or kDecTok rows of the pass (the last pass may hold fewer).
+  const int64_t smem_rows = tokens <= 2 ? tokens : tokens <= 4 ? 4 : kDecTok;
+  const size_t dec_smem_gu = smem_rows * hidden * 2, dec_smem_down = smem_rows * inter * 2;
+  const bool decode = pairs <= Tuning().moe_decode_max_pairs && dec_smem_gu <= 200 * 1024 &&
+                      dec_smem_down <= 200 * 1024;
+  if (decode) {
+    static bool attrs_set = false;
+    if (!attrs_set) {
+      COROLLA_CUDA_CHECK(cudaFuncSetAttribute(DecodeGemvKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+      COROLLA_CUDA_CHECK(cudaFuncSetAttribute(DecodeGemvKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+      attrs_set = true;
+    }
+    const int slots = static_cast<int>(std::min<int64_t>(pairs, experts));
+    DecodeGemvParams d1{x.ptr<bf16_t>(), x.strides[0], st.perm_token, w_gate_up.ptr<bf16_t>(), act, nullptr,
+                        st.offsets, st.active, experts, static_cast<int>(inter), static_cast<int>(hidden)};
+    DecodeGemvKernel<true><<<dim3(slots, CeilDiv(inter, kDecWarps * kDecRows / 2)), kDecWarps * 32, dec_smem_gu, s>>>(d1);
+    COROLLA_CUDA_CHECK_LAUNCH();
+    DecodeGemvParams d2{act, inter, nullptr, w_down.ptr<bf16_t>(), nullptr, y, st.offsets, st.active, experts,
+                        static_cast<int>(hidden), static_cast<int>(inter)};
+    DecodeGemvKernel<false><<<dim3(slots, CeilDiv(hidden, kDecWarps * kDecRows)), kDecWarps * 32, dec_smem_down, s>>>(d2);
+    COROLLA_CUDA_CHECK_LAUNCH();
+  } else {
+    const int max_tiles = CeilDiv(pairs, kBM) + experts;
+    GroupedGemmParams g1{x.ptr<bf16_t>(), x.strides[0], st.perm_token, w_gate_up.ptr<bf16_t>(), act,
+                         nullptr, st.offsets, st.tile_offsets, experts, static_cast<int>(inter),
+                         static_cast<int>(hidden)};
+    GroupedGemmKernel<true><<<dim3(max_tiles, CeilDiv(inter, kBN)), kGemmThreads, 0, s>>>(g1);
+    COROLLA_CUDA_CHECK_LAUNCH();
+    GroupedGemmParams g2{act, inter, nullptr, w_down.ptr<bf16_t>(), nullptr, y, st.offsets,
+                         st.tile_offsets, experts, static_cast<int>(hidden), static_cast<int>(inter)};
+    GroupedGemmKernel<false><<<dim3(max_tiles, CeilDiv(hidden, kBN)), kGemmThreads, 0, s>>>(g2);
+    COROLLA_CUDA_CHECK_LAUNCH();
+  }
 
   CombineParams cp{y, st.slot_row, topk_weights.ptr<float>(), topk_weights.strides[0],
                    out.ptr<bf16_t>(), out.dim(0) > 1 ? out.strides[0] : hidden, k,

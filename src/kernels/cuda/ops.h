@@ -28,13 +28,28 @@ class ScratchBuffer {
   void* ptr_;
 };
 
+// Process-wide choices between kernel variants, read at each launch (tests and benchmarks set
+// them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS / COROLLA_ATTN_SPLIT_MIN_CTAS in the
+// environment set the defaults). Not synchronised: set them before launching work.
+struct KernelTuning {
+  // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this.
+  int64_t moe_decode_max_pairs = 1024;
+  // MoeExperts counts, scans and permutes in one CTA when the batch is small enough.
+  bool moe_fused_permute = true;
+  // Decode attention splits each sequence's keys across CTAs until the grid has at least this
+  // many CTAs (0: never split).
+  int attention_split_min_ctas = 264;
+};
+KernelTuning& Tuning();
+
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);
 void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
              const TensorView* residual, cudaStream_t s);
 void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps, cudaStream_t s);
+// inv_freq: device [rotary_dim / 2], RopeInvFreq(params) (the backend caches it per params).
 void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
-          const RopeParams& params, CachingAllocator& alloc, cudaStream_t s);
+          const RopeParams& params, const float* inv_freq, cudaStream_t s);
 void Copy(const TensorView& src, const TensorView& dst, cudaStream_t s);
 void SiluMul(const TensorView& gate_up, const TensorView& out, cudaStream_t s);
 void Add(const TensorView& x, const TensorView& y, cudaStream_t s);
@@ -43,7 +58,7 @@ void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
 
 // attention.cu
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
-               float scale, const TensorView& out, cudaStream_t s);
+               float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 
 // moe.cu
 void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,

@@ -1,0 +1,397 @@
+// `corolla bench decode|prefill`: the speed of one model forward against the device's limits
+// measured in the same run. Decode is memory-bound: the bytes a step must read (attention and
+// dense weights, the distinct routed experts, the LM head, the KV cache) over the step time,
+// against the HBM copy bandwidth. Prefill is compute-bound: FLOPs over time against the bf16
+// matmul peak (one large GEMM through the backend's Linear). With --random-weights and
+// --config, no checkpoint is needed. On CUDA, steps are timed with events on the backend's
+// stream, and decode is also replayed as one CUDA graph per step.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/numeric.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "engine/kv_cache.h"
+#include "model/config.h"
+#include "model/random_weights.h"
+
+#ifdef COROLLA_HAVE_CUDA
+#include "kernels/cuda/graph_timer.h"
+#endif
+
+namespace corolla::cli {
+namespace {
+
+struct BenchOptions {
+  std::string model;
+  std::string config;
+  bool random_weights = false;
+  std::string device = "cuda";
+  std::string batch = "1";      // comma-separated: one measurement each, one model load
+  std::string context = "1024";
+  int64_t layers = 0;
+  int64_t steps = 20;
+  int64_t seed = 1;
+  bool graph = true;
+  std::vector<int32_t> batches, contexts;  // parsed --batch, --context
+};
+
+// Times device work: CUDA events on the backend's stream when it is the CUDA backend, else a
+// host clock between synchronisations. Times in milliseconds.
+class DeviceTimer {
+ public:
+  explicit DeviceTimer(Backend& backend) : backend_(backend) {
+#ifdef COROLLA_HAVE_CUDA
+    events_ = cuda::StreamTimer::Create(backend);
+#endif
+  }
+  double Time(const std::function<void()>& fn) {
+#ifdef COROLLA_HAVE_CUDA
+    if (events_) return events_->Time(fn);
+#endif
+    backend_.Synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    backend_.Synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Median of `reps` timings of fn.
+  double Median(int reps, const std::function<void()>& fn) {
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) t.push_back(Time(fn));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  bool events() const {
+#ifdef COROLLA_HAVE_CUDA
+    return events_ != nullptr;
+#else
+    return false;
+#endif
+  }
+
+ private:
+  Backend& backend_;
+#ifdef COROLLA_HAVE_CUDA
+  std::unique_ptr<cuda::StreamTimer> events_;
+#endif
+};
+
+// A device tensor of random bf16 (activation dtype) values in [-scale, scale].
+Tensor RandomDevice(Backend& backend, Shape shape, float scale, uint64_t seed) {
+  Tensor t = backend.Empty(backend.activation_dtype(), shape);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  const int64_t n = shape.numel();
+  if (backend.activation_dtype() == DType::kBF16) {
+    std::vector<bf16> host(n);
+    for (auto& v : host) v = ToBf16(u(rng));
+    backend.CopyFromHost(host.data(), t);
+  } else {
+    std::vector<float> host(n);
+    for (auto& v : host) v = u(rng);
+    backend.CopyFromHost(host.data(), t);
+  }
+  backend.Synchronize();
+  return t;
+}
+
+// HBM copy bandwidth (bytes read + written per second) of a 4 GiB device-to-device copy:
+// cudaMemcpyAsync on CUDA, the backend's Copy elsewhere.
+double MeasureCopyBandwidth(Backend& backend, DeviceTimer& timer) {
+#ifdef COROLLA_HAVE_CUDA
+  if (auto events = cuda::StreamTimer::Create(backend)) return events->CopyBandwidth(size_t{4} << 30);
+#endif
+  const int64_t cols = 4096, rows = (int64_t{2} << 30) / (cols * 2);  // 2 Gi values of bf16: 4 GiB
+  Tensor a = backend.Empty(DType::kBF16, {rows, cols});
+  Tensor b = backend.Empty(DType::kBF16, {rows, cols});
+  Tensor seed_block = RandomDevice(backend, {1024, cols}, 1.0f, 7);
+  for (int64_t r = 0; r < rows; r += 1024)  // random contents, not zeros
+    backend.Copy(seed_block.view().Slice(0, std::min<int64_t>(rows, r + 1024) - r), a.view().Slice(r, std::min<int64_t>(rows, r + 1024)));
+  backend.Copy(a, b);
+  const double ms = timer.Median(7, [&] { backend.Copy(a, b); });
+  return 2.0 * static_cast<double>(a.view().nbytes()) / (ms * 1e-3);
+}
+
+// bf16 matmul rate (FLOP/s) of an 8192^3 GEMM through the backend's Linear, random operands.
+double MeasureMatmulPeak(Backend& backend, DeviceTimer& timer) {
+  const int64_t n = 8192;
+  Tensor x = RandomDevice(backend, {n, n}, 1.0f, 11);
+  Tensor w = RandomDevice(backend, {n, n}, 0.02f, 12);
+  Tensor out = backend.Empty(backend.activation_dtype(), {n, n});
+  backend.Linear(x, w, out);
+  const double ms = timer.Median(7, [&] { backend.Linear(x, w, out); });
+  return 2.0 * n * n * n / (ms * 1e-3);
+}
+
+struct Loaded {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+Result<Loaded> Load(const BenchOptions& o) {
+  Loaded l;
+  ASSIGN_OR_RETURN(l.backend, MakeBackend(o.device));
+  if (o.random_weights) {
+    if (o.config.empty()) return InvalidArgument("--random-weights needs --config CONFIG.json");
+    ASSIGN_OR_RETURN(std::string text, ReadFile(o.config));
+    ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(text, o.config));
+    ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(json));
+    if (o.layers > 0) config.num_layers = static_cast<int>(std::min<int64_t>(o.layers, config.num_layers));
+    auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(l.model, LoadModelRandom(config, *l.backend, static_cast<uint64_t>(o.seed)));
+    std::printf("loaded %s with random weights, %d layers, in %.1f s\n", o.config.c_str(), config.num_layers,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } else {
+    if (o.model.empty()) return InvalidArgument("give --model DIR, or --config CONFIG.json --random-weights");
+    if (o.layers > 0) return InvalidArgument("--layers needs --random-weights");
+    ASSIGN_OR_RETURN(l.model, LoadModel(o.model, *l.backend));
+  }
+  return l;
+}
+
+// Weights one token's forward reads per layer (bytes of bf16), apart from the routed experts.
+struct ModelBytes {
+  double dense_per_layer_total = 0;  // attention (+ dense MLP) weights of all layers
+  double expert = 0;                 // one expert's gate_up + down
+  double router = 0;                 // per MoE layer
+  int moe_layers = 0;
+  double lm_head = 0;
+  double kv_per_token_all_layers = 0;  // K + V of one cached token, all layers
+};
+
+ModelBytes CountBytes(const ModelConfig& c) {
+  ModelBytes b;
+  const double h = c.hidden_size, two = 2.0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    b.dense_per_layer_total += two * ((c.q_size() + 2.0 * c.kv_size()) * h + h * c.q_size() + 2 * h + 2.0 * c.head_dim);
+    if (c.is_moe_layer(l)) {
+      ++b.moe_layers;
+    } else {
+      b.dense_per_layer_total += two * 3.0 * c.intermediate_size * h;
+    }
+  }
+  b.expert = two * 3.0 * c.moe_intermediate_size * h;
+  b.router = two * c.num_experts * h;
+  b.lm_head = two * c.vocab_size * h + two * h;
+  b.kv_per_token_all_layers = two * 2.0 * c.num_kv_heads * c.head_dim * c.num_layers;
+  return b;
+}
+
+// FLOPs of one token's forward apart from attention scores (2 per weight multiply-add).
+double FlopsPerToken(const ModelConfig& c) {
+  const double h = c.hidden_size;
+  double f = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    f += 2.0 * ((c.q_size() + 2.0 * c.kv_size()) * h + h * c.q_size());
+    if (c.is_moe_layer(l))
+      f += 2.0 * (c.num_experts * h + c.num_experts_per_token * 3.0 * c.moe_intermediate_size * h);
+    else
+      f += 2.0 * 3.0 * c.intermediate_size * h;
+  }
+  return f;
+}
+
+// B sequences, each with `len` tokens in this step after `prefix` cached ones, in a paged
+// cache whose prefixes hold random K/V. Metadata lives on the device for the whole run.
+struct StepBatch {
+  std::unique_ptr<KvCache> kv;
+  std::vector<Tensor> owned;
+  ForwardBatch batch;
+  Tensor logits;
+};
+
+Tensor Ints(Backend& backend, const std::vector<int32_t>& v, Shape shape) {
+  Tensor t = backend.Empty(DType::kI32, shape);
+  backend.CopyFromHost(v.data(), t);
+  return t;
+}
+
+StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int prefix, int len, uint64_t seed) {
+  const ModelConfig& c = model.config();
+  constexpr int kBlockSize = 16;
+  const int blocks_per_seq = (prefix + len + kBlockSize - 1) / kBlockSize;
+  StepBatch s;
+  s.kv = std::make_unique<KvCache>(backend, model.kv_cache_spec(), num_seqs * blocks_per_seq, kBlockSize);
+  // Random K/V everywhere: one random layer's worth on the device, copied into every layer.
+  const KvCacheView& first = s.kv->views()[0];
+  const int64_t rows = first.k.dim(0) * first.k.dim(1);
+  Tensor random_kv = RandomDevice(backend, {rows, first.k.dim(2), first.k.dim(3)}, 1.0f, seed + 1);
+  for (const KvCacheView& v : s.kv->views()) {
+    backend.Copy(random_kv, v.k.Reshape({rows, v.k.dim(2), v.k.dim(3)}));
+    backend.Copy(random_kv, v.v.Reshape({rows, v.v.dim(2), v.v.dim(3)}));
+  }
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<int32_t> tokens, positions, slots, query_start{0}, seq_lens, tables, rows_out;
+  for (int b = 0; b < num_seqs; ++b) {
+    for (int j = 0; j < blocks_per_seq; ++j) tables.push_back(b * blocks_per_seq + j);
+    for (int p = prefix; p < prefix + len; ++p) {
+      tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+      positions.push_back(p);
+      slots.push_back((b * blocks_per_seq + p / kBlockSize) * kBlockSize + p % kBlockSize);
+    }
+    query_start.push_back(query_start.back() + len);
+    seq_lens.push_back(prefix + len);
+    rows_out.push_back(query_start.back() - 1);  // logits of each sequence's last token
+  }
+  const int64_t t = static_cast<int64_t>(tokens.size());
+  s.owned = {Ints(backend, tokens, {t}), Ints(backend, positions, {t}),
+             Ints(backend, query_start, {num_seqs + 1}), Ints(backend, seq_lens, {num_seqs}),
+             Ints(backend, tables, {num_seqs, blocks_per_seq}), Ints(backend, slots, {t}),
+             Ints(backend, rows_out, {num_seqs})};
+  s.batch.token_ids = s.owned[0];
+  s.batch.positions = s.owned[1];
+  s.batch.attention = {s.owned[2], s.owned[3], s.owned[4], s.owned[5], len, prefix + len};
+  s.batch.logits_rows = s.owned[6];
+  s.logits = backend.Empty(DType::kF32, {num_seqs, c.vocab_size});
+  backend.Synchronize();
+  return s;
+}
+
+Status ParseOptions(const char* name, const char* summary, int argc, char** argv, BenchOptions* o, bool* help) {
+  Flags flags(std::string("bench ") + name, summary);
+  flags.String("model", &o->model, "Hugging Face checkpoint directory");
+  flags.String("config", &o->config, "config.json of the shape to measure (with --random-weights)");
+  flags.Bool("random-weights", &o->random_weights, "random bf16 weights of --config's shape, no checkpoint");
+  flags.String("device", &o->device, "cpu or cuda");
+  flags.String("batch", &o->batch, "sequences in the batch (a comma-separated list measures each)");
+  flags.String("context", &o->context,
+               "decode: context length of each sequence; prefill: prompt length (a list measures each)");
+  flags.Int("layers", &o->layers, "keep only the first K decoder layers (0: all; --random-weights only)");
+  flags.Int("steps", &o->steps, "timed repetitions (the median is reported)");
+  flags.Int("seed", &o->seed, "seed of the random weights, tokens and KV");
+  flags.Bool("graph", &o->graph, "decode on CUDA: also replay each step as a CUDA graph");
+  RETURN_IF_ERROR(flags.Parse(argc, argv, argc > 1 && std::string(argv[1]) == "bench" ? 3 : 2, help));
+  if (*help) return Status::Ok();
+  ASSIGN_OR_RETURN(o->batches, ParseIdList(o->batch));
+  ASSIGN_OR_RETURN(o->contexts, ParseIdList(o->context));
+  auto positive = [](const std::vector<int32_t>& v) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [](int32_t x) { return x > 0; });
+  };
+  if (!positive(o->batches) || !positive(o->contexts) || o->steps < 1 || o->layers < 0)
+    return InvalidArgument("--batch, --context and --steps must be positive, --layers not negative");
+  return Status::Ok();
+}
+
+void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double copy_bw,
+               int num_seqs, int ctx);
+void PrefillOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double peak,
+                int num_seqs, int len);
+
+Status BenchDecode(int argc, char** argv, bool* help) {
+  BenchOptions o;
+  RETURN_IF_ERROR(ParseOptions("decode", "time one decode step of B sequences at context L", argc, argv, &o, help));
+  if (*help) return Status::Ok();
+  ASSIGN_OR_RETURN(Loaded l, Load(o));
+  Backend& backend = *l.backend;
+  Model& model = *l.model;
+  DeviceTimer timer(backend);
+  const double copy_bw = MeasureCopyBandwidth(backend, timer);
+  for (int ctx : o.contexts)
+    for (int num_seqs : o.batches) DecodeOne(o, backend, model, timer, copy_bw, num_seqs, ctx);
+  return Status::Ok();
+}
+
+void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double copy_bw,
+               int num_seqs, int ctx) {
+  const ModelConfig& c = model.config();
+  StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed));
+  auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
+  for (int i = 0; i < 3; ++i) step();  // warm-up: allocator cache, cuBLASLt plans
+  backend.Synchronize();
+  const double eager_ms = timer.Median(static_cast<int>(o.steps), step);
+  double graph_ms = 0;
+#ifdef COROLLA_HAVE_CUDA
+  if (o.graph && timer.events()) {
+    // One step captured as a CUDA graph (the forward has no host synchronisation; every buffer
+    // it allocates comes back from the allocator's cache at the same address), then replayed.
+    std::string error;
+    std::unique_ptr<cuda::StreamGraph> graph = cuda::StreamGraph::Capture(backend, step, &error);
+    if (graph) {
+      graph->Replay();
+      backend.Synchronize();
+      graph_ms = timer.Median(static_cast<int>(o.steps), [&] { graph->Replay(); });
+    } else {
+      std::printf("  cuda graph capture failed: %s (eager numbers only)\n", error.c_str());
+    }
+  }
+#endif
+
+  const ModelBytes mb = CountBytes(c);
+  // Distinct experts a step reads per MoE layer, expected under uniform routing of B tokens.
+  const double e = c.num_experts, k = c.num_experts_per_token;
+  const double distinct = mb.moe_layers ? e * (1.0 - std::pow(1.0 - k / e, num_seqs)) : 0.0;
+  const double weight_bytes = mb.dense_per_layer_total + mb.moe_layers * (mb.router + distinct * mb.expert) +
+                              mb.lm_head + 2.0 * c.hidden_size * num_seqs;
+  const double kv_bytes = mb.kv_per_token_all_layers * num_seqs * ctx;
+  const double bytes = weight_bytes + kv_bytes;
+  std::printf("decode: %s, %d layers, batch %d, context %d, %s\n", c.model_type.c_str(), c.num_layers,
+              num_seqs, ctx, backend.name().c_str());
+  std::printf("  limit   HBM copy bandwidth (4 GiB D2D, read + write): %.2f TB/s\n", copy_bw / 1e12);
+  std::printf("  bytes a step must read: %.3f GB (weights %.3f GB with %.1f distinct experts/layer expected, KV %.3f GB)\n",
+              bytes / 1e9, weight_bytes / 1e9, distinct, kv_bytes / 1e9);
+  std::printf("  floor at the copy bandwidth: %.3f ms/step\n", bytes / copy_bw * 1e3);
+  auto report = [&](const char* how, double ms) {
+    const double bw = bytes / (ms * 1e-3);
+    std::printf("  %-6s %.3f ms/step, %.1f tokens/s, %.2f TB/s = %.1f%% of the copy bandwidth\n", how, ms,
+                num_seqs / (ms * 1e-3), bw / 1e12, 100.0 * bw / copy_bw);
+  };
+  report(timer.events() ? "eager" : "host", eager_ms);
+  if (graph_ms > 0) report("graph", graph_ms);
+}
+
+Status BenchPrefill(int argc, char** argv, bool* help) {
+  BenchOptions o;
+  o.steps = 5;
+  RETURN_IF_ERROR(ParseOptions("prefill", "time one prefill of B prompts of L tokens", argc, argv, &o, help));
+  if (*help) return Status::Ok();
+  ASSIGN_OR_RETURN(Loaded l, Load(o));
+  Backend& backend = *l.backend;
+  Model& model = *l.model;
+  DeviceTimer timer(backend);
+  const double peak = MeasureMatmulPeak(backend, timer);
+  for (int len : o.contexts)
+    for (int num_seqs : o.batches) PrefillOne(o, backend, model, timer, peak, num_seqs, len);
+  return Status::Ok();
+}
+
+void PrefillOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double peak,
+                int num_seqs, int len) {
+  const ModelConfig& c = model.config();
+  StepBatch s = MakeStepBatch(backend, model, num_seqs, 0, len, static_cast<uint64_t>(o.seed));
+  auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
+  step();
+  backend.Synchronize();
+  const double ms = timer.Median(static_cast<int>(o.steps), step);
+  const double tokens = static_cast<double>(num_seqs) * len;
+  const double attn_flops =
+      4.0 * c.num_attention_heads * c.head_dim * (static_cast<double>(len) * (len + 1) / 2) * c.num_layers * num_seqs;
+  const double flops = FlopsPerToken(c) * tokens + attn_flops + 2.0 * c.vocab_size * c.hidden_size * num_seqs;
+  const double rate = flops / (ms * 1e-3);
+  std::printf("prefill: %s, %d layers, %d x %d tokens, %s\n", c.model_type.c_str(), c.num_layers, num_seqs, len,
+              backend.name().c_str());
+  std::printf("  limit   bf16 matmul (8192^3 GEMM through Linear): %.1f TFLOP/s\n", peak / 1e12);
+  std::printf("  FLOPs: %.3f TFLOP (%.3f of them attention scores)\n", flops / 1e12, attn_flops / 1e12);
+  std::printf("  %.3f ms, %.0f tokens/s, %.1f TFLOP/s = %.1f%% of the matmul peak\n", ms, tokens / (ms * 1e-3),
+              rate / 1e12, 100.0 * rate / peak);
+}
+
+}  // namespace
+
+int BenchDecodeMain(int argc, char** argv) {
+  bool help = false;
+  return ReportStatus("bench decode", BenchDecode(argc, argv, &help));
+}
+
+int BenchPrefillMain(int argc, char** argv) {
+  bool help = false;
+  return ReportStatus("bench prefill", BenchPrefill(argc, argv, &help));
+}
+
+}  // namespace corolla::cli

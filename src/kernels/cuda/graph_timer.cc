@@ -1,0 +1,109 @@
+#include "kernels/cuda/graph_timer.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace corolla::cuda {
+
+struct StreamTimer::Impl {
+  cudaStream_t stream;
+  cudaEvent_t start, stop;
+};
+
+std::unique_ptr<StreamTimer> StreamTimer::Create(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) return nullptr;
+  auto impl = std::make_unique<Impl>();
+  impl->stream = cuda->stream();
+  COROLLA_CUDA_CHECK(cudaEventCreate(&impl->start));
+  COROLLA_CUDA_CHECK(cudaEventCreate(&impl->stop));
+  return std::unique_ptr<StreamTimer>(new StreamTimer(std::move(impl)));
+}
+
+StreamTimer::StreamTimer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StreamTimer::~StreamTimer() {
+  cudaEventDestroy(impl_->start);
+  cudaEventDestroy(impl_->stop);
+}
+
+double StreamTimer::Time(const std::function<void()>& fn) {
+  COROLLA_CUDA_CHECK(cudaEventRecord(impl_->start, impl_->stream));
+  fn();
+  COROLLA_CUDA_CHECK(cudaEventRecord(impl_->stop, impl_->stream));
+  COROLLA_CUDA_CHECK(cudaEventSynchronize(impl_->stop));
+  float ms = 0;
+  COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, impl_->start, impl_->stop));
+  return ms;
+}
+
+double StreamTimer::CopyBandwidth(size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  COROLLA_CUDA_CHECK(cudaMalloc(&a, bytes));
+  COROLLA_CUDA_CHECK(cudaMalloc(&b, bytes));
+  std::vector<uint32_t> block(1 << 20);
+  uint32_t x = 12345;
+  for (auto& v : block) v = x = x * 1664525u + 1013904223u;
+  for (size_t off = 0; off < bytes; off += block.size() * 4)
+    COROLLA_CUDA_CHECK(cudaMemcpy(static_cast<char*>(a) + off, block.data(),
+                                  std::min(bytes - off, block.size() * 4), cudaMemcpyHostToDevice));
+  std::vector<double> ms;
+  for (int i = 0; i < 8; ++i) {
+    const double t = Time([&] {
+      COROLLA_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+    });
+    if (i > 0) ms.push_back(t);  // the first is a warm-up
+  }
+  std::sort(ms.begin(), ms.end());
+  COROLLA_CUDA_CHECK(cudaFree(a));
+  COROLLA_CUDA_CHECK(cudaFree(b));
+  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3);
+}
+
+struct StreamGraph::Impl {
+  cudaStream_t stream;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+};
+
+std::unique_ptr<StreamGraph> StreamGraph::Capture(Backend& backend, const std::function<void()>& fn,
+                                                  std::string* error) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) {
+    *error = "not the CUDA backend";
+    return nullptr;
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->stream = cuda->stream();
+  // Relaxed: the allocator may still cudaMalloc (outside the stream) during the capture.
+  cudaError_t err = cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed);
+  if (err == cudaSuccess) {
+    fn();
+    err = cudaStreamEndCapture(impl->stream, &impl->graph);
+  }
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&impl->exec, impl->graph, 0);
+  if (err != cudaSuccess) {
+    *error = cudaGetErrorString(err);
+    cudaGetLastError();
+    if (impl->graph) cudaGraphDestroy(impl->graph);
+    return nullptr;
+  }
+  return std::unique_ptr<StreamGraph>(new StreamGraph(std::move(impl)));
+}
+
+StreamGraph::StreamGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StreamGraph::~StreamGraph() {
+  cudaGraphExecDestroy(impl_->exec);
+  cudaGraphDestroy(impl_->graph);
+}
+
+void StreamGraph::Replay() { COROLLA_CUDA_CHECK(cudaGraphLaunch(impl_->exec, impl_->stream)); }
+
+}  // namespace corolla::cuda

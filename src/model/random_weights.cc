@@ -1,0 +1,84 @@
+#include "model/random_weights.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/numeric.h"
+#include "model/qwen3.h"
+#include "model/safetensors.h"
+
+namespace corolla {
+namespace {
+
+// The (name, shape) of every tensor a Qwen3 / Qwen3-MoE checkpoint of `c` holds.
+std::vector<std::pair<std::string, Shape>> Qwen3Tensors(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, d = c.head_dim;
+  const std::string& root = c.weight_prefix;
+  std::vector<std::pair<std::string, Shape>> t;
+  t.push_back({root + "embed_tokens.weight", {c.vocab_size, h}});
+  t.push_back({root + "norm.weight", {h}});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, h}});
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = root + "layers." + std::to_string(l) + ".";
+    t.push_back({p + "input_layernorm.weight", {h}});
+    t.push_back({p + "post_attention_layernorm.weight", {h}});
+    t.push_back({p + "self_attn.q_proj.weight", {c.q_size(), h}});
+    t.push_back({p + "self_attn.k_proj.weight", {c.kv_size(), h}});
+    t.push_back({p + "self_attn.v_proj.weight", {c.kv_size(), h}});
+    t.push_back({p + "self_attn.o_proj.weight", {h, c.q_size()}});
+    t.push_back({p + "self_attn.q_norm.weight", {d}});
+    t.push_back({p + "self_attn.k_norm.weight", {d}});
+    if (c.is_moe_layer(l)) {
+      const int64_t e = c.num_experts, inter = c.moe_intermediate_size;
+      t.push_back({p + "mlp.gate.weight", {e, h}});
+      t.push_back({p + "mlp.experts.gate_up_proj", {e, 2 * inter, h}});
+      t.push_back({p + "mlp.experts.down_proj", {e, h, inter}});
+    } else {
+      const int64_t inter = c.intermediate_size;
+      t.push_back({p + "mlp.gate_proj.weight", {inter, h}});
+      t.push_back({p + "mlp.up_proj.weight", {inter, h}});
+      t.push_back({p + "mlp.down_proj.weight", {h, inter}});
+    }
+  }
+  return t;
+}
+
+bool IsNorm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed) {
+  if (config.family != ModelFamily::kQwen3 && config.family != ModelFamily::kQwen3Moe)
+    return Unsupported("random weights: model_type " + config.model_type + " (only qwen3 / qwen3_moe)");
+  const auto tensors = Qwen3Tensors(config);
+  int64_t largest = 0;
+  for (const auto& [name, shape] : tensors) largest = std::max(largest, shape.numel());
+  // One buffer of uniform values with std 0.02 (checkpoint-like), and one of norm weights in
+  // [0.9, 1.1]; each tensor views the buffer at its own pseudo-random offset.
+  constexpr int64_t kSlack = int64_t{1} << 22;
+  std::vector<bf16> values(largest + kSlack), norms(kSlack);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {  // xorshift64*: uniform in [0, 1)
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return static_cast<float>((state * 0x2545F4914F6CDD1Dull) >> 40) * (1.0f / 16777216.0f);
+  };
+  const float half_width = 0.02f * 1.7320508f;
+  for (bf16& v : values) v = ToBf16((2.0f * next() - 1.0f) * half_width);
+  for (bf16& v : norms) v = ToBf16(0.9f + 0.2f * next());
+  std::vector<std::pair<std::string, TensorView>> views;
+  for (const auto& [name, shape] : tensors) {
+    const bool norm = IsNorm(name);
+    std::vector<bf16>& buf = norm ? norms : values;
+    const int64_t room = static_cast<int64_t>(buf.size()) - shape.numel();
+    const int64_t offset = static_cast<int64_t>(next() * static_cast<float>(room)) & ~int64_t{7};
+    views.push_back({name, TensorView(buf.data() + offset, DType::kBF16, shape, Device::kCpu, 0)});
+  }
+  std::unique_ptr<Checkpoint> checkpoint = Checkpoint::FromViews("<random weights>", views);
+  return LoadQwen3(config, *checkpoint, backend);
+}
+
+}  // namespace corolla

@@ -1,0 +1,18 @@
+// Random weights of a real model shape, for benchmarks that need no checkpoint
+// (`corolla bench decode|prefill --config CONFIG.json --random-weights`). Every weight is drawn
+// uniform bf16 of checkpoint-like scale (std 0.02; norm weights near 1) from one host buffer
+// that each tensor views at its own offset, then loaded through the model's ordinary loader.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "model/model.h"
+
+namespace corolla {
+
+// Loads a model of `config`'s architecture (Qwen3 / Qwen3-MoE) with random weights onto
+// `backend`. Unsupported for the other families.
+Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed);
+
+}  // namespace corolla

@@ -1,0 +1,137 @@
+#include "parallel/cuda/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+
+// Every NCCL call goes through here: statement, file:line (COROLLA_CHECK), device, NCCL's message.
+#define COROLLA_NCCL_CHECK(stmt)                                                               \
+  do {                                                                                         \
+    ncclResult_t corolla_nr_ = (stmt);                                                         \
+    COROLLA_CHECK(corolla_nr_ == ncclSuccess)                                                  \
+        << "NCCL error on device " << ::corolla::cuda::CurrentDevice() << ": "                \
+        << ncclGetErrorString(corolla_nr_) << " in " #stmt;                                    \
+  } while (0)
+
+namespace corolla {
+namespace {
+
+ncclDataType_t NcclType(DType t) {
+  switch (t) {
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF16: return ncclFloat16;
+    case DType::kF32: return ncclFloat32;
+    case DType::kI32: return ncclInt32;
+    default: COROLLA_CHECK(false) << "no NCCL type for " << DTypeName(t);
+  }
+  return ncclFloat32;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int size, int rank)
+      : comm_(comm), stream_(stream), size_(size), rank_(rank) {}
+  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  std::string name() const override { return "nccl"; }
+
+  void AllReduceSum(const TensorView& x) override {
+    COROLLA_CHECK(x.device == Device::kCuda && x.is_contiguous()) << "all-reduce of " << x.ToString();
+    if (x.numel() == 0) return;
+    COROLLA_NCCL_CHECK(ncclAllReduce(x.data, x.data, x.numel(), NcclType(x.dtype), ncclSum, comm_, stream_));
+  }
+
+  ncclComm_t comm() const { return comm_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  int size_, rank_;
+};
+
+}  // namespace
+
+Result<std::string> NcclUniqueId() {
+  ncclUniqueId id;
+  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
+    return Internal(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Backend& backend, int device, const std::string& unique_id,
+                                                           int size, int rank) {
+  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
+  if (cuda_backend == nullptr) return InvalidArgument("NCCL communicators need the CUDA backend, not " + backend.name());
+  if (unique_id.size() != sizeof(ncclUniqueId))
+    return Internal("bootstrap handed over an NCCL id of " + std::to_string(unique_id.size()) + " bytes");
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id.data(), sizeof(id));
+  COROLLA_CUDA_CHECK(cudaSetDevice(device));
+  ncclComm_t comm;
+  if (ncclResult_t r = ncclCommInitRank(&comm, size, id, rank); r != ncclSuccess)
+    return Internal("ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                    ", device " + std::to_string(device) + "): " + ncclGetErrorString(r));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, cuda_backend->stream(), size, rank));
+}
+
+Result<std::vector<double>> BenchNcclAllReduce(Communicator& comm, const std::vector<int64_t>& sizes, int iters,
+                                               bool symmetric) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  if (nccl == nullptr) return InvalidArgument("not an NCCL communicator");
+  const int64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
+  const size_t alloc_bytes = (static_cast<size_t>(max_bytes) + 4095) / 4096 * 4096;
+  void* buf = nullptr;
+  ncclWindow_t win = nullptr;
+  if (symmetric) {
+    COROLLA_NCCL_CHECK(ncclMemAlloc(&buf, alloc_bytes));
+    COROLLA_NCCL_CHECK(ncclCommWindowRegister(nccl->comm(), buf, alloc_bytes, &win, NCCL_WIN_COLL_SYMMETRIC));
+  } else {
+    COROLLA_CUDA_CHECK(cudaMalloc(&buf, alloc_bytes));
+  }
+  COROLLA_CUDA_CHECK(cudaMemset(buf, 0, alloc_bytes));  // bf16 zeros stay finite under the sums
+  cudaStream_t s = nccl->stream();
+  cudaEvent_t start, stop;
+  COROLLA_CUDA_CHECK(cudaEventCreate(&start));
+  COROLLA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> us;
+  for (int64_t bytes : sizes) {
+    const size_t count = static_cast<size_t>(bytes) / 2;
+    for (int i = 0; i < 20; ++i) COROLLA_NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, nccl->comm(), s));
+    std::vector<float> times;
+    for (int i = 0; i < iters; ++i) {
+      // Ten back-to-back all-reduces per sample: the launch gap is part of what a decode step pays.
+      COROLLA_CUDA_CHECK(cudaEventRecord(start, s));
+      for (int j = 0; j < 10; ++j)
+        COROLLA_NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclBfloat16, ncclSum, nccl->comm(), s));
+      COROLLA_CUDA_CHECK(cudaEventRecord(stop, s));
+      COROLLA_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      COROLLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms * 100.0f);  // us per all-reduce
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    us.push_back(times[times.size() / 2]);
+  }
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
+  COROLLA_CUDA_CHECK(cudaEventDestroy(start));
+  COROLLA_CUDA_CHECK(cudaEventDestroy(stop));
+  if (symmetric) {
+    COROLLA_NCCL_CHECK(ncclCommWindowDeregister(nccl->comm(), win));
+    COROLLA_NCCL_CHECK(ncclMemFree(buf));
+  } else {
+    COROLLA_CUDA_CHECK(cudaFree(buf));
+  }
+  return us;
+}
+
+}  // namespace corolla

@@ -1,0 +1,41 @@
+// TcpStore: the bootstrap of a job's processes, over one TCP star centred on rank 0 at
+// MASTER_ADDR:MASTER_PORT. It exchanges small blobs (NCCL unique ids, host tensors of the CPU
+// backend's collectives) with world-wide AllGather; every rank must call the same sequence of
+// AllGathers. Not thread-safe: one thread per process uses it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace corolla {
+
+class TcpStore {
+ public:
+  // Rank 0 listens on `port` and accepts world_size - 1 peers; the others connect to
+  // addr:port, retrying until `timeout_s` has passed.
+  static Result<std::unique_ptr<TcpStore>> Connect(const std::string& addr, int port, int world_size,
+                                                   int rank, double timeout_s = 120);
+  ~TcpStore();
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Every rank's `blob`, indexed by rank.
+  Result<std::vector<std::string>> AllGather(const std::string& blob);
+  Status Barrier();
+
+ private:
+  TcpStore(int world_size, int rank) : world_size_(world_size), rank_(rank) {}
+
+  int world_size_;
+  int rank_;
+  int listen_fd_ = -1;
+  std::vector<int> peers_;  // rank 0: socket of each rank (peers_[0] unused); others: peers_[0] = rank 0
+};
+
+}  // namespace corolla
