@@ -131,6 +131,20 @@ Status ParseRope(const json& j, ModelConfig* c) {
   return Status::Ok();
 }
 
+// Fields every family spells the same way.
+Status ParseCommon(const json& j, ModelConfig* c) {
+  Fields f(j);
+  RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
+  RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings, true));
+  RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
+  RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
+  RETURN_IF_ERROR(f.IntList("eos_token_id", &c->eos_token_ids));
+  int bos = -1;
+  RETURN_IF_ERROR(f.Int("bos_token_id", &bos));
+  if (bos >= 0) c->bos_token_id = bos;
+  return Status::Ok();
+}
+
 // Qwen3.5 / Qwen3-Next: which layers are Gated DeltaNet, their sizes, the shared expert.
 Status ParseHybrid(const json& j, ModelConfig* c) {
   Fields f(j);
@@ -182,14 +196,7 @@ Status ParseQwen3(const json& j, ModelConfig* c) {
   if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
   RETURN_IF_ERROR(f.Int("head_dim", &c->head_dim));
   RETURN_IF_ERROR(f.Int("intermediate_size", &c->intermediate_size));
-  RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
-  RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings, true));
-  RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
-  RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
-  RETURN_IF_ERROR(f.IntList("eos_token_id", &c->eos_token_ids));
-  int bos = -1;
-  RETURN_IF_ERROR(f.Int("bos_token_id", &bos));
-  if (bos >= 0) c->bos_token_id = bos;
+  RETURN_IF_ERROR(ParseCommon(j, c));
   RETURN_IF_ERROR(ParseRope(j, c));
 
   if (c->family == ModelFamily::kQwen3Moe || c->family == ModelFamily::kQwen3Hybrid) {
@@ -241,14 +248,7 @@ Status ParseDeepseekV3(const json& j, ModelConfig* c) {
   RETURN_IF_ERROR(f.Int("num_hidden_layers", &c->num_layers, true));
   RETURN_IF_ERROR(f.Int("num_attention_heads", &c->num_attention_heads, true));
   RETURN_IF_ERROR(f.Int("intermediate_size", &c->intermediate_size, true));
-  RETURN_IF_ERROR(f.Double("rms_norm_eps", &c->rms_norm_eps));
-  RETURN_IF_ERROR(f.Int("max_position_embeddings", &c->max_position_embeddings, true));
-  RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c->tie_word_embeddings));
-  RETURN_IF_ERROR(f.Bool("attention_bias", &c->attention_bias));
-  RETURN_IF_ERROR(f.IntList("eos_token_id", &c->eos_token_ids));
-  int bos = -1;
-  RETURN_IF_ERROR(f.Int("bos_token_id", &bos));
-  if (bos >= 0) c->bos_token_id = bos;
+  RETURN_IF_ERROR(ParseCommon(j, c));
 
   MlaConfig& m = c->mla;
   RETURN_IF_ERROR(f.Int("q_lora_rank", &m.q_lora_rank));  // null: no query bottleneck
