@@ -18,6 +18,7 @@ constexpr Benchmark kBenchmarks[] = {
     {"tokenize", BenchTokenizeMain, "single-threaded encoding MB/s of a tokenizer"},
     {"decode", BenchDecodeMain, "one decode step of a model vs the HBM copy bandwidth"},
     {"prefill", BenchPrefillMain, "one prefill of a model vs the bf16 matmul peak"},
+    {"serve", BenchServeMain, "an OpenAI server's throughput and TTFT/TPOT/ITL under load (like vllm bench serve)"},
 };
 
 void PrintUsage(FILE* out) {

@@ -13,5 +13,6 @@ int BenchMain(int argc, char** argv);       // bench_cmd.cc: dispatches `bench W
 int BenchTokenizeMain(int argc, char** argv);  // bench_tokenize_cmd.cc
 int BenchDecodeMain(int argc, char** argv);    // bench_model_cmd.cc
 int BenchPrefillMain(int argc, char** argv);   // bench_model_cmd.cc
+int BenchServeMain(int argc, char** argv);     // bench_serve_cmd.cc
 
 }  // namespace corolla::cli

@@ -3,15 +3,79 @@
 // accepting, lets in-flight requests finish for a grace period, aborts the rest, and exits 0.
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <pthread.h>
+#include <thread>
+#include <unistd.h>
 
 #include "base/logging.h"
 #include "cli/commands.h"
 #include "cli/model_options.h"
+#include "engine/kv_budget.h"
+#include "model/safetensors.h"
 #include "server/server.h"
 
 namespace corolla::cli {
 namespace {
+
+// --- load progress ----------------------------------------------------------------------------
+// The loader has no progress hook yet, so on the CPU the bar watches memory grow: the weights'
+// bytes as the CPU backend holds them (every tensor widened to float32) against the growth of
+// this process's anonymous memory. An estimate, clamped below 100% until the load returns.
+
+int64_t ExpectedCpuWeightBytes(const std::string& dir) {
+  Result<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::Open(dir);
+  if (!ckpt.ok()) return 0;
+  int64_t total = 0;
+  for (const std::string& name : (*ckpt)->Names())
+    if (const SafetensorsEntry* e = (*ckpt)->Find(name)) total += e->shape.numel() * 4;
+  return total;
+}
+
+int64_t AnonymousMemoryBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "RssAnon:") {
+      int64_t kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+    status.ignore(4096, '\n');
+  }
+  return -1;
+}
+
+// LoadModelFromOptions while a thread draws "loading weights [=====>    ] 40.0% of 2.5 GiB" on
+// a terminal (CPU only; other devices log the time it took).
+Result<LoadedModel> LoadWithProgress(const ModelOptions& options) {
+  Result<std::string> dir = options.ModelDir();
+  const int64_t expected = options.device == "cpu" && isatty(STDERR_FILENO) && dir.ok() ? ExpectedCpuWeightBytes(*dir) : 0;
+  const int64_t base = AnonymousMemoryBytes();
+  std::atomic<bool> done{false};
+  std::thread bar;
+  if (expected > 0 && base >= 0) {
+    bar = std::thread([&] {
+      constexpr int kWidth = 30;
+      auto start = std::chrono::steady_clock::now();
+      while (!done.load()) {
+        double fraction = std::clamp(static_cast<double>(AnonymousMemoryBytes() - base) / expected, 0.0, 0.99);
+        int filled = static_cast<int>(fraction * kWidth);
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "\rloading weights [%s>%s] %5.1f%% of %.2f GiB  %.0f s", std::string(filled, '=').c_str(),
+                     std::string(kWidth - filled, ' ').c_str(), 100 * fraction, expected / double(1 << 30), secs);
+        std::fflush(stderr);
+        for (int i = 0; i < 10 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::fprintf(stderr, "\rloading weights [%s] 100.0%% of %.2f GiB\n", std::string(kWidth + 1, '=').c_str(),
+                   expected / double(1 << 30));
+    });
+  }
+  Result<LoadedModel> loaded = LoadModelFromOptions(options);
+  done = true;
+  if (bar.joinable()) bar.join();
+  return loaded;
+}
 
 struct ServeOptions {
   ModelOptions model;
@@ -54,16 +118,28 @@ Status Run(const ServeOptions& o) {
 
   ASSIGN_OR_RETURN(std::string dir, o.model.ModelDir());
   LOG(INFO) << "loading model " << dir << " on " << o.model.device << " ...";
-  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelFromOptions(o.model));
+  auto load_start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadWithProgress(o.model));
   LOG(INFO) << "loaded " << loaded.model->config().model_type << " (" << loaded.model->config().num_layers
-            << " layers, vocab " << loaded.model->config().vocab_size << ")";
-  if (o.gpu_memory_utilization > 0)
-    LOG(WARNING) << "--gpu-memory-utilization is not measured yet on " << loaded.backend->name()
-                 << "; sizing the KV cache by --kv-cache-memory";
+            << " layers, vocab " << loaded.model->config().vocab_size << ") in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s";
   EngineOptions eo;
   eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
   eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
   eo.kv_cache_bytes = o.kv_cache_memory;
+  if (o.gpu_memory_utilization > 0) {
+    // The KV cache takes what the fraction leaves after the weights (now loaded) and activations.
+    Result<KvBudget> budget = KvBudgetForUtilization(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
+                                                     eo.max_batch_tokens, eo.max_num_seqs);
+    if (budget.ok()) {
+      eo.kv_cache_bytes = budget->kv_cache_bytes;
+      LOG(INFO) << "--gpu-memory-utilization " << o.gpu_memory_utilization << ": " << budget->ToString();
+    } else if (budget.status().code() == StatusCode::kUnsupported) {
+      LOG(WARNING) << budget.status().message() << "; sizing the KV cache by --kv-cache-memory";
+    } else {
+      return budget.status();
+    }
+  }
   eo.max_model_len = static_cast<int>(o.max_model_len);
   eo.enable_prefix_caching = o.prefix_caching;
   AsyncEngineOptions ao;
@@ -101,7 +177,9 @@ int ServeMain(int argc, char** argv) {
   flags.Int("max-num-seqs", &o.max_num_seqs, "maximum sequences in one step");
   flags.Int("max-batch-tokens", &o.max_batch_tokens, "maximum tokens in one step (decodes + prefill chunks)");
   flags.Int("kv-cache-memory", &o.kv_cache_memory, "bytes of KV cache");
-  flags.Float("gpu-memory-utilization", &o.gpu_memory_utilization, "fraction of GPU memory to use (CUDA; not yet measured)");
+  flags.Float("gpu-memory-utilization", &o.gpu_memory_utilization,
+              "fraction of the device's memory this server may use; the KV cache gets what the weights and "
+              "activations leave (CPU: of host RAM). Overrides --kv-cache-memory");
   flags.Int("max-model-len", &o.max_model_len, "maximum tokens per sequence (0: the model's)");
   flags.Int("max-waiting", &o.max_waiting, "queued requests beyond which new ones get 429");
   flags.Int("http-threads", &o.http_threads, "I/O threads of the HTTP server");

@@ -4,18 +4,22 @@
 // its new tokens as they are produced. Every accepted request gets exactly one final output
 // (finish_reason != kNone: stop, length, or abort after Cancel/Shutdown) unless its callback
 // ended it first by returning false, so none is lost.
-// Callbacks run on the step thread, one request's in order; they must be quick and must not
-// call back into Submit/Shutdown (Cancel is fine).
+// Callbacks run on an output thread of their own, one at a time and each request's in order,
+// so what they do (detokenizing, formatting, writing to sockets) overlaps the next step instead
+// of delaying it. They must not call back into Submit/Shutdown (Cancel is fine). A callback that
+// returns false is called no more; the step thread drops its request at the next boundary.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/engine.h"
@@ -62,6 +66,12 @@ class AsyncEngine {
   // Validates and queues a request; returns its id. Errors: the request's own (InvalidArgument,
   // OutOfRange), ResourceExhausted when the waiting queue is full, Cancelled after Shutdown.
   Result<uint64_t> Submit(GenerationRequest request, OutputCallback callback);
+  // Queues requests that share one prompt (the n choices of one API request), all or none;
+  // returns their ids in order. The first computes the prompt; the others join the batch once
+  // it has, so their prompt comes from the prefix cache and is computed once (without prefix
+  // caching they all start at once). Each ends with its own final output; Cancel each id.
+  Result<std::vector<uint64_t>> SubmitAll(std::vector<GenerationRequest> requests,
+                                          std::vector<OutputCallback> callbacks);
   // Ends a request at the next step boundary, freeing its blocks; its callback gets a final
   // kAbort output. Unknown or finished ids are ignored.
   void Cancel(uint64_t request_id);
@@ -77,14 +87,33 @@ class AsyncEngine {
     uint64_t id;
     GenerationRequest request;
     OutputCallback callback;
+    uint64_t leader = 0;  // nonzero: joins once this request's prompt is computed
   };
   struct Active {
-    int64_t seq_id;
-    OutputCallback callback;
+    int64_t seq_id;  // -1 while parked behind its leader
+    std::shared_ptr<OutputCallback> callback;
     int num_prompt_tokens;
   };
+  // An output on its way to a callback; a null callback tells the output thread to forget a
+  // request that its callback ended.
+  struct Delivery {
+    uint64_t request_id;
+    std::shared_ptr<OutputCallback> callback;
+    RequestOutput output;
+  };
+  struct Parked {
+    uint64_t id;
+    GenerationRequest request;
+  };
   void Loop();
+  void OutputLoop();
+  void Deliver(uint64_t request_id, const std::shared_ptr<OutputCallback>& callback, RequestOutput output);
+  // Ends a request with a final kAbort output, wherever it is.
+  void AbortRequest(uint64_t request_id);
   void AbortAll();
+  void AddToEngine(uint64_t id, GenerationRequest request);
+  // Lets the requests parked behind `leader` into the engine.
+  void Unpark(uint64_t leader);
   void PublishStats(int num_incoming);
 
   std::unique_ptr<Engine> engine_;  // touched by the step thread only (Validate: any thread)
@@ -95,6 +124,7 @@ class AsyncEngine {
   std::condition_variable cv_;
   std::vector<Submission> incoming_;  // guarded by mu_
   std::vector<uint64_t> cancels_;     // guarded by mu_
+  std::vector<uint64_t> ended_by_callback_;  // guarded by mu_
   bool stopping_ = false;             // guarded by mu_
   std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
   EngineStats stats_;                 // guarded by mu_
@@ -103,8 +133,17 @@ class AsyncEngine {
   // Step thread only.
   std::unordered_map<uint64_t, Active> active_;
   std::unordered_map<int64_t, uint64_t> request_of_seq_;
+  std::unordered_map<uint64_t, std::vector<Parked>> parked_;  // by leader
+  int num_parked_ = 0;
 
   std::thread thread_;
+
+  std::mutex out_mu_;
+  std::condition_variable out_cv_;
+  std::deque<Delivery> deliveries_;  // guarded by out_mu_
+  bool outputs_closed_ = false;      // guarded by out_mu_
+  std::unordered_set<uint64_t> ended_;  // output thread only: callbacks that returned false
+  std::thread output_thread_;
 };
 
 }  // namespace corolla

@@ -155,5 +155,80 @@ TEST_F(AsyncEngineTest, ShutdownWithDrainFinishesInFlightRequests) {
   EXPECT_EQ(c->tokens.size(), 12u);
 }
 
+// Callbacks run beside the step loop: a slow consumer does not hold the steps back, and every
+// token still arrives, in order, as Generate would produce it.
+TEST_F(AsyncEngineTest, SlowCallbacksOverlapTheSteps) {
+  GenerationRequest r = Request(4, 12, 20);
+  auto expected = Engine::Create(*model_, *backend_, {}).value()->Generate({r}).value()[0].first;
+  auto engine = Make();
+  auto c = std::make_shared<Collected>();
+  auto inner = Collect(c);
+  int64_t steps_seen_by_first_callback = -1;
+  ASSERT_TRUE(engine->Submit(r, [&, inner](const RequestOutput& out) {
+    if (steps_seen_by_first_callback < 0) {  // blocks until the steps are done (or 10 s)
+      for (int i = 0; i < 1000 && engine->Stats().num_steps < 20; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      steps_seen_by_first_callback = engine->Stats().num_steps;
+    }
+    return inner(out);
+  }).ok());
+  c->done.get_future().wait();
+  EXPECT_EQ(steps_seen_by_first_callback, 20);  // the whole generation ran meanwhile
+  std::lock_guard<std::mutex> lock(c->mu);
+  EXPECT_EQ(c->tokens, expected);
+  EXPECT_EQ(c->reason, FinishReason::kLength);
+}
+
+// SubmitAll (n choices of one prompt): the first computes the prompt, the others join once it is
+// cached; each gives what it would alone, and a cancelled follower ends with abort.
+TEST_F(AsyncEngineTest, SubmitAllComputesTheSharedPromptOnce) {
+  GenerationRequest r = Request(9, 50, 10);  // 3 full blocks of 16 before the last token
+  auto expected = Engine::Create(*model_, *backend_, {}).value()->Generate({r}).value()[0].first;
+  auto engine = Make();
+  std::vector<std::shared_ptr<Collected>> got;
+  std::vector<GenerationRequest> requests;
+  std::vector<OutputCallback> callbacks;
+  for (int i = 0; i < 3; ++i) {
+    got.push_back(std::make_shared<Collected>());
+    requests.push_back(r);
+    callbacks.push_back(Collect(got.back()));
+  }
+  std::vector<uint64_t> ids = engine->SubmitAll(requests, callbacks).value();
+  ASSERT_EQ(ids.size(), 3u);
+  for (auto& g : got) {
+    g->done.get_future().wait();
+    std::lock_guard<std::mutex> lock(g->mu);
+    EXPECT_EQ(g->tokens, expected);
+  }
+  EXPECT_EQ(engine->Stats().prefix_cache_hits, 2 * 48);
+
+  // A follower cancelled while it waits for its leader.
+  got.clear();
+  callbacks.clear();
+  requests.assign(3, Request(11, 40, 30));
+  for (int i = 0; i < 3; ++i) {
+    got.push_back(std::make_shared<Collected>());
+    callbacks.push_back(Collect(got.back()));
+  }
+  ids = engine->SubmitAll(requests, callbacks).value();
+  engine->Cancel(ids[2]);
+  for (auto& g : got) g->done.get_future().wait();
+  EXPECT_EQ(got[0]->reason, FinishReason::kLength);
+  EXPECT_EQ(got[1]->reason, FinishReason::kLength);
+  EXPECT_EQ(got[2]->reason, FinishReason::kAbort);
+  EXPECT_EQ(got[1]->tokens, got[0]->tokens);
+  engine->Shutdown();
+  EXPECT_EQ(engine->Stats().num_used_kv_blocks, 0);
+  for (auto& g : got) EXPECT_EQ(g->num_finals, 1);
+
+  // All or none against the queue limit.
+  AsyncEngineOptions a;
+  a.max_waiting = 2;
+  auto small = Make({}, a);
+  requests.assign(3, Request(1, 8, 2));
+  callbacks.assign(3, Collect(std::make_shared<Collected>()));
+  EXPECT_EQ(small->SubmitAll(requests, callbacks).status().code(), StatusCode::kResourceExhausted);
+}
+
 }  // namespace
 }  // namespace corolla

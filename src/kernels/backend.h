@@ -5,6 +5,8 @@
 // A Backend is used by one thread at a time (the engine's step thread).
 #pragma once
 
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,6 +86,19 @@ class Backend {
   virtual void CopyToHost(const TensorView& src, void* dst) = 0;
   virtual void CopyFromHost(const void* src, const TensorView& dst) = 0;
   virtual void Synchronize() = 0;
+  // Free and total bytes of the device's memory, for sizing the KV cache as a fraction of it
+  // (--gpu-memory-utilization). The default answers for the CPU (host RAM: free excludes the
+  // page cache); a device backend overrides it (CUDA: cudaMemGetInfo), else it is Unsupported.
+  // Unlike the rest, callable from any thread while the backend works (load progress polls it).
+  struct MemoryInfo {
+    int64_t free_bytes = 0;
+    int64_t total_bytes = 0;
+  };
+  virtual Result<MemoryInfo> QueryMemory() {
+    if (device() != Device::kCpu) return Unsupported(name() + " does not report its free memory yet");
+    const int64_t page = sysconf(_SC_PAGE_SIZE);
+    return MemoryInfo{sysconf(_SC_AVPHYS_PAGES) * page, sysconf(_SC_PHYS_PAGES) * page};
+  }
 
   // --- ops ------------------------------------------------------------------------------
   // out[t] = table[ids[t]]. ids [T] i32, table [V, H], out [T, H].

@@ -157,7 +157,7 @@ std::optional<ApiError> ParseParams(const json& j, CompletionParams* p) {
   }
   std::optional<int64_t> n;
   RETURN_IF_API_ERROR(GetInt(j, "n", 1, 128, &n));
-  if (n && *n != 1) return BadRequest("only n = 1 is supported", "n");
+  if (n) p->n = static_cast<int>(*n);
   return std::nullopt;
 }
 

@@ -48,35 +48,44 @@ double FiniteLogprob(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
 
 std::string Sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
 
-// One request from submission to its last byte. Its state is touched by the engine's step
-// thread only (OnOutput runs there, one call at a time).
+// One request from submission to its last byte: its n choices, each an engine request of its
+// own. Its state is touched by the engine's output thread only (OnOutput runs there, one call at a
+// time, for every choice).
 class Generation {
  public:
   Generation(OpenAiServer::Context* ctx, ServedModel* m, std::shared_ptr<HttpResponder> responder, bool chat,
              const CompletionParams& p)
       : ctx_(ctx), m_(m), responder_(std::move(responder)), chat_(chat), stream_(p.stream),
         include_usage_(p.include_usage), num_logprobs_(p.num_logprobs), ignore_eos_(p.ignore_eos),
-        detok_(*m->tokenizer, p.skip_special_tokens), stops_(p.stop), arrival_(Clock::now()) {
+        arrival_(Clock::now()) {
     uint64_t n = ctx->next_request.fetch_add(1);
     char id[48];
     std::snprintf(id, sizeof(id), "%s-%016llx%04llx", chat ? "chatcmpl" : "cmpl",
                   static_cast<unsigned long long>(ctx->seed_base), static_cast<unsigned long long>(n & 0xffff));
     id_ = id;
     created_ = UnixTime();
-    if (!chat && num_logprobs_ >= 0) completion_logprobs_ = {{"tokens", json::array()}, {"token_logprobs", json::array()},
-                                                             {"top_logprobs", json::array()}, {"text_offset", json::array()}};
-    if (chat && num_logprobs_ >= 0) chat_logprobs_ = json::array();
+    for (int i = 0; i < std::max(1, p.n); ++i) {
+      auto c = std::make_unique<Choice>(*m->tokenizer, p);
+      if (!chat && num_logprobs_ >= 0) c->completion_logprobs = {{"tokens", json::array()}, {"token_logprobs", json::array()},
+                                                                 {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+      if (chat && num_logprobs_ >= 0) c->chat_logprobs = json::array();
+      choices_.push_back(std::move(c));
+    }
   }
 
   void set_stop_ids(std::vector<int32_t> ids) { stop_ids_ = std::move(ids); }
-  void set_prompt(int num_prompt_tokens, std::string echo_text) {
+  void set_prompt(int num_prompt_tokens, const std::string& echo_text) {
     num_prompt_ = num_prompt_tokens;
-    text_ = std::move(echo_text);  // echo: the prompt leads the returned text
-    if (stream_ && !text_.empty()) pending_echo_ = text_;
+    for (auto& c : choices_) {
+      c->text = echo_text;  // echo: the prompt leads the returned text
+      if (stream_) c->pending_echo = echo_text;
+    }
   }
 
-  bool OnOutput(const RequestOutput& out) {
-    if (done_) return false;
+  // New tokens of choice `index`; false ends that engine request.
+  bool OnOutput(int index, const RequestOutput& out) {
+    Choice& c = *choices_[index];
+    if (c.done || aborted_) return false;
     Clock::time_point now = Clock::now();
     std::string emitted;
     bool stopped = false;
@@ -85,22 +94,23 @@ class Generation {
       int32_t token = out.tokens[i];
       if (num_generated_ == 0) {
         ctx_->metrics->ObserveTimeToFirstToken(std::chrono::duration<double>(now - arrival_).count());
-      } else {
-        ctx_->metrics->ObserveInterTokenLatency(std::chrono::duration<double>(now - last_token_).count());
+      } else if (c.num_generated > 0) {
+        ctx_->metrics->ObserveInterTokenLatency(std::chrono::duration<double>(now - c.last_token).count());
       }
-      last_token_ = now;
+      c.last_token = now;
+      ++c.num_generated;
       ++num_generated_;
       bool eos_stop = out.finish_reason == FinishReason::kStop && i + 1 == out.tokens.size() && !ignore_eos_ &&
                       std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end();
       std::string piece;
       if (!eos_stop) {
-        Result<std::string> r = detok_.Push(token);
+        Result<std::string> r = c.detok.Push(token);
         if (r.ok()) piece = std::move(r).value();
       }
-      std::string visible = stops_.Push(piece, &stopped);
+      std::string visible = c.stops.Push(piece, &stopped);
       if (num_logprobs_ >= 0 && i < out.logprobs.size()) {
-        AddLogprob(token, out.logprobs[i], i < out.top_logprobs.size() ? out.top_logprobs[i] : std::vector<TokenLogprob>{},
-                   text_.size() + emitted.size(), &chunk_logprobs);
+        AddLogprob(c, token, out.logprobs[i], i < out.top_logprobs.size() ? out.top_logprobs[i] : std::vector<TokenLogprob>{},
+                   c.text.size() + emitted.size(), &chunk_logprobs);
       }
       emitted += visible;
     }
@@ -109,11 +119,11 @@ class Generation {
       reason = "stop";
     } else if (out.finish_reason != FinishReason::kNone) {
       bool unused;
-      emitted += stops_.Push(detok_.Flush(), &unused);
+      emitted += c.stops.Push(c.detok.Flush(), &unused);
       if (unused) {
         reason = "stop";
       } else {
-        emitted += stops_.Flush();
+        emitted += c.stops.Flush();
         reason = out.finish_reason == FinishReason::kLength ? "length"
                  : out.finish_reason == FinishReason::kStop ? "stop"
                                                             : nullptr;
@@ -123,22 +133,34 @@ class Generation {
       Abort();
       return false;
     }
-    text_ += emitted;
-    if (stream_ && (!emitted.empty() || !chunk_logprobs.empty() || !sent_first_)) SendChunk(emitted, chunk_logprobs, nullptr);
+    c.text += emitted;
+    if (stream_ && (!emitted.empty() || !chunk_logprobs.empty() || !c.sent_first)) SendChunk(index, emitted, chunk_logprobs, nullptr);
     if (reason) {
-      Finish(reason);
+      FinishChoice(index, reason);
       return false;
     }
     return true;
   }
 
  private:
+  struct Choice {
+    Choice(const Tokenizer& tokenizer, const CompletionParams& p) : detok(tokenizer, p.skip_special_tokens), stops(p.stop) {}
+    StreamingDetokenizer detok;
+    StopStringMatcher stops;
+    std::string text, pending_echo;
+    json chat_logprobs, completion_logprobs;
+    Clock::time_point last_token;
+    int num_generated = 0;
+    bool sent_first = false, done = false;
+    const char* finish_reason = nullptr;
+  };
+
   std::string TokenText(int32_t token) const {
     Result<std::string> t = m_->tokenizer->Decode(std::span<const int32_t>(&token, 1), false);
     return t.ok() ? *t : "";
   }
 
-  void AddLogprob(int32_t token, float lp, const std::vector<TokenLogprob>& top, size_t offset, json* chunk) {
+  void AddLogprob(Choice& c, int32_t token, float lp, const std::vector<TokenLogprob>& top, size_t offset, json* chunk) {
     if (chat_) {
       auto entry = [&](int32_t id, float v) {
         std::string s = TokenText(id);
@@ -149,16 +171,16 @@ class Generation {
       for (const auto& t : top) tops.push_back(entry(t.token, t.logprob));
       e["top_logprobs"] = tops;
       chunk->push_back(e);
-      chat_logprobs_.push_back(e);
+      c.chat_logprobs.push_back(e);
     } else {
       json tops = json::object();
       for (const auto& t : top) tops[TokenText(t.token)] = FiniteLogprob(t.logprob);
       json e = {{"token", TokenText(token)}, {"logprob", FiniteLogprob(lp)}, {"top", tops}, {"offset", offset}};
       chunk->push_back(e);
-      completion_logprobs_["tokens"].push_back(e["token"]);
-      completion_logprobs_["token_logprobs"].push_back(e["logprob"]);
-      completion_logprobs_["top_logprobs"].push_back(tops);
-      completion_logprobs_["text_offset"].push_back(offset);
+      c.completion_logprobs["tokens"].push_back(e["token"]);
+      c.completion_logprobs["token_logprobs"].push_back(e["logprob"]);
+      c.completion_logprobs["top_logprobs"].push_back(tops);
+      c.completion_logprobs["text_offset"].push_back(offset);
     }
   }
 
@@ -185,64 +207,78 @@ class Generation {
     return c;
   }
 
-  void SendChunk(const std::string& text, const json& logprob_entries, const char* reason) {
-    json choice = {{"index", 0}, {"logprobs", logprob_entries.empty() ? json(nullptr) : LogprobsOf(logprob_entries)},
+  void SendChunk(int index, const std::string& text, const json& logprob_entries, const char* reason) {
+    Choice& c = *choices_[index];
+    json choice = {{"index", index}, {"logprobs", logprob_entries.empty() ? json(nullptr) : LogprobsOf(logprob_entries)},
                    {"finish_reason", reason ? json(reason) : json(nullptr)}};
     if (chat_) {
       json delta = json::object();
-      if (!sent_first_) delta["role"] = "assistant";
-      if (!text.empty() || !sent_first_) delta["content"] = text;
+      if (!c.sent_first) delta["role"] = "assistant";
+      if (!text.empty() || !c.sent_first) delta["content"] = text;
       choice["delta"] = delta;
     } else {
-      choice["text"] = pending_echo_ + text;
-      pending_echo_.clear();
+      choice["text"] = c.pending_echo + text;
+      c.pending_echo.clear();
     }
     // The stream starts with the first chunk, so every write of this request comes from the
-    // step thread, in order.
-    if (!sent_first_) responder_->StartStream(200, "text/event-stream");
-    sent_first_ = true;
-    json c = ChunkBase();
-    c["choices"] = json::array({choice});
-    responder_->Write(Sse(c));
+    // engine's output thread, in order.
+    if (!stream_started_) responder_->StartStream(200, "text/event-stream");
+    stream_started_ = true;
+    c.sent_first = true;
+    json chunk = ChunkBase();
+    chunk["choices"] = json::array({choice});
+    responder_->Write(Sse(chunk));
   }
 
-  void Finish(const char* reason) {
-    done_ = true;
+  void FinishChoice(int index, const char* reason) {
+    Choice& c = *choices_[index];
+    c.done = true;
+    c.finish_reason = reason;
+    if (stream_) SendChunk(index, "", json::array(), reason);
+    if (++num_done_ < static_cast<int>(choices_.size())) return;
+
     ctx_->metrics->RequestFinished(reason);
     ctx_->metrics->AddTokens(num_prompt_, num_generated_);
     ctx_->metrics->ObserveEndToEnd(std::chrono::duration<double>(Clock::now() - arrival_).count());
     if (stream_) {
-      SendChunk("", json::array(), reason);
       if (include_usage_) {
-        json c = ChunkBase();
-        c["choices"] = json::array();
-        c["usage"] = Usage();
-        responder_->Write(Sse(c));
+        json u = ChunkBase();
+        u["choices"] = json::array();
+        u["usage"] = Usage();
+        responder_->Write(Sse(u));
       }
       responder_->Write("data: [DONE]\n\n");
       responder_->End();
       return;
     }
-    json choice = {{"index", 0}, {"finish_reason", reason}};
-    if (chat_) {
-      choice["message"] = {{"role", "assistant"}, {"content", text_}};
-      choice["logprobs"] = num_logprobs_ >= 0 ? json{{"content", chat_logprobs_}} : json(nullptr);
-    } else {
-      choice["text"] = text_;
-      choice["logprobs"] = num_logprobs_ >= 0 ? completion_logprobs_ : json(nullptr);
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& ch = *choices_[i];
+      json choice = {{"index", i}, {"finish_reason", ch.finish_reason}};
+      if (chat_) {
+        choice["message"] = {{"role", "assistant"}, {"content", ch.text}};
+        choice["logprobs"] = num_logprobs_ >= 0 ? json{{"content", ch.chat_logprobs}} : json(nullptr);
+      } else {
+        choice["text"] = ch.text;
+        choice["logprobs"] = num_logprobs_ >= 0 ? ch.completion_logprobs : json(nullptr);
+      }
+      choices.push_back(std::move(choice));
     }
     json body = {{"id", id_}, {"object", chat_ ? "chat.completion" : "text_completion"}, {"created", created_},
-                 {"model", m_->name}, {"choices", json::array({choice})}, {"usage", Usage()}};
+                 {"model", m_->name}, {"choices", choices}, {"usage", Usage()}};
     responder_->Send(200, kJson, body.dump(-1, ' ', false, json::error_handler_t::replace));
   }
 
+  // Any choice aborted (client gone, shutdown) ends the whole response; the other choices end
+  // at their next output.
   void Abort() {
-    done_ = true;
+    aborted_ = true;
     ctx_->metrics->RequestFinished("abort");
     ctx_->metrics->AddTokens(num_prompt_, num_generated_);
     ApiError e = ErrorOf(503, "the request was aborted (cancelled or the server is shutting down)", "server_error", "aborted");
     if (stream_) {
-      if (!sent_first_) responder_->StartStream(200, "text/event-stream");
+      if (!stream_started_) responder_->StartStream(200, "text/event-stream");
+      stream_started_ = true;
       responder_->Write("data: " + e.ToJson() + "\n\n");
       responder_->Write("data: [DONE]\n\n");
       responder_->End();
@@ -258,16 +294,14 @@ class Generation {
   const int num_logprobs_;
   const bool ignore_eos_;
   std::vector<int32_t> stop_ids_;
-  StreamingDetokenizer detok_;
-  StopStringMatcher stops_;
+  std::vector<std::unique_ptr<Choice>> choices_;
   const Clock::time_point arrival_;
-  Clock::time_point last_token_;
   std::string id_;
   int64_t created_ = 0;
-  int num_prompt_ = 0, num_generated_ = 0;
-  std::string text_, pending_echo_;
-  json chat_logprobs_, completion_logprobs_;
-  bool done_ = false, sent_first_ = false;
+  int num_prompt_ = 0;
+  int num_generated_ = 0;  // over all choices
+  int num_done_ = 0;
+  bool aborted_ = false, stream_started_ = false;
 };
 
 std::string StripQuery(const std::string& target) { return target.substr(0, target.find('?')); }
@@ -406,7 +440,8 @@ void OpenAiServer::Handle(HttpRequest req, std::shared_ptr<HttpResponder> respon
 
   if (path == "/v1/models") {
     json card = {{"id", m->name}, {"object", "model"}, {"created", UnixTime()}, {"owned_by", "corolla"},
-                 {"root", m->name}, {"max_model_len", max_model_len}};
+                 {"root", m->name}, {"max_model_len", max_model_len},
+                 {"vocab_size", m->model->config().vocab_size}};
     r.Send(200, kJson, json{{"object", "list"}, {"data", json::array({card})}}.dump());
     return;
   }
@@ -515,9 +550,17 @@ void OpenAiServer::Handle(HttpRequest req, std::shared_ptr<HttpResponder> respon
   auto generation = std::make_shared<Generation>(&ctx, m, responder, chat, params);
   generation->set_stop_ids(g.stop_token_ids);
   generation->set_prompt(static_cast<int>(num_prompt), echo_text);
-  Result<uint64_t> id = m->engine->Submit(std::move(g), [generation](const RequestOutput& out) { return generation->OnOutput(out); });
-  if (!id.ok()) {
-    const Status& s = id.status();
+  // n choices: one engine request each, sharing the prompt; choice i samples with seed + i.
+  std::vector<GenerationRequest> requests;
+  std::vector<OutputCallback> callbacks;
+  for (int i = 0; i < params.n; ++i) {
+    requests.push_back(g);
+    requests.back().sampling.seed = g.sampling.seed + static_cast<uint64_t>(i);
+    callbacks.push_back([generation, i](const RequestOutput& out) { return generation->OnOutput(i, out); });
+  }
+  Result<std::vector<uint64_t>> ids = m->engine->SubmitAll(std::move(requests), std::move(callbacks));
+  if (!ids.ok()) {
+    const Status& s = ids.status();
     ApiError e = s.code() == StatusCode::kResourceExhausted ? ErrorOf(429, s.message(), "server_error", "queue_full")
                  : s.code() == StatusCode::kCancelled      ? ErrorOf(503, s.message(), "server_error", "shutting_down")
                                                             : BadRequest(s.message(), prompt_param);
@@ -526,8 +569,9 @@ void OpenAiServer::Handle(HttpRequest req, std::shared_ptr<HttpResponder> respon
     return;
   }
   AsyncEngine* engine = m->engine.get();
-  uint64_t engine_id = *id;
-  r.OnDisconnect([engine, engine_id] { engine->Cancel(engine_id); });
+  r.OnDisconnect([engine, ids = *ids] {
+    for (uint64_t id : ids) engine->Cancel(id);
+  });
 }
 
 }  // namespace corolla::server

@@ -2,7 +2,8 @@
 // answers /health with 503 until a model is attached (so load progress is observable), then
 // serves /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /metrics.
 // Requests are validated on the I/O threads, tokens are detokenized and checked for stop
-// strings on the engine's step thread, and responses go back through the connection's strand.
+// strings on the engine's output thread (overlapping the next step), and responses go back
+// through the connection's strand.
 // Thread-safe.
 #pragma once
 

@@ -11,6 +11,7 @@
 #include <boost/beast/http.hpp>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -246,6 +247,73 @@ TEST_F(ServerTest, LogprobsStopStringsAndSeeds) {
   EXPECT_NE(Post(port(), "/v1/completions", other).Json()["choices"][0]["text"], alone);
 }
 
+// n choices: each its own sampling stream (seed + index), streamed with their indexes; the
+// shared prompt is computed once (the other choices find it in the prefix cache).
+TEST_F(ServerTest, SeveralChoicesShareThePromptAndSampleIndependently) {
+  json golden = Golden();
+  const json& chat = golden["chats"][0];
+  json req = {{"messages", chat["messages"]}, {"temperature", 0}, {"n", 3}};
+  Reply r = Post(port(), "/v1/chat/completions", req);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = r.Json();
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], chat["greedy_text"]);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "stop");
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], chat["prompt_ids"].size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3 * chat["greedy_ids"].size());
+
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  Reply s = Post(port(), "/v1/chat/completions", req);
+  ASSERT_EQ(s.status, 200);
+  EXPECT_TRUE(s.done);
+  std::vector<std::string> texts(3), reasons(3);
+  std::vector<int> roles(3, 0);
+  for (const auto& e : s.events) {
+    if (!e.contains("choices") || e["choices"].empty()) continue;
+    const json& c = e["choices"][0];
+    int i = c["index"];
+    ASSERT_TRUE(i >= 0 && i < 3);
+    if (c["delta"].contains("role")) ++roles[i];
+    if (c["delta"].contains("content")) texts[i] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) reasons[i] = c["finish_reason"];
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(texts[i], chat["greedy_text"].get<std::string>()) << i;
+    EXPECT_EQ(reasons[i], "stop") << i;
+    EXPECT_EQ(roles[i], 1) << i;
+  }
+  EXPECT_EQ(s.events.back()["usage"]["completion_tokens"], 3 * chat["greedy_ids"].size());
+
+  // Sampling: choice i draws from seed + i, so it equals a single request with that seed.
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 90; ++i) prompt.push_back(300 + 7 * i);  // 5 full blocks of 16 before the last token
+  json sampled = {{"prompt", prompt}, {"temperature", 1.0}, {"seed", 77}, {"max_tokens", 12}, {"ignore_eos", true}, {"n", 4}};
+  EngineStats before = *server().Stats();
+  Reply many = Post(port(), "/v1/completions", sampled);
+  EngineStats after = *server().Stats();
+  ASSERT_EQ(many.status, 200) << many.body;
+  const json choices = many.Json()["choices"];
+  ASSERT_EQ(choices.size(), 4u);
+  // The three followers each found the leader's 5 full prompt blocks cached.
+  EXPECT_GE(after.prefix_cache_hits - before.prefix_cache_hits, 3 * 80);
+  std::set<std::string> distinct;
+  for (int i = 0; i < 4; ++i) {
+    json one = sampled;
+    one.erase("n");
+    one["seed"] = 77 + i;
+    const json& c = choices[i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["text"], Post(port(), "/v1/completions", one).Json()["choices"][0]["text"]) << i;
+    distinct.insert(c["text"].get<std::string>());
+  }
+  EXPECT_GT(distinct.size(), 1u);
+  EXPECT_TRUE(WaitIdle(server()));
+}
+
 void ExpectError(const Reply& r, int status, const std::string& param = "") {
   EXPECT_EQ(r.status, status) << r.body;
   json j = r.Json();
@@ -270,7 +338,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
   ExpectError(Post(port(), chat, {{"messages", json::array()}}), 400, "messages");
   ExpectError(Post(port(), chat, {{"messages", msgs}, {"max_tokens", 0}}), 400, "max_tokens");
   ExpectError(Post(port(), chat, {{"messages", msgs}, {"max_tokens", 100000}}), 400, "max_tokens");
-  ExpectError(Post(port(), chat, {{"messages", msgs}, {"n", 2}}), 400, "n");
+  ExpectError(Post(port(), chat, {{"messages", msgs}, {"n", 0}}), 400, "n");
+  ExpectError(Post(port(), chat, {{"messages", msgs}, {"n", 129}}), 400, "n");
   ExpectError(Post(port(), chat, {{"messages", msgs}, {"top_logprobs", 3}}), 400, "top_logprobs");
   std::string long_text;
   for (int i = 0; i < 800; ++i) long_text += "capital of Japan ";
@@ -315,7 +384,7 @@ TEST(ServerLoading, HealthIs503UntilAttached) {
 }
 
 TEST_F(ServerTest, LoadManyConcurrentStreamsAllEndCleanly) {
-  constexpr int kClients = 300;
+  constexpr int kClients = 500;
   std::mt19937 rng(7);
   std::vector<json> bodies;
   for (int i = 0; i < kClients; ++i) {
@@ -335,21 +404,24 @@ TEST_F(ServerTest, LoadManyConcurrentStreamsAllEndCleanly) {
       replies[i] = Post(port(), bodies[i].contains("messages") ? "/v1/chat/completions" : "/v1/completions", bodies[i]);
     });
   for (auto& t : threads) t.join();
+  int num_streamed = 0;
   for (int i = 0; i < kClients; ++i) {
     const Reply& r = replies[i];
     if (r.status == 429) continue;  // a proper error is an acceptable end
     ASSERT_EQ(r.status, 200) << i << ": " << r.body;
+    ++num_streamed;
     EXPECT_TRUE(r.done) << i;
     std::string reason;
     StreamText(r, &reason);
     EXPECT_TRUE(reason == "length" || reason == "stop") << i << ": " << reason;
   }
+  EXPECT_EQ(num_streamed, kClients);  // the queue (1024) holds them all
   EXPECT_TRUE(WaitIdle(server()));
   EXPECT_EQ(Request(port(), "GET", "/health", "").status, 200);
 }
 
 TEST_F(ServerTest, DisconnectedClientsAreCancelledAndFreeTheirBlocks) {
-  constexpr int kClients = 60;
+  constexpr int kClients = 100;
   json body = {{"prompt", "tell me a long story"}, {"stream", true}, {"max_tokens", 400}, {"ignore_eos", true}};
   std::string payload = body.dump();
   std::vector<std::thread> threads;

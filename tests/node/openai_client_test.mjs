@@ -96,6 +96,19 @@ test('logprobs and top_logprobs', async (client) => {
   assert.equal(c.choices[0].logprobs.token_logprobs.length, 4);
 });
 
+test('n choices, streamed with their indexes', async (client) => {
+  const chat = golden.chats[1];
+  const r = await client.chat.completions.create({ model: 'corolla-demo', messages: chat.messages, temperature: 0, n: 2 });
+  assert.deepEqual(r.choices.map((c) => [c.index, c.message.content]), [[0, chat.greedy_text], [1, chat.greedy_text]]);
+  const stream = await client.completions.create({
+    model: 'corolla-demo', prompt: 'Once upon a time', temperature: 1, seed: 5, max_tokens: 8, n: 3, stream: true,
+  });
+  const texts = ['', '', ''];
+  for await (const chunk of stream) for (const c of chunk.choices) texts[c.index] += c.text;
+  const one = await client.completions.create({ model: 'corolla-demo', prompt: 'Once upon a time', temperature: 1, seed: 7, max_tokens: 8 });
+  assert.equal(texts[2], one.choices[0].text);  // choice i samples with seed + i
+});
+
 test('errors come back as OpenAI errors', async (client, base) => {
   await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'hi' }] }),
     (e) => e instanceof OpenAI.NotFoundError && e.status === 404);

@@ -1,0 +1,56 @@
+#include "engine/kv_budget.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace corolla {
+
+namespace {
+
+std::string GiB(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  return b;
+}
+
+}  // namespace
+
+std::string KvBudget::ToString() const {
+  double fraction = total_bytes ? static_cast<double>(kv_cache_bytes + used_bytes + activation_bytes) / total_bytes : 0;
+  char b[64];
+  std::snprintf(b, sizeof(b), "%.3g", fraction);
+  return "KV cache " + GiB(kv_cache_bytes) + " = " + b + " x " + GiB(total_bytes) + " - " + GiB(used_bytes) +
+         " in use - " + GiB(activation_bytes) + " activations";
+}
+
+int64_t EstimateActivationBytes(const ModelConfig& config, int max_batch_tokens, int max_num_seqs) {
+  // Per token: a few hidden-sized buffers (residual, normed, attention in/out, q/k/v) and the
+  // widest MLP/MoE intermediate (gate and up of every routed expert of the token); per sampled
+  // row: logits and their softmax. Four bytes each covers float32 and bf16 alike.
+  const int64_t t = max_batch_tokens;
+  const int64_t width = 2 * std::max<int64_t>(config.intermediate_size,
+                                              int64_t{config.num_experts_per_token} * config.moe_intermediate_size);
+  const int64_t per_token = 16 * int64_t{config.hidden_size} + 2 * width;
+  const int64_t per_row = 2 * int64_t{config.vocab_size};
+  constexpr int64_t kSlack = int64_t{256} << 20;  // library workspaces, allocator rounding
+  return 4 * (t * per_token + int64_t{max_num_seqs} * per_row) + kSlack;
+}
+
+Result<KvBudget> KvBudgetForUtilization(Backend& backend, const ModelConfig& config, double fraction,
+                                        int max_batch_tokens, int max_num_seqs) {
+  if (!(fraction > 0 && fraction <= 1))
+    return InvalidArgument("the memory utilization must be in (0, 1], got " + std::to_string(fraction));
+  ASSIGN_OR_RETURN(Backend::MemoryInfo memory, backend.QueryMemory());
+  KvBudget b;
+  b.total_bytes = memory.total_bytes;
+  b.used_bytes = memory.total_bytes - memory.free_bytes;
+  b.activation_bytes = EstimateActivationBytes(config, max_batch_tokens, max_num_seqs);
+  b.kv_cache_bytes = static_cast<int64_t>(fraction * static_cast<double>(b.total_bytes)) - b.used_bytes - b.activation_bytes;
+  if (b.kv_cache_bytes <= 0)
+    return ResourceExhausted("no memory left for the KV cache: " + std::to_string(fraction) + " x " + GiB(b.total_bytes) +
+                             " is less than the " + GiB(b.used_bytes) + " in use plus " + GiB(b.activation_bytes) +
+                             " for activations; raise the utilization or lower --max-batch-tokens");
+  return b;
+}
+
+}  // namespace corolla

@@ -1,0 +1,33 @@
+// Sizing the KV cache from a fraction of the device's memory, like vLLM's
+// --gpu-memory-utilization: this instance may use fraction × total memory; what is in use when
+// it is measured (the loaded weights, other processes) and an estimate of one step's
+// activations are taken off, and the rest holds KV blocks. Call after the weights are loaded.
+// Stateless; the backend's thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/backend.h"
+#include "model/config.h"
+
+namespace corolla {
+
+struct KvBudget {
+  int64_t total_bytes = 0;          // device memory
+  int64_t used_bytes = 0;           // in use at measurement (weights, other processes)
+  int64_t activation_bytes = 0;     // reserved for one step's activations (an estimate)
+  int64_t kv_cache_bytes = 0;       // what the KV cache may take
+  std::string ToString() const;     // "KV cache 12.3 GiB = 0.9 × 80.0 GiB − 40.1 GiB in use − 1.2 GiB activations"
+};
+
+// Estimated peak activation bytes of one step of up to max_batch_tokens tokens and max_num_seqs
+// sampled rows (hidden-state buffers, MoE intermediates, float32 logits), plus a fixed slack.
+int64_t EstimateActivationBytes(const ModelConfig& config, int max_batch_tokens, int max_num_seqs);
+
+// Errors: a fraction outside (0, 1]; a backend that does not report its memory (Unsupported);
+// nothing left for the KV cache (ResourceExhausted, naming the numbers).
+Result<KvBudget> KvBudgetForUtilization(Backend& backend, const ModelConfig& config, double fraction,
+                                        int max_batch_tokens, int max_num_seqs);
+
+}  // namespace corolla
