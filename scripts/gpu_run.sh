@@ -5,6 +5,9 @@
 # Build the bundle here first with scripts/build_gpu.sh. Env: COROLLA_GTEST_FILTER (default *);
 # COROLLA_BENCH=1 also runs `corolla bench decode|prefill` on Qwen3-30B-A3B random weights
 # (COROLLA_BENCH_LAYERS: depth, default all 48; logs $OUT/bench_*.log); COROLLA_SKIP_TESTS=1 skips the tests.
+# COROLLA_BENCH_DECODE="CONFIG:LAYERS ..." adds `bench decode` of each config (random weights,
+# truncated to LAYERS) at COROLLA_BENCH_BATCHES, e.g. tests/data/configs/deepseek-v3.json:5.
+# COROLLA_BENCH_QWEN3=0 skips the Qwen3-30B-A3B decode/prefill benches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NCCL from python's wheel first (2.28.9, matching our headers), then CUDA 13 / cuBLAS 13.
@@ -37,9 +40,16 @@ grep -E "^\[  FAILED  \]|Failure|error:|CUDA error|cuBLAS error|Check failed" "$
 echo "=== results table"
 sed -n '/^kernel  /,$p' "$OUT/cuda_kernels_test.log"
 echo "=== summary"
-grep -E "max error vs golden|vs one prefill|demo greedy|HBM copy|decode layer|moe experts|^\[  PASSED  \]|^\[  FAILED  \]|tests ran" \
+grep -E "max error vs golden|vs one prefill|demo greedy|hybrid under preemption|HBM copy|decode layer|moe experts|^\[  PASSED  \]|^\[  FAILED  \]|tests ran" \
   "$OUT/cuda_kernels_test.log"
-if [ -n "${COROLLA_BENCH:-}" ]; then
+for spec in ${COROLLA_BENCH_DECODE:-}; do
+  cfg=${spec%%:*}; layers=${spec##*:}; name=$(basename "$cfg" .json)
+  echo "=== bench decode ($cfg, layers $layers)"
+  gpu-bundle/corolla bench decode --config "$cfg" --random-weights --device cuda --layers "$layers" \
+    --batch "${COROLLA_BENCH_BATCHES:-1,8,64,256}" --context "${COROLLA_BENCH_CONTEXTS:-1024}" --steps 15 \
+    2>&1 | tee "$OUT/bench_decode_$name.log" || rc=1
+done
+if [ -n "${COROLLA_BENCH:-}" ] && [ "${COROLLA_BENCH_QWEN3:-1}" != 0 ]; then
   cfg=tests/data/configs/qwen3-30b-a3b.json
   layers=${COROLLA_BENCH_LAYERS:-0}
   echo "=== bench decode ($cfg, layers ${layers} (0: all))"

@@ -163,16 +163,41 @@ struct ModelBytes {
   double router = 0;                 // per MoE layer
   int moe_layers = 0;
   double lm_head = 0;
-  double kv_per_token_all_layers = 0;  // K + V of one cached token, all layers
+  double kv_per_token_all_layers = 0;  // K + V of one cached token, all layers (MLA: the latent)
+  double state_per_seq = 0;            // hybrids: linear-attention states read and written per step
 };
 
 ModelBytes CountBytes(const ModelConfig& c) {
   ModelBytes b;
   const double h = c.hidden_size, two = 2.0;
+  const LinearAttentionConfig& la = c.linear;
+  const MlaConfig& m = c.mla;
+  const bool mla = m.kv_lora_rank > 0;
   for (int l = 0; l < c.num_layers; ++l) {
-    b.dense_per_layer_total += two * ((c.q_size() + 2.0 * c.kv_size()) * h + h * c.q_size() + 2 * h + 2.0 * c.head_dim);
+    const bool linear = !c.layer_kinds.empty() && c.layer_kinds[l] == LayerKind::kLinearAttention;
+    if (linear) {  // Gated DeltaNet: in_proj (q|k|v|z|b|a), conv, out_proj, norm
+      b.dense_per_layer_total += two * ((la.conv_channels() + la.value_dim() + 2.0 * la.num_value_heads) * h +
+                                        la.conv_channels() * la.conv_kernel + h * la.value_dim() + la.value_head_dim);
+      b.state_per_seq += 4.0 * 2.0 * la.num_value_heads * la.key_head_dim * la.value_head_dim +  // f32, read + write
+                         4.0 * 2.0 * la.conv_channels() * (la.conv_kernel - 1);
+    } else if (mla) {  // q_a, q_b (or q), kv_a, kv_b (as W_UK / W_UV), o
+      const double heads = c.num_attention_heads;
+      const double q = m.q_lora_rank > 0 ? m.q_lora_rank * h + heads * m.qk_head_dim() * m.q_lora_rank
+                                         : heads * m.qk_head_dim() * h;
+      b.dense_per_layer_total += two * (q + (m.kv_lora_rank + m.qk_rope_head_dim) * h +
+                                        heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank +
+                                        h * heads * m.v_head_dim);
+      b.kv_per_token_all_layers += two * (m.kv_lora_rank + m.qk_rope_head_dim);  // the latent, K and V at once
+    } else {
+      const double q_rows = c.q_size() * (c.attention_output_gate ? 2.0 : 1.0);
+      b.dense_per_layer_total += two * ((q_rows + 2.0 * c.kv_size()) * h + h * c.q_size() + 2.0 * c.head_dim);
+      b.kv_per_token_all_layers += two * 2.0 * c.num_kv_heads * c.head_dim;
+    }
+    b.dense_per_layer_total += two * 2 * h;  // the two norms
     if (c.is_moe_layer(l)) {
       ++b.moe_layers;
+      const double shared = c.shared_expert_intermediate_size + double{c.moe_intermediate_size} * c.num_shared_experts;
+      b.dense_per_layer_total += two * (3.0 * shared * h + (c.shared_expert_intermediate_size > 0 ? h : 0.0));
     } else {
       b.dense_per_layer_total += two * 3.0 * c.intermediate_size * h;
     }
@@ -180,7 +205,6 @@ ModelBytes CountBytes(const ModelConfig& c) {
   b.expert = two * 3.0 * c.moe_intermediate_size * h;
   b.router = two * c.num_experts * h;
   b.lm_head = two * c.vocab_size * h + two * h;
-  b.kv_per_token_all_layers = two * 2.0 * c.num_kv_heads * c.head_dim * c.num_layers;
   return b;
 }
 
@@ -218,7 +242,8 @@ StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int 
   constexpr int kBlockSize = 16;
   const int blocks_per_seq = (prefix + len + kBlockSize - 1) / kBlockSize;
   StepBatch s;
-  s.kv = std::make_unique<KvCache>(backend, model.kv_cache_spec(), num_seqs * blocks_per_seq, kBlockSize);
+  s.kv = std::make_unique<KvCache>(backend, model.kv_cache_spec(), num_seqs * blocks_per_seq, kBlockSize,
+                                   model.state_spec(), model.state_spec().num_layers > 0 ? num_seqs : 0);
   // Random K/V everywhere: one random layer's worth on the device, copied into every layer.
   const KvCacheView& first = s.kv->views()[0];
   const int64_t rows = first.k.dim(0) * first.k.dim(1);
@@ -249,6 +274,23 @@ StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int 
   s.batch.positions = s.owned[1];
   s.batch.attention = {s.owned[2], s.owned[3], s.owned[4], s.owned[5], len, prefix + len};
   s.batch.logits_rows = s.owned[6];
+  if (s.kv->has_state()) {
+    // Hybrids: one state slot per sequence, zeroed (a continuing sequence reads it).
+    std::vector<int32_t> state_slots;
+    for (int b = 0; b < num_seqs; ++b) state_slots.push_back(s.kv->AllocateStateSlot());
+    s.owned.push_back(Ints(backend, state_slots, {num_seqs}));
+    s.batch.state_slots = s.owned.back();
+    s.batch.linear_states = s.kv->state_views();
+    int64_t largest = 0;
+    for (const LinearStateView& st : s.kv->state_views())
+      largest = std::max({largest, st.conv.numel(), st.recurrent.numel()});
+    const std::vector<float> zeros(largest, 0.0f);
+    for (const LinearStateView& st : s.kv->state_views()) {
+      backend.CopyFromHost(zeros.data(), st.conv);
+      backend.CopyFromHost(zeros.data(), st.recurrent);
+    }
+    backend.Synchronize();
+  }
   s.logits = backend.Empty(DType::kF32, {num_seqs, c.vocab_size});
   backend.Synchronize();
   return s;
@@ -329,12 +371,12 @@ void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTime
   const double distinct = mb.moe_layers ? e * (1.0 - std::pow(1.0 - k / e, num_seqs)) : 0.0;
   const double weight_bytes = mb.dense_per_layer_total + mb.moe_layers * (mb.router + distinct * mb.expert) +
                               mb.lm_head + 2.0 * c.hidden_size * num_seqs;
-  const double kv_bytes = mb.kv_per_token_all_layers * num_seqs * ctx;
+  const double kv_bytes = mb.kv_per_token_all_layers * num_seqs * ctx + mb.state_per_seq * num_seqs;
   const double bytes = weight_bytes + kv_bytes;
   std::printf("decode: %s, %d layers, batch %d, context %d, %s\n", c.model_type.c_str(), c.num_layers,
               num_seqs, ctx, backend.name().c_str());
   std::printf("  limit   HBM copy bandwidth (4 GiB D2D, read + write): %.2f TB/s\n", copy_bw / 1e12);
-  std::printf("  bytes a step must read: %.3f GB (weights %.3f GB with %.1f distinct experts/layer expected, KV %.3f GB)\n",
+  std::printf("  bytes a step must read: %.3f GB (weights %.3f GB with %.1f distinct experts/layer expected, KV + states %.3f GB)\n",
               bytes / 1e9, weight_bytes / 1e9, distinct, kv_bytes / 1e9);
   std::printf("  floor at the copy bandwidth: %.3f ms/step\n", bytes / copy_bw * 1e3);
   auto report = [&](const char* how, double ms) {

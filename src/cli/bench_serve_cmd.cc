@@ -1,6 +1,9 @@
 // `corolla bench serve`: the serving benchmark (like `vllm bench serve`) against a running
 // OpenAI-compatible server, or with --in-process against an Engine in this process (the same
 // workload without HTTP: what the server itself costs). The core is server/bench_serve.h.
+// --concurrency and --num-prompts take lists ("1,16,64"): one run each, in order, against one
+// server or one loaded model; run i draws its prompts with --seed + i, so an HTTP and an
+// in-process sweep send the same prompts and no run hits the prefix cache of an earlier one.
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_options.h"
+#include "engine/kv_budget.h"
 #include "server/bench_serve.h"
 
 namespace corolla::cli {
@@ -32,7 +36,8 @@ void DrawProgress(int done, int total) {
 
 struct Options {
   server::BenchServeOptions bench;
-  int64_t num_prompts = 100, concurrency = 0, input_len = 128, output_len = 128, seed = 0, vocab_size = 0;
+  std::string num_prompts = "100", concurrency = "0";  // lists: one run per concurrency
+  int64_t input_len = 128, output_len = 128, seed = 0, vocab_size = 0;
   int64_t num_warmup = 1;
   double timeout_s = 600;
   bool json = false;
@@ -40,12 +45,30 @@ struct Options {
   bool in_process = false;
   ModelOptions model;  // --in-process only
   int64_t max_num_seqs = 64, max_batch_tokens = 2048, kv_cache_memory = 256 << 20;
+  double gpu_memory_utilization = 0;
 };
+
+struct PlannedRun {
+  int concurrency = 0;
+  int num_prompts = 0;
+};
+
+// The (concurrency, num_prompts) of each run: --num-prompts has one entry, or one per concurrency.
+Result<std::vector<PlannedRun>> Runs(const Options& o) {
+  ASSIGN_OR_RETURN(std::vector<int32_t> concurrencies, ParseIdList(o.concurrency));
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompts, ParseIdList(o.num_prompts));
+  if (concurrencies.empty() || prompts.empty()) return InvalidArgument("--concurrency and --num-prompts need a value");
+  if (prompts.size() != 1 && prompts.size() != concurrencies.size())
+    return InvalidArgument("--num-prompts needs one value or one per --concurrency value (" +
+                           std::to_string(concurrencies.size()) + ")");
+  std::vector<PlannedRun> runs;
+  for (size_t i = 0; i < concurrencies.size(); ++i) runs.push_back({concurrencies[i], prompts[prompts.size() == 1 ? 0 : i]});
+  return runs;
+}
 
 Status Run(Options& o) {
   server::BenchServeOptions& b = o.bench;
-  b.num_prompts = static_cast<int>(o.num_prompts);
-  b.concurrency = static_cast<int>(o.concurrency);
+  ASSIGN_OR_RETURN(std::vector<PlannedRun> runs, Runs(o));
   b.input_len = static_cast<int>(o.input_len);
   b.output_len = static_cast<int>(o.output_len);
   b.seed = static_cast<uint64_t>(o.seed);
@@ -53,29 +76,46 @@ Status Run(Options& o) {
   b.timeout_s = o.timeout_s;
   b.num_warmup = static_cast<int>(o.num_warmup);
   if (o.progress) b.on_progress = DrawProgress;
-  server::BenchServeReport report;
+  // --in-process: the model and an engine with the server's settings, so the runs differ from
+  // the HTTP ones by the server only.
+  LoadedModel loaded;
+  std::unique_ptr<Engine> engine;
+  std::string model_name = b.model;
   if (o.in_process) {
-    ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelFromOptions(o.model));
-    // The server's engine settings, so the two runs differ by HTTP only.
+    ASSIGN_OR_RETURN(loaded, LoadModelFromOptions(o.model));
     EngineOptions eo;
     eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
     eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
-    eo.kv_cache_bytes = o.kv_cache_memory;
-    ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*loaded.model, *loaded.backend, eo));
+    ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
+                                                            o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
+    ASSIGN_OR_RETURN(engine, Engine::Create(*loaded.model, *loaded.backend, eo));
     if (b.vocab_size <= 0) b.vocab_size = loaded.model->config().vocab_size;
-    ASSIGN_OR_RETURN(report, server::RunEngineBench(*engine, b));
-    std::string dir = loaded.dir;
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    report.model = b.model.empty() ? dir.substr(dir.find_last_of('/') + 1) : b.model;
-  } else {
-    ASSIGN_OR_RETURN(report, server::RunHttpBench(b));
+    if (model_name.empty()) model_name = loaded.name;
   }
-  if (o.json) {
-    std::printf("%s\n", report.ToJson().dump(2).c_str());
-  } else {
-    std::printf("%s", report.ToText().c_str());
+  int num_completed = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    b.concurrency = runs[i].concurrency;
+    b.num_prompts = runs[i].num_prompts;
+    b.seed = static_cast<uint64_t>(o.seed) + i;
+    server::BenchServeReport report;
+    if (o.in_process) {
+      ASSIGN_OR_RETURN(report, server::RunEngineBench(*engine, b));
+      report.model = model_name;
+    } else {
+      ASSIGN_OR_RETURN(report, server::RunHttpBench(b));
+    }
+    num_completed += report.num_completed;
+    if (o.json && runs.size() > 1) {
+      std::printf("%s\n", report.ToJson().dump().c_str());  // JSON lines: each run as it ends
+      std::fflush(stdout);
+    } else if (o.json) {
+      std::printf("%s\n", report.ToJson().dump(2).c_str());
+    } else {
+      std::printf("%s", report.ToText().c_str());
+      std::fflush(stdout);
+    }
   }
-  return report.num_completed > 0 ? Status::Ok() : Internal("every request failed");
+  return num_completed > 0 ? Status::Ok() : Internal("every request failed");
 }
 
 }  // namespace
@@ -88,8 +128,9 @@ int BenchServeMain(int argc, char** argv) {
               "--request-rate; prints throughput and TTFT/TPOT/ITL mean, p50, p90, p99.");
   flags.String("url", &o.bench.url, "server base URL (http://HOST:PORT, optionally ending in /v1)");
   flags.String("model", &o.bench.model, "model name to request (default: the server's first in /v1/models)");
-  flags.Int("num-prompts", &o.num_prompts, "requests to send");
-  flags.Int("concurrency", &o.concurrency, "requests in flight at most (0: no limit)");
+  flags.String("num-prompts", &o.num_prompts, "requests to send (a list: one per --concurrency value)");
+  flags.String("concurrency", &o.concurrency,
+               "requests in flight at most (0: no limit); a list (1,16,64) runs once per value, in order");
   flags.Float("request-rate", &o.bench.request_rate, "Poisson arrival rate in requests/s (0: all at once)");
   flags.Int("input-len", &o.input_len, "prompt tokens per request");
   flags.Int("output-len", &o.output_len, "generated tokens per request");
@@ -97,15 +138,18 @@ int BenchServeMain(int argc, char** argv) {
   flags.Int("vocab-size", &o.vocab_size, "prompt ids from [0, N) (0: the server's vocab_size, else 1000)");
   flags.Float("timeout", &o.timeout_s, "seconds one request may take");
   flags.Int("warmup-prompts", &o.num_warmup, "untimed requests sent first (at the same concurrency)");
-  flags.Bool("json", &o.json, "print the result as JSON instead of the table");
+  flags.Bool("json", &o.json, "print the result as JSON instead of the table (several runs: one line each)");
   flags.Bool("progress", &o.progress, "progress bar on stderr");
   flags.Bool("in-process", &o.in_process, "run the workload on an Engine in this process instead of over HTTP");
   flags.String("model-dir", &o.model.model, "--in-process: model directory (default: the built-in demo model)");
   flags.String("device", &o.model.device, "--in-process: cpu or cuda");
   flags.Int("threads", &o.model.threads, "--in-process: CPU threads (0: all cores)");
+  o.model.DeclareRandomWeights(flags);
   flags.Int("max-num-seqs", &o.max_num_seqs, "--in-process: maximum sequences in one step (as serve)");
   flags.Int("max-batch-tokens", &o.max_batch_tokens, "--in-process: maximum tokens in one step (as serve)");
   flags.Int("kv-cache-memory", &o.kv_cache_memory, "--in-process: bytes of KV cache (as serve)");
+  flags.Float("gpu-memory-utilization", &o.gpu_memory_utilization,
+              "--in-process: size the KV cache from this fraction of the device's memory (as serve)");
   bool help = false;
   Status s = flags.Parse(argc, argv, 3, &help);
   if (help) return 0;

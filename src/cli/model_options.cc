@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 
 #include "base/logging.h"
+#include "model/random_weights.h"
 
 namespace corolla::cli {
 
@@ -21,6 +23,15 @@ void ModelOptions::Declare(Flags& flags) {
   flags.Int("tp", &tp,
             "tensor-parallel ranks, one process per GPU (spawned on this node unless RANK/WORLD_SIZE "
             "are set); MoE experts are split over the same ranks");
+}
+
+void ModelOptions::DeclareRandomWeights(Flags& flags) {
+  flags.Bool("random-weights", &random_weights,
+             "random bf16 weights of --config's shape instead of a checkpoint (for benchmarks; without "
+             "--model there is no tokenizer, so prompts must be token ids)");
+  flags.String("config", &config, "--random-weights: the model's config.json (default: --model's)");
+  flags.Int("layers", &layers, "--random-weights: keep only the first N layers (0: all)");
+  flags.Int("weight-seed", &seed, "--random-weights: seed of the weights");
 }
 
 Result<std::string> ModelOptions::ModelDir() const {
@@ -41,10 +52,53 @@ Result<std::string> ModelOptions::ModelDir() const {
   return NotFound("no --model given and the built-in model (models/corolla-demo) was not found");
 }
 
+namespace {
+
+std::string BaseName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path.substr(path.find_last_of('/') + 1);
+}
+
+Result<LoadedModel> LoadRandom(const ModelOptions& options) {
+  if (options.tp != 1) return InvalidArgument("--random-weights loads one process only (--tp 1)");
+  if (options.config.empty() && options.model.empty())
+    return InvalidArgument("--random-weights needs --config CONFIG.json (or --model DIR for its config.json)");
+  LoadedModel loaded;
+  std::string config_path = options.config;
+  if (!options.model.empty()) {
+    ASSIGN_OR_RETURN(loaded.dir, options.ModelDir());
+    if (config_path.empty()) config_path = loaded.dir + "/config.json";
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(text, config_path));
+  ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(json));
+  if (options.layers < 0) return InvalidArgument("--layers must not be negative");
+  if (options.layers > 0) config.num_layers = static_cast<int>(std::min<int64_t>(options.layers, config.num_layers));
+  // The served name: the model directory's, else the config file's ("qwen3-30b-a3b.json"), or
+  // its directory's when that file is a plain config.json.
+  const fs::path config_file(config_path);
+  loaded.name = !loaded.dir.empty()                   ? BaseName(loaded.dir)
+                : config_file.stem() != "config"      ? config_file.stem().string()
+                : config_file.parent_path().empty()   ? "config"
+                                                      : BaseName(fs::absolute(config_file).parent_path().string());
+  ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device));
+  auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(loaded.model, LoadModelRandom(config, *loaded.backend, static_cast<uint64_t>(options.seed)));
+  LOG(INFO) << "random weights of " << config_path << " (" << config.model_type << ", " << config.num_layers
+            << " layers) on " << loaded.backend->name() << " in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s"
+            << (loaded.dir.empty() ? "; no tokenizer: token-id prompts only" : "");
+  return loaded;
+}
+
+}  // namespace
+
 Result<LoadedModel> LoadModelFromOptions(const ModelOptions& options) {
   if (options.threads > 0) setenv("COROLLA_NUM_THREADS", std::to_string(options.threads).c_str(), 1);
+  if (options.random_weights) return LoadRandom(options);
   LoadedModel loaded;
   ASSIGN_OR_RETURN(loaded.dir, options.ModelDir());
+  loaded.name = BaseName(loaded.dir);
   ModelShard shard;
   const ParallelConfig parallel{static_cast<int>(options.tp), 0, 1};
   if (options.tp < 1) return InvalidArgument("--tp must be positive");

@@ -1,6 +1,7 @@
-// Options shared by the commands that load a model (--model, --device, --threads, --tp), and
-// the lookup of the built-in default model. With --tp N the process is one rank of N (RANK etc.
-// in the environment, from parallel/launcher.h or an outside launcher).
+// Options shared by the commands that load a model (--model, --device, --threads, --tp; serve and
+// bench serve also --config/--random-weights/--layers), and the lookup of the built-in default
+// model. With --tp N the process is one rank of N (RANK etc. in the environment, from
+// parallel/launcher.h or an outside launcher).
 #pragma once
 
 #include <memory>
@@ -18,15 +19,24 @@ struct ModelOptions {
   std::string device = "cpu";
   int64_t threads = 0;
   int64_t tp = 1;  // tensor parallel ranks (experts expert-parallel over the same ranks)
+  // Random weights of a real shape, no checkpoint needed (model/random_weights.h): the shape
+  // from `config` (else --model's config.json), truncated to `layers` (0: all). Without --model
+  // there is no tokenizer: the server then takes token-id prompts only.
+  bool random_weights = false;
+  std::string config;
+  int64_t layers = 0;
+  int64_t seed = 1;
 
   void Declare(Flags& flags);
+  void DeclareRandomWeights(Flags& flags);  // --random-weights, --config, --layers, --weight-seed
   // The model directory to load: --model, or the built-in demo model beside the binary or in
   // the source tree.
   Result<std::string> ModelDir() const;
 };
 
 struct LoadedModel {
-  std::string dir;
+  std::string dir;   // tokenizer and generation config; empty for random weights without --model
+  std::string name;  // the default served name: the directory's or the config file's
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ParallelContext> parallel;  // null for one process; outlives the model
   std::unique_ptr<Model> model;

@@ -50,7 +50,8 @@ int64_t AnonymousMemoryBytes() {
 // a terminal (CPU only; other devices log the time it took).
 Result<LoadedModel> LoadWithProgress(const ModelOptions& options) {
   Result<std::string> dir = options.ModelDir();
-  const int64_t expected = options.device == "cpu" && isatty(STDERR_FILENO) && dir.ok() ? ExpectedCpuWeightBytes(*dir) : 0;
+  const bool from_checkpoint = options.device == "cpu" && !options.random_weights && isatty(STDERR_FILENO) && dir.ok();
+  const int64_t expected = from_checkpoint ? ExpectedCpuWeightBytes(*dir) : 0;
   const int64_t base = AnonymousMemoryBytes();
   std::atomic<bool> done{false};
   std::thread bar;
@@ -116,8 +117,13 @@ Status Run(const ServeOptions& o) {
   ASSIGN_OR_RETURN(std::unique_ptr<server::OpenAiServer> srv, server::OpenAiServer::Start(so));
   LOG(INFO) << "listening on http://" << o.host << ":" << srv->port() << " (GET /health is 503 until the model is loaded)";
 
-  ASSIGN_OR_RETURN(std::string dir, o.model.ModelDir());
-  LOG(INFO) << "loading model " << dir << " on " << o.model.device << " ...";
+  std::string what;
+  if (o.model.random_weights) {
+    what = "random weights of " + (o.model.config.empty() ? o.model.model + "/config.json" : o.model.config);
+  } else {
+    ASSIGN_OR_RETURN(what, o.model.ModelDir());
+  }
+  LOG(INFO) << "loading model " << what << " on " << o.model.device << " ...";
   auto load_start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(LoadedModel loaded, LoadWithProgress(o.model));
   LOG(INFO) << "loaded " << loaded.model->config().model_type << " (" << loaded.model->config().num_layers
@@ -126,27 +132,17 @@ Status Run(const ServeOptions& o) {
   EngineOptions eo;
   eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
   eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
-  eo.kv_cache_bytes = o.kv_cache_memory;
-  if (o.gpu_memory_utilization > 0) {
-    // The KV cache takes what the fraction leaves after the weights (now loaded) and activations.
-    Result<KvBudget> budget = KvBudgetForUtilization(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
-                                                     eo.max_batch_tokens, eo.max_num_seqs);
-    if (budget.ok()) {
-      eo.kv_cache_bytes = budget->kv_cache_bytes;
-      LOG(INFO) << "--gpu-memory-utilization " << o.gpu_memory_utilization << ": " << budget->ToString();
-    } else if (budget.status().code() == StatusCode::kUnsupported) {
-      LOG(WARNING) << budget.status().message() << "; sizing the KV cache by --kv-cache-memory";
-    } else {
-      return budget.status();
-    }
-  }
+  // With --gpu-memory-utilization the KV cache takes what the fraction leaves after the weights
+  // (now loaded) and activations.
+  ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
+                                                          o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
   eo.max_model_len = static_cast<int>(o.max_model_len);
   eo.enable_prefix_caching = o.prefix_caching;
   AsyncEngineOptions ao;
   ao.max_waiting = static_cast<int>(o.max_waiting);
   ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> served,
                    server::MakeServedModel(loaded.dir, std::move(loaded.backend), std::move(loaded.model), eo, ao,
-                                           o.served_model_name));
+                                           o.served_model_name.empty() ? loaded.name : o.served_model_name));
   EngineStats stats = served->engine->Stats();
   LOG(INFO) << "serving model '" << served->name << "': KV cache " << stats.num_kv_blocks << " blocks of "
             << stats.block_size << " = " << static_cast<int64_t>(stats.num_kv_blocks) * stats.block_size
@@ -170,6 +166,7 @@ int ServeMain(int argc, char** argv) {
   ServeOptions o;
   Flags flags("serve", "Serves a model over an OpenAI-compatible HTTP API.");
   o.model.Declare(flags);
+  o.model.DeclareRandomWeights(flags);
   flags.String("host", &o.host, "address to listen on");
   flags.Int("port", &o.port, "port to listen on (0: any free port)");
   flags.String("api-key", &o.api_key, "require 'Authorization: Bearer KEY' on /v1 endpoints");

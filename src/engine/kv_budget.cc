@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/logging.h"
+
 namespace corolla {
 
 namespace {
@@ -51,6 +53,19 @@ Result<KvBudget> KvBudgetForUtilization(Backend& backend, const ModelConfig& con
                              " is less than the " + GiB(b.used_bytes) + " in use plus " + GiB(b.activation_bytes) +
                              " for activations; raise the utilization or lower --max-batch-tokens");
   return b;
+}
+
+Result<int64_t> ResolveKvCacheBytes(Backend& backend, const ModelConfig& config, double fraction, int64_t fixed_bytes,
+                                    int max_batch_tokens, int max_num_seqs) {
+  if (fraction <= 0) return fixed_bytes;
+  Result<KvBudget> budget = KvBudgetForUtilization(backend, config, fraction, max_batch_tokens, max_num_seqs);
+  if (budget.ok()) {
+    LOG(INFO) << "--gpu-memory-utilization " << fraction << ": " << budget->ToString();
+    return budget->kv_cache_bytes;
+  }
+  if (budget.status().code() != StatusCode::kUnsupported) return budget.status();
+  LOG(WARNING) << budget.status().message() << "; sizing the KV cache by --kv-cache-memory";
+  return fixed_bytes;
 }
 
 }  // namespace corolla

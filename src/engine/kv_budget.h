@@ -30,4 +30,10 @@ int64_t EstimateActivationBytes(const ModelConfig& config, int max_batch_tokens,
 Result<KvBudget> KvBudgetForUtilization(Backend& backend, const ModelConfig& config, double fraction,
                                         int max_batch_tokens, int max_num_seqs);
 
+// The KV cache bytes an engine gets: by KvBudgetForUtilization when `fraction` > 0 (logging the
+// budget), else `fixed_bytes`; also `fixed_bytes`, with a warning, where the backend does not
+// report its memory. Shared by `corolla serve` and `bench serve --in-process`, so both size alike.
+Result<int64_t> ResolveKvCacheBytes(Backend& backend, const ModelConfig& config, double fraction, int64_t fixed_bytes,
+                                    int max_batch_tokens, int max_num_seqs);
+
 }  // namespace corolla

@@ -6,13 +6,15 @@
 #include <vector>
 
 #include "base/numeric.h"
+#include "model/deepseek_v3.h"
 #include "model/qwen3.h"
 #include "model/safetensors.h"
 
 namespace corolla {
 namespace {
 
-// The (name, shape) of every tensor a Qwen3 / Qwen3-MoE checkpoint of `c` holds.
+// The (name, shape) of every tensor a Qwen3 / Qwen3-MoE / Qwen3.5-hybrid checkpoint of `c`
+// holds (the hybrid in Qwen3.5's unfused layout, which Qwen3-Next configs load too).
 std::vector<std::pair<std::string, Shape>> Qwen3Tensors(const ModelConfig& c) {
   const int64_t h = c.hidden_size, d = c.head_dim;
   const std::string& root = c.weight_prefix;
@@ -20,21 +22,42 @@ std::vector<std::pair<std::string, Shape>> Qwen3Tensors(const ModelConfig& c) {
   t.push_back({root + "embed_tokens.weight", {c.vocab_size, h}});
   t.push_back({root + "norm.weight", {h}});
   if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, h}});
+  const LinearAttentionConfig& la = c.linear;
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = root + "layers." + std::to_string(l) + ".";
     t.push_back({p + "input_layernorm.weight", {h}});
     t.push_back({p + "post_attention_layernorm.weight", {h}});
-    t.push_back({p + "self_attn.q_proj.weight", {c.q_size(), h}});
-    t.push_back({p + "self_attn.k_proj.weight", {c.kv_size(), h}});
-    t.push_back({p + "self_attn.v_proj.weight", {c.kv_size(), h}});
-    t.push_back({p + "self_attn.o_proj.weight", {h, c.q_size()}});
-    t.push_back({p + "self_attn.q_norm.weight", {d}});
-    t.push_back({p + "self_attn.k_norm.weight", {d}});
+    if (!c.layer_kinds.empty() && c.layer_kinds[l] == LayerKind::kLinearAttention) {
+      const std::string a = p + "linear_attn.";
+      t.push_back({a + "in_proj_qkv.weight", {la.conv_channels(), h}});
+      t.push_back({a + "in_proj_z.weight", {la.value_dim(), h}});
+      t.push_back({a + "in_proj_b.weight", {la.num_value_heads, h}});
+      t.push_back({a + "in_proj_a.weight", {la.num_value_heads, h}});
+      t.push_back({a + "conv1d.weight", {la.conv_channels(), 1, la.conv_kernel}});
+      t.push_back({a + "A_log", {la.num_value_heads}});
+      t.push_back({a + "dt_bias", {la.num_value_heads}});
+      t.push_back({a + "norm.weight", {la.value_head_dim}});
+      t.push_back({a + "out_proj.weight", {h, la.value_dim()}});
+    } else {
+      t.push_back({p + "self_attn.q_proj.weight", {c.q_size() * (c.attention_output_gate ? 2 : 1), h}});
+      t.push_back({p + "self_attn.k_proj.weight", {c.kv_size(), h}});
+      t.push_back({p + "self_attn.v_proj.weight", {c.kv_size(), h}});
+      t.push_back({p + "self_attn.o_proj.weight", {h, c.q_size()}});
+      t.push_back({p + "self_attn.q_norm.weight", {d}});
+      t.push_back({p + "self_attn.k_norm.weight", {d}});
+    }
     if (c.is_moe_layer(l)) {
       const int64_t e = c.num_experts, inter = c.moe_intermediate_size;
       t.push_back({p + "mlp.gate.weight", {e, h}});
       t.push_back({p + "mlp.experts.gate_up_proj", {e, 2 * inter, h}});
       t.push_back({p + "mlp.experts.down_proj", {e, h, inter}});
+      if (c.shared_expert_intermediate_size > 0) {
+        const int64_t si = c.shared_expert_intermediate_size;
+        t.push_back({p + "mlp.shared_expert.gate_proj.weight", {si, h}});
+        t.push_back({p + "mlp.shared_expert.up_proj.weight", {si, h}});
+        t.push_back({p + "mlp.shared_expert.down_proj.weight", {h, si}});
+        t.push_back({p + "mlp.shared_expert_gate.weight", {1, h}});
+      }
     } else {
       const int64_t inter = c.intermediate_size;
       t.push_back({p + "mlp.gate_proj.weight", {inter, h}});
@@ -45,14 +68,57 @@ std::vector<std::pair<std::string, Shape>> Qwen3Tensors(const ModelConfig& c) {
   return t;
 }
 
+// The same for DeepSeek-V3 (bf16: the CUDA path dequantises FP8 checkpoints at load anyway).
+std::vector<std::pair<std::string, Shape>> DeepseekTensors(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  const MlaConfig& m = c.mla;
+  const std::string& root = c.weight_prefix;
+  std::vector<std::pair<std::string, Shape>> t;
+  t.push_back({root + "embed_tokens.weight", {c.vocab_size, h}});
+  t.push_back({root + "norm.weight", {h}});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, h}});
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = root + "layers." + std::to_string(l) + ".", a = p + "self_attn.", f = p + "mlp.";
+    t.push_back({p + "input_layernorm.weight", {h}});
+    t.push_back({p + "post_attention_layernorm.weight", {h}});
+    if (m.q_lora_rank > 0) {
+      t.push_back({a + "q_a_proj.weight", {m.q_lora_rank, h}});
+      t.push_back({a + "q_a_layernorm.weight", {m.q_lora_rank}});
+      t.push_back({a + "q_b_proj.weight", {heads * m.qk_head_dim(), m.q_lora_rank}});
+    } else {
+      t.push_back({a + "q_proj.weight", {heads * m.qk_head_dim(), h}});
+    }
+    t.push_back({a + "kv_a_proj_with_mqa.weight", {m.kv_lora_rank + m.qk_rope_head_dim, h}});
+    t.push_back({a + "kv_a_layernorm.weight", {m.kv_lora_rank}});
+    t.push_back({a + "kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}});
+    t.push_back({a + "o_proj.weight", {h, heads * m.v_head_dim}});
+    if (c.is_moe_layer(l)) {
+      const int64_t e = c.num_experts, inter = c.moe_intermediate_size, si = inter * c.num_shared_experts;
+      t.push_back({f + "gate.weight", {e, h}});
+      t.push_back({f + "gate.e_score_correction_bias", {e}});
+      t.push_back({f + "experts.gate_up_proj", {e, 2 * inter, h}});
+      t.push_back({f + "experts.down_proj", {e, h, inter}});
+      if (si > 0) {
+        t.push_back({f + "shared_experts.gate_proj.weight", {si, h}});
+        t.push_back({f + "shared_experts.up_proj.weight", {si, h}});
+        t.push_back({f + "shared_experts.down_proj.weight", {h, si}});
+      }
+    } else {
+      t.push_back({f + "gate_proj.weight", {c.intermediate_size, h}});
+      t.push_back({f + "up_proj.weight", {c.intermediate_size, h}});
+      t.push_back({f + "down_proj.weight", {h, c.intermediate_size}});
+    }
+  }
+  return t;
+}
+
 bool IsNorm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
 }  // namespace
 
 Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed) {
-  if (config.family != ModelFamily::kQwen3 && config.family != ModelFamily::kQwen3Moe)
-    return Unsupported("random weights: model_type " + config.model_type + " (only qwen3 / qwen3_moe)");
-  const auto tensors = Qwen3Tensors(config);
+  const bool deepseek = config.family == ModelFamily::kDeepseekV3;
+  const auto tensors = deepseek ? DeepseekTensors(config) : Qwen3Tensors(config);
   int64_t largest = 0;
   for (const auto& [name, shape] : tensors) largest = std::max(largest, shape.numel());
   // One buffer of uniform values with std 0.02 (checkpoint-like), and one of norm weights in
@@ -78,6 +144,12 @@ Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backen
     views.push_back({name, TensorView(buf.data() + offset, DType::kBF16, shape, Device::kCpu, 0)});
   }
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::FromViews("<random weights>", views);
+  if (deepseek) {
+    ModelConfig c = config;
+    c.num_nextn_predict_layers = 0;  // no MTP weights here
+    c.quant = QuantConfig{};         // bf16 weights (what the CUDA path holds after dequantising)
+    return LoadDeepseekV3(c, *checkpoint, backend);
+  }
   return LoadQwen3(config, *checkpoint, backend);
 }
 

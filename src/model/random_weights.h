@@ -11,8 +11,8 @@
 
 namespace corolla {
 
-// Loads a model of `config`'s architecture (Qwen3 / Qwen3-MoE) with random weights onto
-// `backend`. Unsupported for the other families.
+// Loads a model of `config`'s architecture (Qwen3 / Qwen3-MoE / Qwen3.5 and Qwen3-Next hybrids /
+// DeepSeek-V3, the last in bf16) with random weights onto `backend`.
 Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed);
 
 }  // namespace corolla

@@ -65,7 +65,7 @@ class Generation {
     id_ = id;
     created_ = UnixTime();
     for (int i = 0; i < std::max(1, p.n); ++i) {
-      auto c = std::make_unique<Choice>(*m->tokenizer, p);
+      auto c = std::make_unique<Choice>(m->tokenizer.get(), p);
       if (!chat && num_logprobs_ >= 0) c->completion_logprobs = {{"tokens", json::array()}, {"token_logprobs", json::array()},
                                                                  {"top_logprobs", json::array()}, {"text_offset", json::array()}};
       if (chat && num_logprobs_ >= 0) c->chat_logprobs = json::array();
@@ -90,6 +90,7 @@ class Generation {
     std::string emitted;
     bool stopped = false;
     json chunk_logprobs = json::array();
+    std::vector<int32_t> new_ids;  // without a tokenizer, streamed as "token_ids"
     for (size_t i = 0; i < out.tokens.size() && !stopped; ++i) {
       int32_t token = out.tokens[i];
       if (num_generated_ == 0) {
@@ -103,10 +104,11 @@ class Generation {
       bool eos_stop = out.finish_reason == FinishReason::kStop && i + 1 == out.tokens.size() && !ignore_eos_ &&
                       std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end();
       std::string piece;
-      if (!eos_stop) {
-        Result<std::string> r = c.detok.Push(token);
+      if (!eos_stop && c.detok) {
+        Result<std::string> r = c.detok->Push(token);
         if (r.ok()) piece = std::move(r).value();
       }
+      if (!c.detok) new_ids.push_back(token);
       std::string visible = c.stops.Push(piece, &stopped);
       if (num_logprobs_ >= 0 && i < out.logprobs.size()) {
         AddLogprob(c, token, out.logprobs[i], i < out.top_logprobs.size() ? out.top_logprobs[i] : std::vector<TokenLogprob>{},
@@ -119,7 +121,7 @@ class Generation {
       reason = "stop";
     } else if (out.finish_reason != FinishReason::kNone) {
       bool unused;
-      emitted += c.stops.Push(c.detok.Flush(), &unused);
+      emitted += c.stops.Push(c.detok ? c.detok->Flush() : std::string(), &unused);
       if (unused) {
         reason = "stop";
       } else {
@@ -134,7 +136,9 @@ class Generation {
       return false;
     }
     c.text += emitted;
-    if (stream_ && (!emitted.empty() || !chunk_logprobs.empty() || !c.sent_first)) SendChunk(index, emitted, chunk_logprobs, nullptr);
+    c.token_ids.insert(c.token_ids.end(), new_ids.begin(), new_ids.end());
+    if (stream_ && (!emitted.empty() || !new_ids.empty() || !chunk_logprobs.empty() || !c.sent_first))
+      SendChunk(index, emitted, chunk_logprobs, nullptr, !c.detok ? &new_ids : nullptr);
     if (reason) {
       FinishChoice(index, reason);
       return false;
@@ -144,8 +148,11 @@ class Generation {
 
  private:
   struct Choice {
-    Choice(const Tokenizer& tokenizer, const CompletionParams& p) : detok(tokenizer, p.skip_special_tokens), stops(p.stop) {}
-    StreamingDetokenizer detok;
+    Choice(const Tokenizer* tokenizer, const CompletionParams& p) : stops(p.stop) {
+      if (tokenizer) detok.emplace(*tokenizer, p.skip_special_tokens);
+    }
+    std::optional<StreamingDetokenizer> detok;  // none without a tokenizer: token ids only
+    std::vector<int32_t> token_ids;             // without a tokenizer: what was generated
     StopStringMatcher stops;
     std::string text, pending_echo;
     json chat_logprobs, completion_logprobs;
@@ -156,6 +163,7 @@ class Generation {
   };
 
   std::string TokenText(int32_t token) const {
+    if (!m_->tokenizer) return "token_id:" + std::to_string(token);  // vLLM's spelling
     Result<std::string> t = m_->tokenizer->Decode(std::span<const int32_t>(&token, 1), false);
     return t.ok() ? *t : "";
   }
@@ -207,7 +215,9 @@ class Generation {
     return c;
   }
 
-  void SendChunk(int index, const std::string& text, const json& logprob_entries, const char* reason) {
+  // token_ids: without a tokenizer, the chunk's tokens (completions).
+  void SendChunk(int index, const std::string& text, const json& logprob_entries, const char* reason,
+                 const std::vector<int32_t>* token_ids = nullptr) {
     Choice& c = *choices_[index];
     json choice = {{"index", index}, {"logprobs", logprob_entries.empty() ? json(nullptr) : LogprobsOf(logprob_entries)},
                    {"finish_reason", reason ? json(reason) : json(nullptr)}};
@@ -219,6 +229,7 @@ class Generation {
     } else {
       choice["text"] = c.pending_echo + text;
       c.pending_echo.clear();
+      if (token_ids) choice["token_ids"] = *token_ids;
     }
     // The stream starts with the first chunk, so every write of this request comes from the
     // engine's output thread, in order.
@@ -260,6 +271,7 @@ class Generation {
         choice["logprobs"] = num_logprobs_ >= 0 ? json{{"content", ch.chat_logprobs}} : json(nullptr);
       } else {
         choice["text"] = ch.text;
+        if (!ch.detok) choice["token_ids"] = ch.token_ids;
         choice["logprobs"] = num_logprobs_ >= 0 ? ch.completion_logprobs : json(nullptr);
       }
       choices.push_back(std::move(choice));
@@ -312,20 +324,26 @@ Result<std::unique_ptr<ServedModel>> MakeServedModel(const std::string& dir, std
                                                      std::unique_ptr<Model> model, const EngineOptions& engine_options,
                                                      const AsyncEngineOptions& async_options, std::string name) {
   auto m = std::make_unique<ServedModel>();
-  if (name.empty()) {
+  if (name.empty() && !dir.empty()) {
     std::string trimmed = dir;
     while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
     name = trimmed.substr(trimmed.find_last_of('/') + 1);
   }
-  m->name = name;
-  ASSIGN_OR_RETURN(m->tokenizer, Tokenizer::LoadFromDir(dir));
-  Result<ChatTemplate> chat_template = ChatTemplate::LoadFromDir(dir);
-  if (chat_template.ok()) {
-    m->chat_template = std::move(chat_template).value();
+  m->name = name.empty() ? "model" : name;
+  if (dir.empty()) {
+    LOG(WARNING) << "no tokenizer: /v1/completions takes token-id prompts and returns token_ids; chat, text prompts, "
+                    "/tokenize and /detokenize answer 400";
+    m->generation.eos_token_ids = model->config().eos_token_ids;
   } else {
-    LOG(WARNING) << "no chat template (" << chat_template.status().message() << "); /v1/chat/completions will fail";
+    ASSIGN_OR_RETURN(m->tokenizer, Tokenizer::LoadFromDir(dir));
+    Result<ChatTemplate> chat_template = ChatTemplate::LoadFromDir(dir);
+    if (chat_template.ok()) {
+      m->chat_template = std::move(chat_template).value();
+    } else {
+      LOG(WARNING) << "no chat template (" << chat_template.status().message() << "); /v1/chat/completions will fail";
+    }
+    ASSIGN_OR_RETURN(m->generation, LoadGenerationConfig(dir, model->config()));
   }
-  ASSIGN_OR_RETURN(m->generation, LoadGenerationConfig(dir, model->config()));
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, *backend, engine_options));
   m->engine = std::make_unique<AsyncEngine>(std::move(engine), async_options);
   m->backend = std::move(backend);
@@ -379,6 +397,12 @@ std::optional<ApiError> CheckModelName(const CompletionParams& p, const ServedMo
   if (!p.model.empty() && p.model != m.name)
     return ErrorOf(404, "The model `" + p.model + "` does not exist.", "invalid_request_error", "model_not_found", "model");
   return std::nullopt;
+}
+
+// What endpoints that need text answer when the model was loaded without a tokenizer.
+ApiError NoTokenizer(const std::string& param = "") {
+  return ErrorOf(400, "this model has no tokenizer (random weights without a checkpoint): send prompts to /v1/completions as token ids",
+                 "invalid_request_error", "no_tokenizer", param);
 }
 
 Result<std::vector<int32_t>> RenderChat(const ServedModel& m, const ChatRequest& chat) {
@@ -447,6 +471,7 @@ void OpenAiServer::Handle(HttpRequest req, std::shared_ptr<HttpResponder> respon
   }
 
   if (path == "/tokenize" || path == "/detokenize") {
+    if (!m->tokenizer) return SendError(r, NoTokenizer());
     json j;
     if (auto e = ParseJsonObject(req.body, &j)) return SendError(r, *e);
     if (path == "/detokenize") {
@@ -488,6 +513,7 @@ void OpenAiServer::Handle(HttpRequest req, std::shared_ptr<HttpResponder> respon
     ChatRequest c;
     if (auto e = ParseChatRequest(req.body, &c)) return SendError(r, *e);
     if (auto e = CheckModelName(c.params, *m)) return SendError(r, *e);
+    if (!m->tokenizer) return SendError(r, NoTokenizer("messages"));
     Result<std::vector<int32_t>> ids = RenderChat(*m, c);
     if (!ids.ok()) return SendError(r, BadRequest("cannot apply the chat template: " + ids.status().message(), "messages"));
     prompt = std::move(ids).value();
@@ -496,6 +522,9 @@ void OpenAiServer::Handle(HttpRequest req, std::shared_ptr<HttpResponder> respon
     CompletionRequest c;
     if (auto e = ParseCompletionRequest(req.body, &c)) return SendError(r, *e);
     if (auto e = CheckModelName(c.params, *m)) return SendError(r, *e);
+    if (!m->tokenizer && !c.prompt_is_ids) return SendError(r, NoTokenizer("prompt"));
+    if (!m->tokenizer && c.echo) return SendError(r, NoTokenizer("echo"));
+    if (!m->tokenizer && !c.params.stop.empty()) return SendError(r, NoTokenizer("stop"));
     if (c.prompt_is_ids) {
       prompt = std::move(c.prompt_ids);
       if (c.echo) {

@@ -34,14 +34,17 @@ struct ServedModel {
   std::string name;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<Tokenizer> tokenizer;  // null: token-id prompts through /v1/completions only
   std::optional<ChatTemplate> chat_template;
   GenerationConfig generation;
   std::unique_ptr<AsyncEngine> engine;
 };
 
 // Loads the tokenizer, chat template (optional) and generation config of model directory `dir`
-// and starts an AsyncEngine over the loaded model. `name` empty: the directory's name.
+// and starts an AsyncEngine over the loaded model. `name` empty: the directory's name. `dir`
+// empty (random weights without a checkpoint): no tokenizer, the generation config from the
+// model's config; completions then take token-id prompts, stream and return "token_ids" beside
+// an empty "text", and every endpoint that needs text answers 400.
 Result<std::unique_ptr<ServedModel>> MakeServedModel(const std::string& dir, std::unique_ptr<Backend> backend,
                                                      std::unique_ptr<Model> model, const EngineOptions& engine_options,
                                                      const AsyncEngineOptions& async_options, std::string name);

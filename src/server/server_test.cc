@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "model/random_weights.h"
 #include "server/openai_protocol.h"
 #include "server/stop_strings.h"
 
@@ -373,6 +374,57 @@ TEST(ServerAuth, ApiKeyAndQueueLimit) {
   EXPECT_GT(full, 0);
   EXPECT_GT(ok, 0);
   EXPECT_TRUE(WaitIdle(*t.server));
+}
+
+// `corolla serve --config CONFIG.json --random-weights`: random weights of the demo model's
+// shape and no tokenizer. Token-id completions work (streamed as token_ids); what needs text
+// answers 400 no_tokenizer.
+TEST(ServerWithoutTokenizer, TokenIdCompletionsWorkAndTextEndpointsAnswer400) {
+  ServerOptions so;
+  so.http.port = 0;
+  auto server = OpenAiServer::Start(so).value();
+  auto backend = MakeCpuBackend();
+  ModelConfig config = LoadModelConfig(kModelDir).value();
+  config.num_layers = 2;
+  auto model = LoadModelRandom(config, *backend, 1).value();
+  server->Attach(MakeServedModel("", std::move(backend), std::move(model), {}, {}, "random").value());
+  const int port = server->port();
+  EXPECT_EQ(Request(port, "GET", "/health", "").status, 200);
+  EXPECT_EQ(Request(port, "GET", "/v1/models", "").Json()["data"][0]["id"], "random");
+
+  const json prompt = {5, 17, 300, 42, 9};
+  json body = {{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}, {"temperature", 0}};
+  Reply whole = Post(port, "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json choice = whole.Json()["choices"][0];
+  EXPECT_EQ(choice["text"], "");
+  ASSERT_EQ(choice["token_ids"].size(), 6u);
+  EXPECT_EQ(whole.Json()["usage"]["completion_tokens"], 6);
+
+  // Streaming: one chunk per token, the same greedy ids.
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  Reply stream = Post(port, "/v1/completions", body);
+  ASSERT_EQ(stream.status, 200) << stream.body;
+  EXPECT_TRUE(stream.done);
+  json streamed = json::array();
+  for (const json& e : stream.events)
+    if (!e["choices"].empty() && e["choices"][0].contains("token_ids"))
+      for (const json& id : e["choices"][0]["token_ids"]) streamed.push_back(id);
+  EXPECT_EQ(streamed, choice["token_ids"]);
+
+  auto expect_no_tokenizer = [](const Reply& r) {
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(r.Json()["error"]["code"], "no_tokenizer") << r.body;
+    EXPECT_NE(r.Json()["error"]["message"].get<std::string>().find("this model has no tokenizer"), std::string::npos);
+  };
+  expect_no_tokenizer(Post(port, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}}));
+  expect_no_tokenizer(Post(port, "/v1/completions", {{"prompt", "hello"}, {"max_tokens", 2}}));
+  expect_no_tokenizer(Post(port, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}, {"echo", true}}));
+  expect_no_tokenizer(Post(port, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}, {"stop", "x"}}));
+  expect_no_tokenizer(Post(port, "/tokenize", {{"prompt", "hello"}}));
+  expect_no_tokenizer(Post(port, "/detokenize", {{"tokens", prompt}}));
+  EXPECT_TRUE(WaitIdle(*server));
 }
 
 TEST(ServerLoading, HealthIs503UntilAttached) {

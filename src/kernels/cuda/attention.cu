@@ -3,7 +3,9 @@
 // row is a (token, head of the group) pair, so a KV head is read once for all its query heads.
 // K/V stream through shared memory 32 keys at a time with an online softmax (fp32, log2
 // domain) and fp32 accumulators; the same kernel serves decode (q_len 1), prefill, and chunked
-// prefill over a cached prefix. SIMT fp32 math: the tensor-core (mma/wgmma) version is the
+// prefill over a cached prefix. K and V dims may differ (Dv <= Dk), and the cache may hold K and
+// V as one tensor (MLA's latent: V is the first Dv dims of each K row), which the kernel then
+// reads once per tile for both, for all the query heads of the tile. SIMT fp32 math: the tensor-core (mma/wgmma) version is the
 // next step. Decode batches that would under-fill the GPU split each sequence's keys across
 // CTAs (split-KV) and merge the partial softmax states in a second kernel.
 #include "kernels/cuda/common.cuh"
@@ -38,13 +40,23 @@ struct AttentionParams {
   float* part_ml;  // [T * Hq, num_splits, 2]: running max (log2 domain) and sum
 };
 
-template <int kD>
+// Shared memory of one CTA (dynamic): Q tile, padded K tile, V tile unless shared with K.
+template <int kDk, int kDv, bool kShared>
+constexpr size_t AttentionSmemBytes() {
+  return sizeof(bf16_t) * (kBlockM * kDk + kBlockN * (kDk + 2) + (kShared ? 0 : kBlockN * kDv));
+}
+
+template <int kDk, int kDv, bool kShared>
 __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_constant__ AttentionParams p) {
+  constexpr int kD = kDk;
   constexpr int kKStride = kD + 2;  // padded K rows: lane j reads row j conflict-free
-  constexpr int kPerLane = kD / 32;
-  __shared__ __align__(16) bf16_t sQ[kBlockM][kD];
-  __shared__ __align__(16) bf16_t sK[kBlockN * kKStride];
-  __shared__ __align__(16) bf16_t sV[kBlockN][kD];
+  constexpr int kPerLane = kDv / 32;
+  extern __shared__ __align__(16) unsigned char attn_smem[];
+  bf16_t(*sQ)[kD] = reinterpret_cast<bf16_t(*)[kD]>(attn_smem);
+  bf16_t* sK = reinterpret_cast<bf16_t*>(attn_smem) + kBlockM * kD;
+  bf16_t* sVbase = sK + kBlockN * kKStride;
+  // V row j: its own tile, or the first kDv dims of K row j.
+  auto v_at = [&](int j, int c) -> bf16_t { return kShared ? sK[j * kKStride + c] : sVbase[j * kDv + c]; };
 
   const int b = blockIdx.z, kvh = blockIdx.y;
   const int q0 = p.query_start[b];
@@ -102,12 +114,17 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
             ((static_cast<int64_t>(table[key / p.block_size]) * p.kv_heads + kvh) * p.block_size +
              key % p.block_size) * kD;
         kv = reinterpret_cast<const Bf16x8*>(p.k_cache + base)[c];
-        vv = reinterpret_cast<const Bf16x8*>(p.v_cache + base)[c];
+        if (!kShared && c < kDv / 8) {
+          const int64_t vbase =
+              ((static_cast<int64_t>(table[key / p.block_size]) * p.kv_heads + kvh) * p.block_size +
+               key % p.block_size) * kDv;
+          vv = reinterpret_cast<const Bf16x8*>(p.v_cache + vbase)[c];
+        }
       }
       __nv_bfloat162* krow = reinterpret_cast<__nv_bfloat162*>(sK + j * kKStride + c * 8);
 #pragma unroll
       for (int i = 0; i < 4; ++i) krow[i] = kv.h[i];
-      reinterpret_cast<Bf16x8*>(&sV[j][0])[c] = vv;
+      if (!kShared && c < kDv / 8) reinterpret_cast<Bf16x8*>(sVbase + j * kDv)[c] = vv;
     }
     __syncthreads();
 
@@ -146,7 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
     for (int j = 0; j < n_valid; ++j) {
       float vf[kPerLane];
 #pragma unroll
-      for (int c = 0; c < kPerLane; ++c) vf[c] = __bfloat162float(sV[j][lane + 32 * c]);
+      for (int c = 0; c < kPerLane; ++c) vf[c] = __bfloat162float(v_at(j, lane + 32 * c));
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const float pj = __shfl_sync(0xffffffffu, pr[r], j);
@@ -164,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
     if (p.num_splits > 1) {  // unnormalised partials (m -inf, l 0 when the split saw no key)
       const int64_t part = (static_cast<int64_t>(q0 + tok) * p.q_heads + head) * p.num_splits + split;
 #pragma unroll
-      for (int c = 0; c < kPerLane; ++c) p.part_o[part * kD + lane + 32 * c] = o[r][c];
+      for (int c = 0; c < kPerLane; ++c) p.part_o[part * kDv + lane + 32 * c] = o[r][c];
       if (lane == 0) {
         p.part_ml[2 * part] = m[r];
         p.part_ml[2 * part + 1] = l[r];
@@ -214,22 +231,55 @@ __global__ void AttentionMergeKernel(const __grid_constant__ MergeParams p) {
   for (int c = 0; c < kPerLane; ++c) dst[lane + 32 * c] = __float2bfloat16(acc[c] * inv);
 }
 
+// The one table of (Dk, Dv) pairs the attention kernel is built for: the plain head dims, and
+// MLA's (qk_nope + rope, v) for the decompressed form and (kv_lora + rope, kv_lora) for the
+// absorbed one (DeepSeek-V3: 192/128, 576/512; the test fixture: 48/32).
+template <int kDk_, int kDv_>
+struct DimPair {
+  static constexpr int kDk = kDk_, kDv = kDv_;
+};
+template <typename Fn, int... kDks, int... kDvs>
+bool DispatchDimPair(int dk, int dv, Fn&& fn, DimPair<kDks, kDvs>...) {
+  bool found = false;
+  ((dk == kDks && dv == kDvs ? (fn(DimPair<kDks, kDvs>{}), found = true) : false), ...);
+  return found;
+}
+template <typename Fn>
+bool DispatchAttentionDims(int dk, int dv, Fn&& fn) {
+  return DispatchDimPair(dk, dv, static_cast<Fn&&>(fn), DimPair<32, 32>{}, DimPair<64, 64>{}, DimPair<128, 128>{},
+                         DimPair<256, 256>{}, DimPair<48, 32>{}, DimPair<192, 128>{}, DimPair<576, 512>{});
+}
+
+template <int kDk, int kDv, bool kShared>
+void LaunchAttention(const AttentionParams& p, dim3 grid, cudaStream_t s) {
+  constexpr size_t smem = AttentionSmemBytes<kDk, kDv, kShared>();
+  static const bool configured = [] {
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(AttentionKernel<kDk, kDv, kShared>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    return true;
+  }();
+  (void)configured;
+  AttentionKernel<kDk, kDv, kShared><<<grid, kWarps * 32, smem, s>>>(p);
+}
+
 }  // namespace
 
-void Attention(
-const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
   const TensorView& kc = cache.k;
-  COROLLA_CHECK(cache.k.data != cache.v.data && out.dim(2) == q.dim(2))
-      << "attention: MLA (shared latent cache, Dv < Dk) is not implemented on CUDA yet";
+  const bool shared = kc.data == cache.v.data;  // MLA latent: V is the first Dv dims of K
+  const int64_t dk = q.dim(2), dv = out.dim(2);
   COROLLA_CHECK(q.dtype == DType::kBF16 && out.dtype == DType::kBF16 && kc.dtype == DType::kBF16 &&
-                cache.v.dtype == DType::kBF16 && q.rank() == 3 && out.shape == q.shape &&
-                kc.rank() == 4 && kc.is_contiguous() && cache.v.is_contiguous() &&
-                cache.v.shape == kc.shape && kc.dim(3) == q.dim(2) && q.dim(1) % kc.dim(1) == 0 &&
+                cache.v.dtype == DType::kBF16 && q.rank() == 3 && out.rank() == 3 && out.dim(0) == q.dim(0) &&
+                out.dim(1) == q.dim(1) && dv <= dk && kc.rank() == 4 && kc.is_contiguous() &&
+                cache.v.is_contiguous() && cache.v.rank() == 4 && cache.v.dim(0) == kc.dim(0) &&
+                cache.v.dim(1) == kc.dim(1) && cache.v.dim(2) == kc.dim(2) &&
+                cache.v.dim(3) == (shared ? dk : dv) && kc.dim(3) == dk && q.dim(1) % kc.dim(1) == 0 &&
                 q.strides[2] == 1 && out.strides[2] == 1 && q.strides[1] % 2 == 0 &&
                 q.strides[0] % 2 == 0 && batch.query_start.dtype == DType::kI32 &&
                 batch.seq_lens.dtype == DType::kI32 && batch.block_tables.dtype == DType::kI32)
-      << "attention q " << q.ToString() << " cache " << kc.ToString() << " out " << out.ToString();
+      << "attention q " << q.ToString() << " cache k " << kc.ToString() << " v " << cache.v.ToString() << " out "
+      << out.ToString();
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
   if (q.dim(0) == 0 || num_seqs == 0) return;
   const int group = static_cast<int>(q.dim(1) / kc.dim(1));
@@ -262,23 +312,29 @@ const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
     }
   }
   const int64_t merge_rows = q.dim(0) * q.dim(1);
-  const int64_t d = q.dim(2);
-  ScratchBuffer partials(alloc, p.num_splits > 1 ? merge_rows * p.num_splits * (d + 2) * sizeof(float) : 0);
+  ScratchBuffer partials(alloc, p.num_splits > 1 ? merge_rows * p.num_splits * (dv + 2) * sizeof(float) : 0);
   if (p.num_splits > 1) {
     p.part_o = partials.as<float>();
-    p.part_ml = p.part_o + merge_rows * p.num_splits * d;
+    p.part_ml = p.part_o + merge_rows * p.num_splits * dv;
   }
   dim3 grid(row_tiles * p.num_splits, kc.dim(1), num_seqs);
-  bool ok = DispatchHeadDim(static_cast<int>(d), [&](auto dd) {
-    AttentionKernel<decltype(dd)::value><<<grid, kWarps * 32, 0, s>>>(p);
+  bool ok = DispatchAttentionDims(static_cast<int>(dk), static_cast<int>(dv), [&](auto dims) {
+    constexpr int kDk = decltype(dims)::kDk, kDv = decltype(dims)::kDv;
+    if (shared) {
+      if constexpr (kDk != kDv) LaunchAttention<kDk, kDv, true>(p, grid, s);
+      else COROLLA_CHECK(false) << "attention: a shared K/V cache needs Dv < Dk";
+    } else {
+      LaunchAttention<kDk, kDv, false>(p, grid, s);
+    }
     COROLLA_CUDA_CHECK_LAUNCH();
     if (p.num_splits > 1) {
       MergeParams mp{p.part_o, p.part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
                      p.q_heads, p.num_splits};
-      AttentionMergeKernel<decltype(dd)::value><<<CeilDiv(merge_rows, 4), 128, 0, s>>>(mp);
+      AttentionMergeKernel<kDv><<<CeilDiv(merge_rows, 4), 128, 0, s>>>(mp);
     }
   });
-  COROLLA_CHECK(ok) << "attention: head dim " << q.dim(2) << " is not in the supported table (32, 64, 128, 256)";
+  COROLLA_CHECK(ok) << "attention: (Dk " << dk << ", Dv " << dv
+                    << ") is not in the supported table (32/32, 64/64, 128/128, 256/256, 48/32, 192/128, 576/512)";
   COROLLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -103,6 +103,13 @@ void CudaBackend::CopyFromHost(const void* src, const TensorView& dst) {
 
 void CudaBackend::Synchronize() { COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+Result<Backend::MemoryInfo> CudaBackend::QueryMemory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  COROLLA_CUDA_CHECK(cudaSetDevice(device_idx_));  // any thread may ask
+  COROLLA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return MemoryInfo{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
 void CudaBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
   cuda::GatherRows(table, ids, out, stream_);
 }
@@ -154,6 +161,21 @@ void CudaBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids,
                              const TensorView& topk_weights, const TensorView& w_gate_up,
                              const TensorView& w_down, const TensorView& out) {
   cuda::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out, *alloc_, stream_);
+}
+void CudaBackend::SigmoidMul(const TensorView& x, const TensorView& gate) { cuda::SigmoidMul(x, gate, stream_); }
+void CudaBackend::CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                               const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) {
+  cuda::CausalConv1d(x, weight, conv_state, state_slots, batch, out, stream_);
+}
+void CudaBackend::GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
+                                 const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
+                                 const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
+                                 const TensorView& out) {
+  cuda::GatedDeltaRule(q, k, v, a, b, a_log, dt_bias, state, state_slots, batch, out, stream_);
+}
+void CudaBackend::GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
+                               const TensorView& out) {
+  cuda::GatedRmsNorm(x, z, w, eps, out, stream_);
 }
 void CudaBackend::Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
                          int32_t* out_ids) {

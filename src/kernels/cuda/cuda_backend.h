@@ -31,6 +31,8 @@ class CudaBackend final : public Backend {
   // Copies from pageable host memory (the source may be reused once this returns).
   void CopyFromHost(const void* src, const TensorView& dst) override;
   void Synchronize() override;
+  // cudaMemGetInfo: memory held in the allocator's cache counts as used.
+  Result<MemoryInfo> QueryMemory() override;
 
   void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) override;
   void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
@@ -51,6 +53,16 @@ class CudaBackend final : public Backend {
                 const TensorView& topk_ids, const TensorView& topk_weights) override;
   void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                   const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) override;
+  bool supports_linear_attention() const override { return true; }
+  void SigmoidMul(const TensorView& x, const TensorView& gate) override;
+  void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                    const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override;
+  void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
+                      const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
+                      const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
+                      const TensorView& out) override;
+  void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
+                    const TensorView& out) override;
   void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
               int32_t* out_ids) override;
 

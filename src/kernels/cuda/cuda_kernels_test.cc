@@ -198,10 +198,13 @@ TEST_F(CudaKernelTest, Linear) {
 struct AttnCase {
   int d, group;
   std::vector<int> q_lens, prefix_lens;
+  int dv = 0;           // 0: d
+  int hk = 2;           // KV heads
+  bool shared = false;  // one cache tensor for K and V (MLA latent): V = first dv dims of K
 };
 
 void RunAttention(Backend& gpu, const AttnCase& c) {
-  const int hk = 2, hq = hk * c.group, bs = 16, d = c.d;
+  const int hk = c.hk, hq = hk * c.group, bs = 16, d = c.d, dv = c.dv > 0 ? c.dv : c.d;
   const int num_seqs = static_cast<int>(c.q_lens.size());
   std::vector<int32_t> qstart{0}, seq_lens, slots, positions;
   int max_blocks = 0, total_blocks = 0, max_q = 0, max_len = 0;
@@ -228,43 +231,44 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
       positions.push_back(p);
     }
   const int64_t tokens = qstart.back();
-  const int64_t cache_n = int64_t{num_blocks} * hk * bs * d;
-  auto kc = RandomBf16(cache_n), vc = RandomBf16(cache_n);
-  auto q = RandomBf16(tokens * hq * d, 2.f), k = RandomBf16(tokens * hk * d, 2.f), v = RandomBf16(tokens * hk * d);
-  Shape cshape{num_blocks, hk, bs, d};
+  const int64_t cache_n = int64_t{num_blocks} * hk * bs * d, vcache_n = int64_t{num_blocks} * hk * bs * dv;
+  auto kc = RandomBf16(cache_n), vc = RandomBf16(vcache_n);
+  auto q = RandomBf16(tokens * hq * d, 2.f), k = RandomBf16(tokens * hk * d, 2.f), v = RandomBf16(tokens * hk * dv);
+  Shape cshape{num_blocks, hk, bs, d}, vshape{num_blocks, hk, bs, dv};
 
-  Tensor ckc = HostF32(kc, cshape), cvc = HostF32(vc, cshape);
-  Tensor cq = HostF32(q, {tokens, hq, d}), ck = HostF32(k, {tokens, hk, d}), cv = HostF32(v, {tokens, hk, d});
+  Tensor ckc = HostF32(kc, cshape), cvc = HostF32(vc, vshape);
+  Tensor cq = HostF32(q, {tokens, hq, d}), ck = HostF32(k, {tokens, hk, d}), cv = HostF32(v, {tokens, hk, dv});
   Tensor cqs = HostI32(qstart, {num_seqs + 1}), csl = HostI32(seq_lens, {num_seqs});
   Tensor ctab = HostI32(tables, {num_seqs, max_blocks}), cslot = HostI32(slots, {tokens});
   AttentionBatch cb{cqs, csl, ctab, cslot, max_q, max_len};
-  KvCacheView ccache{ckc, cvc};
-  cpu::KvWrite(ck, cv, ccache, cb);
-  Tensor cout = Tensor::Empty(DType::kF32, {tokens, hq, d});
+  KvCacheView ccache = c.shared ? KvCacheView{ckc, ckc} : KvCacheView{ckc, cvc};
+  cpu::KvWrite(ck, c.shared ? ck.view() : cv.view(), ccache, cb);
+  Tensor cout = Tensor::Empty(DType::kF32, {tokens, hq, dv});
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   cpu::Attention(cq, ccache, cb, scale, cout);
 
-  Tensor gkc = Upload(gpu, kc, cshape, DType::kBF16), gvc = Upload(gpu, vc, cshape, DType::kBF16);
+  Tensor gkc = Upload(gpu, kc, cshape, DType::kBF16), gvc = Upload(gpu, vc, vshape, DType::kBF16);
   Tensor gq = Upload(gpu, q, {tokens, hq, d}, DType::kBF16), gk = Upload(gpu, k, {tokens, hk, d}, DType::kBF16);
-  Tensor gv = Upload(gpu, v, {tokens, hk, d}, DType::kBF16);
+  Tensor gv = Upload(gpu, v, {tokens, hk, dv}, DType::kBF16);
   Tensor gqs = UploadI32(gpu, qstart, {num_seqs + 1}), gsl = UploadI32(gpu, seq_lens, {num_seqs});
   Tensor gtab = UploadI32(gpu, tables, {num_seqs, max_blocks}), gslot = UploadI32(gpu, slots, {tokens});
   AttentionBatch gb{gqs, gsl, gtab, gslot, max_q, max_len};
-  KvCacheView gcache{gkc, gvc};
-  gpu.KvWrite(gk, gv, gcache, gb);
-  Tensor gout = gpu.Empty(DType::kBF16, {tokens, hq, d});
+  KvCacheView gcache = c.shared ? KvCacheView{gkc, gkc} : KvCacheView{gkc, gvc};
+  gpu.KvWrite(gk, c.shared ? gk.view() : gv.view(), gcache, gb);
+  Tensor gout = gpu.Empty(DType::kBF16, {tokens, hq, dv});
   Poison(gpu, gout);
   gpu.Attention(gq, gcache, gb, scale, gout);
 
-  std::string shape = "D" + std::to_string(d) + " g" + std::to_string(c.group) + " q[";
+  std::string shape = "D" + std::to_string(d) + (dv != d ? "/" + std::to_string(dv) : "") + " Hk" +
+                      std::to_string(hk) + " g" + std::to_string(c.group) + (c.shared ? " latent" : "") + " q[";
   for (int b = 0; b < num_seqs; ++b) shape += std::to_string(c.q_lens[b]) + "+" + std::to_string(c.prefix_lens[b]) + (b + 1 < num_seqs ? "," : "]");
   double ek = RelError(Download(gpu, gkc), std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cache_n));
-  double ev = RelError(Download(gpu, gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + cache_n));
+  double ev = c.shared ? 0.0 : RelError(Download(gpu, gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + vcache_n));
   Record("KvWrite", shape, std::max(ek, ev), 0);
   EXPECT_EQ(ek, 0.0) << shape;
   EXPECT_EQ(ev, 0.0) << shape;
-  double e = RelError(Download(gpu, gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + tokens * hq * d));
-  Record("Attention", shape, e, kBf16Tol);
+  double e = RelError(Download(gpu, gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + tokens * hq * dv));
+  Record(c.shared ? "Attention.mla_latent" : dv != d ? "Attention.dv<dk" : "Attention", shape, e, kBf16Tol);
   EXPECT_LT(e, kBf16Tol) << shape;
 }
 
@@ -282,6 +286,17 @@ TEST_F(CudaKernelTest, KvWriteAndAttention) {
         RunAttention(gpu(), {d, group, {1, 2, 1, 1}, {31, 65, 1000, 7}});   // decode, split edges
       }
     RunAttention(gpu(), {128, 8, {1}, {4095}});  // long decode
+    // MLA: the absorbed form (one latent KV head of kv_lora + rope dims shared by K and V, many
+    // query heads) and the decompressed form (per-head K of nope + rope dims, V of v dims).
+    for (auto [dk, dv] : {std::pair{48, 32}, std::pair{576, 512}})
+      for (int group : {4, 16, 128}) {
+        RunAttention(gpu(), {dk, group, {1, 1, 1}, {0, 16, 300}, dv, 1, true});        // decode
+        RunAttention(gpu(), {dk, group, {5, 64, 1}, {40, 129, 77}, dv, 1, true});      // chunks + decode
+      }
+    for (auto [dk, dv] : {std::pair{48, 32}, std::pair{192, 128}}) {
+      RunAttention(gpu(), {dk, 1, {37, 100}, {0, 0}, dv, 4});             // prefill, 4 heads
+      RunAttention(gpu(), {dk, 1, {5, 64, 1}, {40, 129, 77}, dv, 16});    // chunked
+    }
   }
   cuda::Tuning().attention_split_min_ctas = default_min_ctas;
 }
@@ -311,6 +326,252 @@ TEST_F(CudaKernelTest, MoeRoute) {
           EXPECT_LT(e, kF32Tol) << shape;
         }
       }
+}
+
+// DeepSeek routing: sigmoid scores, selection bias, group-limited top-k, scaling.
+TEST_F(CudaKernelTest, MoeRouteGrouped) {
+  struct Case { int experts, groups, topk_groups, k; bool sigmoid, bias; };
+  for (int64_t tokens : {1, 100})
+    for (Case c : {Case{16, 4, 2, 4, true, true}, Case{256, 8, 4, 8, true, true}, Case{256, 8, 4, 8, true, false},
+                   Case{64, 8, 3, 6, false, false}, Case{512, 1, 1, 10, false, false}, Case{32, 32, 4, 4, true, true}}) {
+      auto logits = RandomBf16(tokens * c.experts, 3.f);
+      auto bias = RandomBf16(c.experts, 0.1f);
+      MoeRouting r;
+      r.top_k = c.k;
+      r.sigmoid = c.sigmoid;
+      r.num_groups = c.groups;
+      r.topk_groups = c.topk_groups;
+      r.scaling_factor = 2.5f;
+      Tensor cl = HostF32(logits, {tokens, c.experts}), cb = HostF32(bias, {c.experts});
+      Tensor cids = Tensor::Empty(DType::kI32, {tokens, c.k}), cw = Tensor::Empty(DType::kF32, {tokens, c.k});
+      if (c.bias) r.correction_bias = cb;
+      cpu::MoeRoute(cl, r, cids, cw);
+      Tensor gl = Upload(gpu(), logits, {tokens, c.experts}, DType::kF32), gb = Upload(gpu(), bias, {c.experts}, DType::kF32);
+      Tensor gids = gpu().Empty(DType::kI32, {tokens, c.k}), gw = gpu().Empty(DType::kF32, {tokens, c.k});
+      Poison(gpu(), gw);
+      r.correction_bias = c.bias ? gb.view() : TensorView();
+      gpu().MoeRoute(gl, r, gids, gw);
+      auto ids = DownloadI32(gpu(), gids);
+      int mismatches = 0;
+      for (int64_t i = 0; i < tokens * c.k; ++i) mismatches += ids[i] != cids.ptr<int32_t>()[i];
+      double e = RelError(Download(gpu(), gw), std::vector<float>(cw.ptr<float>(), cw.ptr<float>() + tokens * c.k));
+      std::string shape = Dims({tokens, c.experts}) + " g" + std::to_string(c.groups) + "/" + std::to_string(c.topk_groups) +
+                          " k" + std::to_string(c.k) + (c.sigmoid ? " sigmoid" : " softmax") + (c.bias ? " bias" : "");
+      Record("MoeRoute.grouped.weights", shape, e, kF32Tol);
+      Record("MoeRoute.grouped.id_mismatches", shape, mismatches, 0);
+      EXPECT_EQ(mismatches, 0) << shape;
+      EXPECT_LT(e, kF32Tol) << shape;
+    }
+}
+
+// Strided rank-2/3 copies (bf16 and f32, rows of any alignment) leave the rest of dst alone.
+TEST_F(CudaKernelTest, Copy) {
+  struct Case { Shape shape; int64_t src_pad, dst_pad, offset; DType dtype; };
+  for (Case c : {Case{{7, 16}, 32, 0, 8, DType::kBF16}, Case{{33, 5, 16}, 3, 7, 1, DType::kBF16},
+                 Case{{4, 3, 128}, 0, 0, 0, DType::kF32}, Case{{130, 16}, 112 - 16, 176 - 16, 64, DType::kBF16},
+                 Case{{9, 13}, 1, 2, 3, DType::kF32}}) {
+    const int r = c.shape.rank;
+    const int64_t inner = c.shape[r - 1];
+    // src/dst: [outer..., inner + pad] buffers, viewed at `offset` elements with the inner extent.
+    auto make = [&](int64_t pad, int64_t offset, const std::vector<float>& vals, bool gpu_side, Tensor* owner) {
+      Shape full = c.shape;
+      full.dims[r - 1] = inner + pad;
+      const int64_t n = full.numel() + offset;
+      *owner = gpu_side ? Upload(gpu(), vals, {n}, c.dtype) : HostF32(vals, {n});
+      TensorView v = owner->view();
+      v.dtype = gpu_side ? c.dtype : DType::kF32;
+      v.data = static_cast<char*>(v.data) + offset * DTypeSize(v.dtype);
+      v.shape = c.shape;
+      int64_t stride = 1;
+      for (int i = r - 1; i >= 0; --i) {
+        v.strides[i] = stride;
+        stride *= full[i];
+      }
+      return v;
+    };
+    Shape full_src = c.shape, full_dst = c.shape;
+    full_src.dims[r - 1] += c.src_pad;
+    full_dst.dims[r - 1] += c.dst_pad;
+    auto src_vals = RandomBf16(full_src.numel() + c.offset), dst_vals = RandomBf16(full_dst.numel() + c.offset);
+    Tensor cs, cd, gs, gd;
+    TensorView csv = make(c.src_pad, c.offset, src_vals, false, &cs), cdv = make(c.dst_pad, c.offset, dst_vals, false, &cd);
+    TensorView gsv = make(c.src_pad, c.offset, src_vals, true, &gs), gdv = make(c.dst_pad, c.offset, dst_vals, true, &gd);
+    cpu::Copy(csv, cdv);
+    gpu().Copy(gsv, gdv);
+    double e = RelError(Download(gpu(), gd), std::vector<float>(cd.ptr<float>(), cd.ptr<float>() + cd.numel()));
+    std::string shape = c.shape.ToString() + (c.dtype == DType::kF32 ? " f32" : " bf16") + " pads " +
+                        std::to_string(c.src_pad) + "/" + std::to_string(c.dst_pad) + " off " + std::to_string(c.offset);
+    Record("Copy", shape, e, 0);
+    EXPECT_EQ(e, 0.0) << shape;
+  }
+}
+
+// ---- Gated DeltaNet ----------------------------------------------------------------------
+// A flat batch of sequences, each continuing from a state slot (prefix > 0) or starting fresh.
+struct LinearBatch {
+  std::vector<int32_t> qstart{0}, seq_lens, slots;
+  int max_q = 0;
+  LinearBatch(const std::vector<int>& q_lens, const std::vector<int>& prefixes, int num_slots) {
+    std::vector<int32_t> perm(num_slots);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), Rng());
+    for (size_t b = 0; b < q_lens.size(); ++b) {
+      qstart.push_back(qstart.back() + q_lens[b]);
+      seq_lens.push_back(prefixes[b] + q_lens[b]);
+      slots.push_back(perm[b]);
+      max_q = std::max(max_q, q_lens[b]);
+    }
+  }
+  int64_t tokens() const { return qstart.back(); }
+  int num_seqs() const { return static_cast<int>(seq_lens.size()); }
+  std::string Name() const {
+    std::string s = "[";
+    for (int b = 0; b < num_seqs(); ++b)
+      s += std::to_string(qstart[b + 1] - qstart[b]) + "+" + std::to_string(seq_lens[b] - (qstart[b + 1] - qstart[b])) +
+           (b + 1 < num_seqs() ? "," : "]");
+    return s;
+  }
+};
+
+// Columns [begin, begin + heads * dim) of a [T, width] buffer viewed as [T, heads, dim].
+TensorView HeadCols(const Tensor& t, int64_t width, int64_t begin, int64_t heads, int64_t dim) {
+  TensorView v = t.view();
+  v.data = static_cast<char*>(v.data) + begin * DTypeSize(v.dtype);
+  v.shape = {t.view().dim(0), heads, dim};
+  v.strides = {width, dim, 1, 0};
+  return v;
+}
+TensorView Cols(const Tensor& t, int64_t width, int64_t begin, int64_t n) {
+  TensorView v = t.view();
+  v.data = static_cast<char*>(v.data) + begin * DTypeSize(v.dtype);
+  v.shape = {t.view().dim(0), n};
+  v.strides = {width, 1, 0, 0};
+  return v;
+}
+
+const std::vector<std::pair<std::vector<int>, std::vector<int>>>& LinearBatches() {
+  static const std::vector<std::pair<std::vector<int>, std::vector<int>>> cases = {
+      {{1}, {0}},                          // one fresh token
+      {{1, 1, 1}, {5, 0, 130}},            // decode, one sequence starting
+      {{37, 100}, {0, 0}},                 // prefill
+      {{5, 64, 1, 2, 130}, {40, 0, 77, 1, 9}},  // chunks continuing (and one shorter than the conv history)
+  };
+  return cases;
+}
+
+TEST_F(CudaKernelTest, SigmoidMul) {
+  for (int64_t rows : {1, 37})
+    for (auto [n, groups] : {std::pair<int64_t, int64_t>{128, 1}, {512, 512}, {100, 4}}) {
+      const int64_t width = n + 3;  // x strided inside a wider buffer
+      auto x = RandomBf16(rows * width, 2.f), g = RandomBf16(rows * groups, 4.f);
+      Tensor cx = HostF32(x, {rows, width}), cg = HostF32(g, {rows, groups});
+      cpu::SigmoidMul(Cols(cx, width, 0, n), cg);
+      Tensor gx = Upload(gpu(), x, {rows, width}, DType::kBF16), gg = Upload(gpu(), g, {rows, groups}, DType::kBF16);
+      gpu().SigmoidMul(Cols(gx, width, 0, n), gg);
+      double e = RelError(Download(gpu(), gx), std::vector<float>(cx.ptr<float>(), cx.ptr<float>() + rows * width));
+      std::string shape = Dims({rows, n}) + " gate cols " + std::to_string(groups);
+      Record("SigmoidMul", shape, e, kBf16Tol);
+      EXPECT_LT(e, kBf16Tol) << shape;
+    }
+}
+
+TEST_F(CudaKernelTest, CausalConv1d) {
+  for (int64_t channels : {96, 300})
+    for (const auto& [q_lens, prefixes] : LinearBatches()) {
+      const int64_t kernel = 4, slots = 7;
+      LinearBatch lb(q_lens, prefixes, slots);
+      const int64_t t = lb.tokens(), width = channels + 5;  // x: columns of a wider projection
+      auto x = RandomBf16(t * width, 2.f), w = RandomBf16(channels * kernel), st = RandomBf16(slots * channels * (kernel - 1));
+      Tensor cx = HostF32(x, {t, width}), cw = HostF32(w, {channels, kernel}), cst = HostF32(st, {slots, channels, kernel - 1});
+      Tensor cqs = HostI32(lb.qstart, {lb.num_seqs() + 1}), csl = HostI32(lb.seq_lens, {lb.num_seqs()});
+      Tensor cslots = HostI32(lb.slots, {lb.num_seqs()});
+      Tensor cout = Tensor::Empty(DType::kF32, {t, channels});
+      AttentionBatch cb{cqs, csl, TensorView(), TensorView(), lb.max_q, 0};
+      cpu::CausalConv1d(Cols(cx, width, 0, channels), cw, cst, cslots, cb, cout);
+      Tensor gx = Upload(gpu(), x, {t, width}, DType::kBF16), gw = Upload(gpu(), w, {channels, kernel}, DType::kBF16);
+      Tensor gst = Upload(gpu(), st, {slots, channels, kernel - 1}, DType::kF32);
+      Tensor gqs = UploadI32(gpu(), lb.qstart, {lb.num_seqs() + 1}), gsl = UploadI32(gpu(), lb.seq_lens, {lb.num_seqs()});
+      Tensor gslots = UploadI32(gpu(), lb.slots, {lb.num_seqs()});
+      Tensor gout = gpu().Empty(DType::kBF16, {t, channels});
+      Poison(gpu(), gout);
+      AttentionBatch gb{gqs, gsl, TensorView(), TensorView(), lb.max_q, 0};
+      gpu().CausalConv1d(Cols(gx, width, 0, channels), gw, gst, gslots, gb, gout);
+      const std::string shape = "C" + std::to_string(channels) + " " + lb.Name();
+      double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * channels));
+      double es = RelError(Download(gpu(), gst), std::vector<float>(cst.ptr<float>(), cst.ptr<float>() + cst.numel()));
+      Record("CausalConv1d", shape, e, kBf16Tol);
+      Record("CausalConv1d.state", shape, es, 0);
+      EXPECT_LT(e, kBf16Tol) << shape;
+      EXPECT_EQ(es, 0.0) << shape;  // the state holds inputs: exact
+    }
+}
+
+TEST_F(CudaKernelTest, GatedDeltaRule) {
+  struct Heads { int64_t hk, hv, dk, dv; };
+  for (Heads h : {Heads{2, 4, 32, 32}, Heads{1, 1, 64, 64}, Heads{16, 64, 128, 128}, Heads{2, 2, 128, 96}})
+    for (const auto& [q_lens, prefixes] : LinearBatches()) {
+      const int64_t slots = 6;
+      LinearBatch lb(q_lens, prefixes, slots);
+      const int64_t t = lb.tokens();
+      // q | k | v columns of one mixed buffer, b | a columns of a projection of odd width.
+      const int64_t width = 2 * h.hk * h.dk + h.hv * h.dv, pw = 2 * h.hv + 3;
+      auto mixed = RandomBf16(t * width, 1.f), proj = RandomBf16(t * pw, 3.f);
+      auto alog = RandomBf16(h.hv, 1.f), dtb = RandomBf16(h.hv, 1.f), st = RandomBf16(slots * h.hv * h.dk * h.dv, 0.2f);
+      const Shape sshape{slots, h.hv, h.dk, h.dv};
+      Tensor cm = HostF32(mixed, {t, width}), cp = HostF32(proj, {t, pw});
+      Tensor cal = HostF32(alog, {h.hv}), cdt = HostF32(dtb, {h.hv}), cst = HostF32(st, sshape);
+      Tensor cqs = HostI32(lb.qstart, {lb.num_seqs() + 1}), csl = HostI32(lb.seq_lens, {lb.num_seqs()});
+      Tensor cslots = HostI32(lb.slots, {lb.num_seqs()});
+      Tensor cout = Tensor::Empty(DType::kF32, {t, h.hv, h.dv});
+      AttentionBatch cb{cqs, csl, TensorView(), TensorView(), lb.max_q, 0};
+      auto run = [&](Backend* be, const Tensor& m, const Tensor& p, const Tensor& al, const Tensor& dt, const Tensor& s,
+                     const Tensor& sl, const AttentionBatch& ab, const Tensor& out) {
+        TensorView q = HeadCols(m, width, 0, h.hk, h.dk), k = HeadCols(m, width, h.hk * h.dk, h.hk, h.dk);
+        TensorView v = HeadCols(m, width, 2 * h.hk * h.dk, h.hv, h.dv);
+        TensorView b = Cols(p, pw, 1, h.hv), a = Cols(p, pw, 1 + h.hv, h.hv);
+        if (be == nullptr)
+          cpu::GatedDeltaRule(q, k, v, a, b, al, dt, s, sl, ab, out);
+        else
+          be->GatedDeltaRule(q, k, v, a, b, al, dt, s, sl, ab, out);
+      };
+      run(nullptr, cm, cp, cal, cdt, cst, cslots, cb, cout);
+      Tensor gm = Upload(gpu(), mixed, {t, width}, DType::kBF16), gp = Upload(gpu(), proj, {t, pw}, DType::kBF16);
+      Tensor gal = Upload(gpu(), alog, {h.hv}, DType::kF32), gdt = Upload(gpu(), dtb, {h.hv}, DType::kF32);
+      Tensor gst = Upload(gpu(), st, sshape, DType::kF32);
+      Tensor gqs = UploadI32(gpu(), lb.qstart, {lb.num_seqs() + 1}), gsl = UploadI32(gpu(), lb.seq_lens, {lb.num_seqs()});
+      Tensor gslots = UploadI32(gpu(), lb.slots, {lb.num_seqs()});
+      Tensor gout = gpu().Empty(DType::kBF16, {t, h.hv, h.dv});
+      Poison(gpu(), gout);
+      AttentionBatch gb{gqs, gsl, TensorView(), TensorView(), lb.max_q, 0};
+      run(&gpu(), gm, gp, gal, gdt, gst, gslots, gb, gout);
+      const std::string shape = "Hk" + std::to_string(h.hk) + " Hv" + std::to_string(h.hv) + " Dk" + std::to_string(h.dk) +
+                                " Dv" + std::to_string(h.dv) + " " + lb.Name();
+      double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + cout.numel()));
+      double es = RelError(Download(gpu(), gst), std::vector<float>(cst.ptr<float>(), cst.ptr<float>() + cst.numel()));
+      Record("GatedDeltaRule", shape, e, kBf16Tol);
+      Record("GatedDeltaRule.state", shape, es, 1e-3);
+      EXPECT_LT(e, kBf16Tol) << shape;
+      EXPECT_LT(es, 1e-3) << shape;
+    }
+}
+
+TEST_F(CudaKernelTest, GatedRmsNorm) {
+  for (int64_t t : {1, 37})
+    for (auto [heads, d] : {std::pair<int64_t, int64_t>{4, 32}, {64, 128}, {3, 100}}) {
+      const int64_t zw = heads * d + 8;  // z: columns of a wider projection
+      auto x = RandomBf16(t * heads * d, 2.f), z = RandomBf16(t * zw, 3.f), w = RandomBf16(d);
+      Tensor cx = HostF32(x, {t, heads, d}), cz = HostF32(z, {t, zw}), cw = HostF32(w, {d});
+      Tensor cout = Tensor::Empty(DType::kF32, {t, heads, d});
+      cpu::GatedRmsNorm(cx, HeadCols(cz, zw, 8, heads, d), cw, 1e-6f, cout);
+      Tensor gx = Upload(gpu(), x, {t, heads, d}, DType::kBF16), gz = Upload(gpu(), z, {t, zw}, DType::kBF16);
+      Tensor gw = Upload(gpu(), w, {d}, DType::kBF16), gout = gpu().Empty(DType::kBF16, {t, heads, d});
+      Poison(gpu(), gout);
+      gpu().GatedRmsNorm(gx, HeadCols(gz, zw, 8, heads, d), gw, 1e-6f, gout);
+      double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + cout.numel()));
+      const std::string shape = Dims({t, heads, d});
+      Record("GatedRmsNorm", shape, e, kBf16Tol);
+      EXPECT_LT(e, kBf16Tol) << shape;
+    }
 }
 
 TEST_F(CudaKernelTest, MoeExperts) {

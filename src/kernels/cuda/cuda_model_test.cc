@@ -53,6 +53,13 @@ TEST_P(CudaModelTest, GoldenLogits) {
   auto golden = SafetensorsFile::Open("tests/data/golden/" + name + ".safetensors");
   ASSERT_TRUE(golden.ok()) << golden.status().ToString();
   const int64_t vocab = (*gmodel)->config().vocab_size;
+  // The hybrid fixture amplifies bf16 activation rounding along the sequence: the CPU backend
+  // with every activation rounded to bf16 (states f32) is off its golden by 6e-3, 1.1e-2,
+  // 2.3e-2, 6.8e-2, 1.0e-1 at 1, 5, 17, 64, 130 tokens (qwen3-moe stays at 6-7e-3). With its
+  // zero-centred norm weights kept in f32 the GPU measured 6.2e-3, 1.1e-2, 6.6e-2, 6.0e-2,
+  // 6.6e-2 (in bf16 they alone had moved it to 2.1e-1). So its golden bound is 1e-1;
+  // chunked-vs-one-prefill stays 2e-2.
+  const double golden_tol = name == "qwen3.5-moe-hybrid" ? 1e-1 : 2e-2;
   double worst_golden = 0, worst_cpu = 0;
   for (int k = 0; k < 5; ++k) {
     TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_" + std::to_string(k)));
@@ -70,13 +77,13 @@ TEST_P(CudaModelTest, GoldenLogits) {
     }
     std::printf("%s logits_%d (%zu tokens): max error vs golden %.3e, vs cpu %.3e (of max|ref|)\n",
                 name.c_str(), k, ids.size(), eg, ec);
-    Record("Model." + name, "logits_" + std::to_string(k) + " vs golden", eg, 2e-2);
-    Record("Model." + name, "logits_" + std::to_string(k) + " vs cpu", ec, 2e-2);
+    Record("Model." + name, "logits_" + std::to_string(k) + " vs golden", eg, golden_tol);
+    Record("Model." + name, "logits_" + std::to_string(k) + " vs cpu", ec, golden_tol);
     worst_golden = std::max(worst_golden, eg);
     worst_cpu = std::max(worst_cpu, ec);
   }
-  EXPECT_LT(worst_golden, 2e-2);
-  EXPECT_LT(worst_cpu, 2e-2);
+  EXPECT_LT(worst_golden, golden_tol);
+  EXPECT_LT(worst_cpu, golden_tol);
 
   // Chunked prefill and decode through the paged cache against one prefill, on the GPU.
   TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_4"));
@@ -85,12 +92,15 @@ TEST_P(CudaModelTest, GoldenLogits) {
   ASSERT_TRUE(full.ok());
   for (int chunk : {1, 7, 64}) {
     const int bs = 16;
-    KvCache kv(**gpu, (*gmodel)->kv_cache_spec(), (static_cast<int>(ids.size()) + bs - 1) / bs + 3, bs);
+    KvCache kv(**gpu, (*gmodel)->kv_cache_spec(), (static_cast<int>(ids.size()) + bs - 1) / bs + 3, bs,
+               (*gmodel)->state_spec(), 2);
     ModelRunner runner(**gmodel, **gpu, kv);
     Sequence s;
     s.tokens = ids;
     s.num_prompt_tokens = s.num_tokens();
     for (int b = kv.num_blocks() - 1; b >= 0; --b) s.block_table.push_back(b);
+    kv.AllocateStateSlot();  // hybrid models: use slot 1, not the first
+    s.state_slot = kv.AllocateStateSlot();
     double worst = 0;
     while (s.num_computed_tokens < s.num_tokens()) {
       int n = std::min(chunk, s.num_uncomputed());
@@ -108,7 +118,55 @@ TEST_P(CudaModelTest, GoldenLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest, ::testing::Values("qwen3-dense", "qwen3-moe"));
+// deepseek-v3-fp8's golden is a float32 forward of the dequantised weights; the CUDA path
+// dequantises at load (to bf16), so the bf16 tolerance holds for it too.
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest,
+                         ::testing::Values("qwen3-dense", "qwen3-moe", "qwen3.5-moe-hybrid", "deepseek-v3",
+                                           "deepseek-v3-fp8"));
+
+// The hybrid's per-sequence states on the GPU survive batching, chunked prefill, preemption and
+// slot reuse under the engine: every request decodes greedily as it does alone.
+TEST(CudaHybridEngine, PreemptionGivesTheSameTokensAsAlone) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = MakeCudaBackend(0);
+  ASSERT_TRUE(backend.ok());
+  auto model = LoadModel("tests/data/models/qwen3.5-moe-hybrid", **backend);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto request = [](int first_id, int len, int max_tokens) {
+    GenerationRequest r;
+    for (int i = 0; i < len; ++i) r.prompt.push_back((first_id + 37 * i) % 1024);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    return r;
+  };
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 5; ++i) requests.push_back(request(13 * i + 2, 15 + 11 * i, 16));
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& r : requests) {
+    auto engine = Engine::Create(**model, **backend, EngineOptions{});
+    ASSERT_TRUE(engine.ok());
+    alone.push_back((*engine)->Generate({r}).value()[0].first);
+  }
+  EngineOptions tight;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 24;  // 96 slots for the one attention layer of five sequences up to 75
+  tight.max_model_len = 96;
+  tight.max_batch_tokens = 24;
+  tight.max_num_seqs = 3;  // state slots are reused across requests
+  auto engine = Engine::Create(**model, **backend, tight);
+  ASSERT_TRUE(engine.ok());
+  auto out = (*engine)->Generate(requests);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_GT((*engine)->num_preemptions(), 0);
+  int same = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    same += (*out)[i].first == alone[i];
+    EXPECT_EQ((*out)[i].first, alone[i]) << "request " << i;
+  }
+  std::printf("hybrid under preemption (%d preemptions): %d of %zu requests equal to alone\n",
+              static_cast<int>((*engine)->num_preemptions()), same, requests.size());
+  Record("Engine.hybrid_preemption_equal", std::to_string(requests.size()) + " requests", same, 0);
+}
 
 TEST(CudaDemoModel, GreedyChats) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

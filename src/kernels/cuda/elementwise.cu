@@ -57,13 +57,35 @@ __global__ void GatherRowsKernel(const __grid_constant__ GatherParams p) {
 struct RmsNormParams {
   const bf16_t* x;
   int64_t x_stride;
-  const bf16_t* w;
+  const void* w;
+  bool w_f32;
   bf16_t* out;
   int64_t out_stride;
   bf16_t* residual;  // null: plain norm
   int64_t residual_stride;
   int cols;
   float eps;
+};
+
+// Norm weights are bf16, or f32 where bf16 would round them (Qwen3.5's zero-centred norms are
+// stored as 1 + w, which bf16 quantises to 2^-8: enough to move that model's logits by 1e-1).
+struct NormWeight {
+  const void* ptr;
+  bool f32;
+  __device__ float At(int64_t i) const {
+    return f32 ? static_cast<const float*>(ptr)[i] : __bfloat162float(static_cast<const bf16_t*>(ptr)[i]);
+  }
+  // Elements [8 v, 8 v + 8).
+  __device__ void Load8(int64_t v, float w[8]) const {
+    if (f32) {
+      const float4* q = reinterpret_cast<const float4*>(ptr) + 2 * v;
+      float4 lo = q[0], hi = q[1];
+      w[0] = lo.x; w[1] = lo.y; w[2] = lo.z; w[3] = lo.w;
+      w[4] = hi.x; w[5] = hi.y; w[6] = hi.z; w[7] = hi.w;
+    } else {
+      Unpack8(reinterpret_cast<const Bf16x8*>(ptr)[v], w);
+    }
+  }
 };
 
 __device__ float BlockSum(float v) {
@@ -118,18 +140,19 @@ __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   const float inv = rsqrtf(ss / p.cols + p.eps);
   // Pass 2: the same thread re-reads what it wrote (or x), so no barrier is needed.
   const bf16_t* src = res ? res : x;
+  const NormWeight nw{p.w, p.w_f32};
   if constexpr (kVec) {
     for (int c = threadIdx.x; c < p.cols / 8; c += blockDim.x) {
       float a[8], w[8];
       Unpack8(reinterpret_cast<const Bf16x8*>(src)[c], a);
-      Unpack8(reinterpret_cast<const Bf16x8*>(p.w)[c], w);
+      nw.Load8(c, w);
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
       reinterpret_cast<Bf16x8*>(out)[c] = Pack8(a);
     }
   } else {
     for (int c = threadIdx.x; c < p.cols; c += blockDim.x)
-      out[c] = __float2bfloat16(__bfloat162float(p.w[c]) * (__bfloat162float(src[c]) * inv));
+      out[c] = __float2bfloat16(nw.At(c) * (__bfloat162float(src[c]) * inv));
   }
 }
 
@@ -138,7 +161,8 @@ struct HeadNormParams {
   bf16_t* x;
   int64_t token_stride;
   int64_t head_stride;
-  const bf16_t* w;
+  const void* w;
+  bool w_f32;
   int64_t num_heads_total;  // tokens * heads
   int heads;
   int head_dim;
@@ -166,7 +190,7 @@ __global__ void HeadRmsNormKernel(const __grid_constant__ HeadNormParams p) {
   if (!active) return;
   const float inv = rsqrtf(ss / kD + p.eps);
   float w[8];
-  Unpack8(reinterpret_cast<const Bf16x8*>(p.w)[sub], w);
+  NormWeight{p.w, p.w_f32}.Load8(sub, w);
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
   *reinterpret_cast<Bf16x8*>(ptr) = Pack8(a);
@@ -185,8 +209,9 @@ __global__ void HeadRmsNormGenericKernel(const __grid_constant__ HeadNormParams 
   }
   ss = WarpSum(ss);
   const float inv = rsqrtf(ss / p.head_dim + p.eps);
+  const NormWeight nw{p.w, p.w_f32};
   for (int i = lane; i < p.head_dim; i += 32)
-    ptr[i] = __float2bfloat16(__bfloat162float(p.w[i]) * (__bfloat162float(ptr[i]) * inv));
+    ptr[i] = __float2bfloat16(nw.At(i) * (__bfloat162float(ptr[i]) * inv));
 }
 
 // ---- RoPE -------------------------------------------------------------------------------
@@ -302,11 +327,11 @@ struct KvWriteParams {
   int64_t k_token_stride, k_head_stride;
   const bf16_t* v;
   int64_t v_token_stride, v_head_stride;
-  bf16_t* k_cache;  // [num_blocks, Hk, block_size, D] contiguous
-  bf16_t* v_cache;
+  bf16_t* k_cache;  // [num_blocks, Hk, block_size, Dk] contiguous
+  bf16_t* v_cache;  // [num_blocks, Hk, block_size, Dv] contiguous; null: shared with k (MLA latent)
   const int32_t* slots;
   int64_t num_slots;
-  int heads, block_size, head_dim;
+  int heads, block_size, k_dim, v_dim;
 };
 
 template <bool kVec>
@@ -315,20 +340,45 @@ __global__ void KvWriteKernel(const __grid_constant__ KvWriteParams p) {
   const int32_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) return;  // padding token
   const int64_t block = slot / p.block_size, offset = slot % p.block_size;
-  const int per_head = kVec ? p.head_dim / 8 : p.head_dim;
-  for (int idx = threadIdx.x; idx < 2 * p.heads * per_head; idx += blockDim.x) {
-    const bool is_v = idx >= p.heads * per_head;
-    const int j = is_v ? idx - p.heads * per_head : idx;
+  constexpr int kW = kVec ? 8 : 1;
+  const int k_per_head = p.k_dim / kW, v_per_head = p.v_cache ? p.v_dim / kW : 0;
+  const int k_items = p.heads * k_per_head, total = k_items + p.heads * v_per_head;
+  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const bool is_v = idx >= k_items;
+    const int j = is_v ? idx - k_items : idx;
+    const int per_head = is_v ? v_per_head : k_per_head;
     const int h = j / per_head, c = j % per_head;
     const bf16_t* src = is_v ? p.v + t * p.v_token_stride + h * p.v_head_stride
                              : p.k + t * p.k_token_stride + h * p.k_head_stride;
-    bf16_t* dst = (is_v ? p.v_cache : p.k_cache) +
-                  ((block * p.heads + h) * p.block_size + offset) * p.head_dim;
+    bf16_t* dst = is_v ? p.v_cache + ((block * p.heads + h) * p.block_size + offset) * p.v_dim
+                       : p.k_cache + ((block * p.heads + h) * p.block_size + offset) * p.k_dim;
     if constexpr (kVec) {
       reinterpret_cast<Bf16x8*>(dst)[c] = reinterpret_cast<const Bf16x8*>(src)[c];
     } else {
       dst[c] = src[c];
     }
+  }
+}
+
+// ---- strided copy -----------------------------------------------------------------------
+struct CopyParams {
+  const char* src;
+  char* dst;
+  int64_t s0, s1, d0, d1;  // strides in bytes of the two leading dims
+  int64_t n1;               // extent of the middle dim
+  int64_t vecs_per_row;     // innermost row in units of the vector type
+  int64_t total;            // rows * vecs_per_row
+};
+
+// Flat over (i, j, vector of the row): every thread copies one vector.
+template <typename V>
+__global__ void CopyKernel(const __grid_constant__ CopyParams p) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < p.total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / p.vecs_per_row, c = idx % p.vecs_per_row;
+    const int64_t i = row / p.n1, j = row % p.n1;
+    reinterpret_cast<V*>(p.dst + i * p.d0 + j * p.d1)[c] =
+        reinterpret_cast<const V*>(p.src + i * p.s0 + j * p.s1)[c];
   }
 }
 
@@ -359,7 +409,7 @@ void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& o
 void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
              const TensorView* residual, cudaStream_t s) {
   CheckBf16(x, "rmsnorm x");
-  CheckBf16(w, "rmsnorm w");
+  COROLLA_CHECK(w.dtype == DType::kBF16 || w.dtype == DType::kF32) << "rmsnorm w " << w.ToString();
   CheckBf16(out, "rmsnorm out");
   const int64_t rows = x.dim(0), cols = x.dim(1);
   COROLLA_CHECK(x.rank() == 2 && w.numel() == cols && out.dim(0) == rows && out.dim(1) == cols)
@@ -369,7 +419,7 @@ void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorVi
     COROLLA_CHECK(residual->shape == x.shape) << "residual " << residual->ToString();
   }
   if (rows == 0) return;
-  RmsNormParams p{x.ptr<bf16_t>(), RowStride(x), w.ptr<bf16_t>(), out.ptr<bf16_t>(), RowStride(out),
+  RmsNormParams p{x.ptr<bf16_t>(), RowStride(x), w.data, w.dtype == DType::kF32, out.ptr<bf16_t>(), RowStride(out),
                   residual ? residual->ptr<bf16_t>() : nullptr, residual ? RowStride(*residual) : 0,
                   static_cast<int>(cols), eps};
   bool vec = Vectorisable(x, cols) && Vectorisable(w, cols) && Vectorisable(out, cols) &&
@@ -384,12 +434,12 @@ void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorVi
 
 void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps, cudaStream_t s) {
   CheckBf16(x, "head rmsnorm x");
-  CheckBf16(w, "head rmsnorm w");
+  COROLLA_CHECK(w.dtype == DType::kBF16 || w.dtype == DType::kF32) << "head rmsnorm w " << w.ToString();
   COROLLA_CHECK(x.rank() == 3 && w.numel() == x.dim(2))
       << "head rmsnorm x " << x.ToString() << " w " << w.ToString();
   const int64_t total = x.dim(0) * x.dim(1);
   if (total == 0) return;
-  HeadNormParams p{x.ptr<bf16_t>(), x.strides[0], x.strides[1], w.ptr<bf16_t>(), total,
+  HeadNormParams p{x.ptr<bf16_t>(), x.strides[0], x.strides[1], w.data, w.dtype == DType::kF32, total,
                    static_cast<int>(x.dim(1)), static_cast<int>(x.dim(2)), eps};
   bool launched = false;
   if (Vectorisable(x, x.dim(2)) && Vectorisable(w, x.dim(2))) {
@@ -429,15 +479,27 @@ void Copy(const TensorView& src, const TensorView& dst, cudaStream_t s) {
                 dst.device == Device::kCuda)
       << "copy " << src.ToString() << " to " << dst.ToString();
   if (src.numel() == 0) return;
-  const size_t size = DTypeSize(src.dtype);
-  const int64_t d0 = r >= 3 ? src.dim(0) : 1, d1 = r >= 2 ? src.dim(r - 2) : 1, inner = src.dim(r - 1);
-  const int64_t s_pitch = r >= 2 ? src.strides[r - 2] : inner, d_pitch = r >= 2 ? dst.strides[r - 2] : inner;
-  for (int64_t i = 0; i < d0; ++i) {  // one 2-D copy per leading index
-    const char* from = static_cast<const char*>(src.data) + (r >= 3 ? i * src.strides[0] : 0) * size;
-    char* to = static_cast<char*>(dst.data) + (r >= 3 ? i * dst.strides[0] : 0) * size;
-    COROLLA_CUDA_CHECK(cudaMemcpy2DAsync(to, d_pitch * size, from, s_pitch * size, inner * size, d1,
-                                         cudaMemcpyDeviceToDevice, s));
+  const int64_t size = DTypeSize(src.dtype);
+  const int64_t n0 = r >= 3 ? src.dim(0) : 1, n1 = r >= 2 ? src.dim(r - 2) : 1, row_bytes = src.dim(r - 1) * size;
+  CopyParams p{static_cast<const char*>(src.data), static_cast<char*>(dst.data),
+               r >= 3 ? src.strides[0] * size : 0, r >= 2 ? src.strides[r - 2] * size : 0,
+               r >= 3 ? dst.strides[0] * size : 0, r >= 2 ? dst.strides[r - 2] * size : 0, n1, 0, 0};
+  // The widest vector every row start, stride and row length allows.
+  uint64_t bits = reinterpret_cast<uintptr_t>(src.data) | reinterpret_cast<uintptr_t>(dst.data) |
+                  static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(p.s0) | static_cast<uint64_t>(p.s1) |
+                  static_cast<uint64_t>(p.d0) | static_cast<uint64_t>(p.d1);
+  const int width = bits % 16 == 0 ? 16 : bits % 8 == 0 ? 8 : bits % 4 == 0 ? 4 : bits % 2 == 0 ? 2 : 1;
+  p.vecs_per_row = row_bytes / width;
+  p.total = n0 * n1 * p.vecs_per_row;
+  const int grid = GridFor(p.total);
+  switch (width) {
+    case 16: CopyKernel<uint4><<<grid, kThreads, 0, s>>>(p); break;
+    case 8: CopyKernel<uint2><<<grid, kThreads, 0, s>>>(p); break;
+    case 4: CopyKernel<uint32_t><<<grid, kThreads, 0, s>>>(p); break;
+    case 2: CopyKernel<uint16_t><<<grid, kThreads, 0, s>>>(p); break;
+    default: CopyKernel<uint8_t><<<grid, kThreads, 0, s>>>(p); break;
   }
+  COROLLA_CUDA_CHECK_LAUNCH();
 }
 
 void SiluMul(const TensorView& gate_up, const TensorView& out, cudaStream_t s) {
@@ -477,20 +539,22 @@ void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
   CheckBf16(cache.k, "kv cache k");
   CheckBf16(cache.v, "kv cache v");
   CheckI32(batch.slot_mapping, "slot_mapping");
-  const int64_t tokens = k.dim(0), heads = k.dim(1), d = k.dim(2);
-  COROLLA_CHECK(cache.k.data != cache.v.data)
-      << "kv_write: a shared K/V latent cache (MLA) is not implemented on CUDA yet";
-  COROLLA_CHECK(k.rank() == 3 && v.shape == k.shape && cache.k.rank() == 4 &&
-                cache.k.dim(1) == heads && cache.k.dim(3) == d && cache.k.is_contiguous() &&
-                cache.v.shape == cache.k.shape && cache.v.is_contiguous() &&
-                batch.slot_mapping.numel() == tokens)
-      << "kv_write k " << k.ToString() << " cache " << cache.k.ToString();
+  const int64_t tokens = k.dim(0), heads = k.dim(1), dk = k.dim(2), dv = v.dim(2);
+  // MLA: one latent cache holds K and V; k and v are then the same rows, written once.
+  const bool shared = cache.k.data == cache.v.data;
+  COROLLA_CHECK(k.rank() == 3 && v.rank() == 3 && v.dim(0) == tokens && v.dim(1) == heads &&
+                cache.k.rank() == 4 && cache.k.dim(1) == heads && cache.k.dim(3) == dk && cache.k.is_contiguous() &&
+                cache.v.rank() == 4 && cache.v.dim(0) == cache.k.dim(0) && cache.v.dim(1) == heads &&
+                cache.v.dim(2) == cache.k.dim(2) && cache.v.dim(3) == dv && cache.v.is_contiguous() &&
+                (!shared || (k.data == v.data && dv == dk)) && batch.slot_mapping.numel() == tokens)
+      << "kv_write k " << k.ToString() << " v " << v.ToString() << " cache k " << cache.k.ToString() << " v "
+      << cache.v.ToString();
   if (tokens == 0) return;
   KvWriteParams p{k.ptr<bf16_t>(), k.strides[0], k.strides[1], v.ptr<bf16_t>(), v.strides[0],
-                  v.strides[1], cache.k.ptr<bf16_t>(), cache.v.ptr<bf16_t>(),
+                  v.strides[1], cache.k.ptr<bf16_t>(), shared ? nullptr : cache.v.ptr<bf16_t>(),
                   batch.slot_mapping.ptr<int32_t>(), cache.k.dim(0) * cache.block_size(),
-                  static_cast<int>(heads), cache.block_size(), static_cast<int>(d)};
-  if (Vectorisable(k, d) && Vectorisable(v, d))
+                  static_cast<int>(heads), cache.block_size(), static_cast<int>(dk), static_cast<int>(dv)};
+  if (Vectorisable(k, dk) && Vectorisable(v, dv))
     KvWriteKernel<true><<<tokens, 128, 0, s>>>(p);
   else
     KvWriteKernel<false><<<tokens, 128, 0, s>>>(p);

@@ -1,6 +1,7 @@
 // Mixture of experts on the GPU. MoeRoute: one warp per token, softmax (sum in double, as the
 // CPU twin) or sigmoid scores, optional selection bias, top-k with ties to the lower expert id,
-// renormalisation and scaling (grouped top-k is not implemented yet).
+// group-limited selection (DeepSeek: the topk_groups best groups by the sum of their two best
+// scores), renormalisation and scaling, as the CPU twin.
 // MoeExperts, all on the device with no host synchronisation:
 //   1. count tokens per expert, 2. exclusive scan -> row offsets and 64-row tile offsets,
 //   3. permute (token, slot) pairs into expert-contiguous rows,
@@ -32,17 +33,20 @@ struct RouteParams {
   int experts, top_k;
   bool renormalize, sigmoid;
   float scaling_factor;
+  int num_groups, topk_groups;
 };
 
 constexpr int kRouteWarps = 4;
 
 __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
-  extern __shared__ float route_smem[];  // [kRouteWarps][2][experts]: probs, selection scores
+  // [kRouteWarps][2 experts + groups]: probs, selection scores, group scores
+  extern __shared__ float route_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
   if (t >= p.tokens) return;
-  float* probs = route_smem + warp * 2 * p.experts;
+  float* probs = route_smem + warp * (2 * p.experts + p.num_groups);
   float* choice = probs + p.experts;
+  float* group_score = choice + p.experts;
   const float* logit = p.logits + t * p.logits_stride;
   if (p.sigmoid) {
     for (int e = lane; e < p.experts; e += 32) probs[e] = 1.0f / (1.0f + expf(-logit[e]));
@@ -62,6 +66,39 @@ __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
   }
   for (int e = lane; e < p.experts; e += 32) choice[e] = p.bias ? probs[e] + p.bias[e] : probs[e];
   __syncwarp();
+  if (p.num_groups > 1) {
+    // A group's score: its best plus its second best (the same comparisons as the CPU twin).
+    const int per_group = p.experts / p.num_groups;
+    for (int g = lane; g < p.num_groups; g += 32) {
+      const float* c = choice + g * per_group;
+      float best = -INFINITY, second = -INFINITY;
+      for (int i = 0; i < per_group; ++i) {
+        if (c[i] > best) {
+          second = best;
+          best = c[i];
+        } else if (c[i] > second) {
+          second = c[i];
+        }
+      }
+      group_score[g] = per_group > 1 ? best + second : best;
+    }
+    __syncwarp();
+    // Lane 0 picks the topk_groups best groups (ties to the lower index); experts of the other
+    // groups then score 0, as the reference masks them.
+    unsigned long long picked = 0;
+    if (lane == 0) {
+      for (int i = 0; i < p.topk_groups; ++i) {
+        int best_g = -1;
+        for (int g = 0; g < p.num_groups; ++g)
+          if (!((picked >> g) & 1ull) && (best_g < 0 || group_score[g] > group_score[best_g])) best_g = g;
+        picked |= 1ull << best_g;
+      }
+    }
+    picked = __shfl_sync(0xffffffffu, picked, 0);
+    for (int e = lane; e < p.experts; e += 32)
+      if (!((picked >> (e / per_group)) & 1ull)) choice[e] = 0.0f;
+    __syncwarp();
+  }
   double norm = 0.0;
   for (int i = 0; i < p.top_k; ++i) {
     float best = -INFINITY;
@@ -472,8 +509,10 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
       << "moe_route logits " << router_logits.ToString() << " ids " << topk_ids.ToString()
       << " weights " << topk_weights.ToString() << " k " << k;
   if (tokens == 0) return;
-  COROLLA_CHECK(routing.num_groups <= 1)
-      << "moe_route: grouped top-k (num_groups " << routing.num_groups << ") is not implemented on CUDA yet";
+  COROLLA_CHECK(routing.num_groups >= 1 && routing.num_groups <= 64 && experts % routing.num_groups == 0 &&
+                routing.topk_groups >= 1 &&
+                routing.topk_groups <= routing.num_groups)
+      << "moe_route: " << experts << " experts in " << routing.num_groups << " groups, top " << routing.topk_groups;
   const bool has_bias = routing.correction_bias.data != nullptr && routing.correction_bias.numel() > 0;
   if (has_bias)
     COROLLA_CHECK(routing.correction_bias.dtype == DType::kF32 && routing.correction_bias.numel() == experts &&
@@ -482,8 +521,9 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
   RouteParams p{router_logits.ptr<float>(), router_logits.strides[0],
                 has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
                 topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
-                experts, k, routing.renormalize, routing.sigmoid, routing.scaling_factor};
-  const size_t smem = sizeof(float) * kRouteWarps * 2 * experts;
+                experts, k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
+                routing.num_groups, routing.topk_groups};
+  const size_t smem = sizeof(float) * kRouteWarps * (2 * experts + routing.num_groups);
   COROLLA_CHECK(smem <= 48 * 1024) << "moe_route: " << experts << " experts exceed shared memory";
   MoeRouteKernel<<<CeilDiv(tokens, kRouteWarps), kRouteWarps * 32, smem, s>>>(p);
   COROLLA_CUDA_CHECK_LAUNCH();

@@ -56,6 +56,18 @@ void Add(const TensorView& x, const TensorView& y, cudaStream_t s);
 void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
              const AttentionBatch& batch, cudaStream_t s);
 
+// linear_attention.cu: Gated DeltaNet and the sigmoid gates (semantics: kernels/backend.h).
+void SigmoidMul(const TensorView& x, const TensorView& gate, cudaStream_t s);
+void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                  const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out,
+                  cudaStream_t s);
+void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
+                    const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
+                    const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
+                    const TensorView& out, cudaStream_t s);
+void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps, const TensorView& out,
+                  cudaStream_t s);
+
 // attention.cu
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
