@@ -103,14 +103,16 @@ Tensor RandomDevice(Backend& backend, Shape shape, float scale, uint64_t seed) {
 }
 
 // HBM copy bandwidth (bytes read + written per second) of a 4 GiB device-to-device copy:
-// cudaMemcpyAsync on CUDA, the backend's Copy elsewhere.
+// cudaMemcpyAsync on CUDA; elsewhere (the CPU) a 256 MiB copy through the backend's Copy.
 double MeasureCopyBandwidth(Backend& backend, DeviceTimer& timer) {
 #ifdef COROLLA_HAVE_CUDA
   if (auto events = cuda::StreamTimer::Create(backend)) return events->CopyBandwidth(size_t{4} << 30);
 #endif
-  const int64_t cols = 4096, rows = (int64_t{2} << 30) / (cols * 2);  // 2 Gi values of bf16: 4 GiB
-  Tensor a = backend.Empty(DType::kBF16, {rows, cols});
-  Tensor b = backend.Empty(DType::kBF16, {rows, cols});
+  // 256 MiB of activations: far past the caches of a CPU.
+  const DType dtype = backend.activation_dtype();
+  const int64_t cols = 4096, rows = (int64_t{256} << 20) / (cols * DTypeSize(dtype));
+  Tensor a = backend.Empty(dtype, {rows, cols});
+  Tensor b = backend.Empty(dtype, {rows, cols});
   Tensor seed_block = RandomDevice(backend, {1024, cols}, 1.0f, 7);
   for (int64_t r = 0; r < rows; r += 1024)  // random contents, not zeros
     backend.Copy(seed_block.view().Slice(0, std::min<int64_t>(rows, r + 1024) - r), a.view().Slice(r, std::min<int64_t>(rows, r + 1024)));
@@ -375,7 +377,8 @@ void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTime
   const double bytes = weight_bytes + kv_bytes;
   std::printf("decode: %s, %d layers, batch %d, context %d, %s\n", c.model_type.c_str(), c.num_layers,
               num_seqs, ctx, backend.name().c_str());
-  std::printf("  limit   HBM copy bandwidth (4 GiB D2D, read + write): %.2f TB/s\n", copy_bw / 1e12);
+  std::printf("  limit   memory copy bandwidth (%s, read + write): %.2f TB/s\n",
+              backend.device() == Device::kCuda ? "4 GiB device to device" : "256 MiB on the host", copy_bw / 1e12);
   std::printf("  bytes a step must read: %.3f GB (weights %.3f GB with %.1f distinct experts/layer expected, KV + states %.3f GB)\n",
               bytes / 1e9, weight_bytes / 1e9, distinct, kv_bytes / 1e9);
   std::printf("  floor at the copy bandwidth: %.3f ms/step\n", bytes / copy_bw * 1e3);

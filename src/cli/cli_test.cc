@@ -110,6 +110,16 @@ TEST(Cli, ChatAndTextPrompts) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// The model benchmarks run on the CPU too, for every family random weights cover.
+TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
+  for (std::string name : {"qwen3-moe", "qwen3.5-moe-hybrid", "deepseek-v3"}) {
+    RunResult r = RunCorolla("bench decode --config tests/data/models/" + name +
+                             "/config.json --random-weights --device cpu --batch 1,3 --context 20 --steps 1");
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << name << "\n" << r.output;
+  }
+}
+
 TEST(Cli, BadInputIsAClearErrorNotACrash) {
   const std::string dir = TempPath("empty_model");
   fs::create_directories(dir);
