@@ -145,7 +145,10 @@ Result<Loaded> Load(const BenchOptions& o) {
     ASSIGN_OR_RETURN(std::string text, ReadFile(o.config));
     ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(text, o.config));
     ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(json));
-    if (o.layers > 0) config.num_layers = static_cast<int>(std::min<int64_t>(o.layers, config.num_layers));
+    if (o.layers > 0) {
+      config.num_layers = static_cast<int>(std::min<int64_t>(o.layers, config.num_layers));
+      config.layer_kinds.resize(config.num_layers);
+    }
     auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(l.model, LoadModelRandom(config, *l.backend, static_cast<uint64_t>(o.seed)));
     std::printf("loaded %s with random weights, %d layers, in %.1f s\n", o.config.c_str(), config.num_layers,
@@ -246,13 +249,16 @@ StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int 
   StepBatch s;
   s.kv = std::make_unique<KvCache>(backend, model.kv_cache_spec(), num_seqs * blocks_per_seq, kBlockSize,
                                    model.state_spec(), model.state_spec().num_layers > 0 ? num_seqs : 0);
-  // Random K/V everywhere: one random layer's worth on the device, copied into every layer.
-  const KvCacheView& first = s.kv->views()[0];
-  const int64_t rows = first.k.dim(0) * first.k.dim(1);
-  Tensor random_kv = RandomDevice(backend, {rows, first.k.dim(2), first.k.dim(3)}, 1.0f, seed + 1);
-  for (const KvCacheView& v : s.kv->views()) {
-    backend.Copy(random_kv, v.k.Reshape({rows, v.k.dim(2), v.k.dim(3)}));
-    backend.Copy(random_kv, v.v.Reshape({rows, v.v.dim(2), v.v.dim(3)}));
+  // Random K/V everywhere: one random layer's worth on the device, copied into every layer
+  // (a truncated hybrid may have no attention layer at all).
+  if (!s.kv->views().empty()) {
+    const KvCacheView& first = s.kv->views()[0];
+    const int64_t rows = first.k.dim(0) * first.k.dim(1);
+    Tensor random_kv = RandomDevice(backend, {rows, first.k.dim(2), first.k.dim(3)}, 1.0f, seed + 1);
+    for (const KvCacheView& v : s.kv->views()) {
+      backend.Copy(random_kv, v.k.Reshape({rows, v.k.dim(2), v.k.dim(3)}));
+      backend.Copy(random_kv, v.v.Reshape({rows, v.v.dim(2), v.v.dim(3)}));
+    }
   }
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<int32_t> tokens, positions, slots, query_start{0}, seq_lens, tables, rows_out;

@@ -118,6 +118,11 @@ TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
     EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << name << "\n" << r.output;
   }
+  // Truncated depth: the hybrid's first two layers are both linear attention.
+  RunResult r = RunCorolla("bench decode --config tests/data/models/qwen3.5-moe-hybrid/config.json --random-weights "
+                           "--device cpu --layers 2 --batch 2 --context 20 --steps 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 layers"), std::string::npos) << r.output;
 }
 
 TEST(Cli, BadInputIsAClearErrorNotACrash) {

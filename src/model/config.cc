@@ -322,7 +322,9 @@ bool ModelConfig::is_moe_layer(int layer) const {
 }
 
 int ModelConfig::num_linear_layers() const {
-  return static_cast<int>(std::count(layer_kinds.begin(), layer_kinds.end(), LayerKind::kLinearAttention));
+  // Only the first num_layers count: benchmarks truncate depth by lowering num_layers.
+  const auto end = layer_kinds.begin() + std::min<size_t>(layer_kinds.size(), std::max(num_layers, 0));
+  return static_cast<int>(std::count(layer_kinds.begin(), end, LayerKind::kLinearAttention));
 }
 
 int ModelConfig::rotary_dim() const {
