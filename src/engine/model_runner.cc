@@ -1,6 +1,8 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <unordered_map>
 #include <unordered_set>
@@ -10,6 +12,21 @@
 
 namespace corolla {
 
+ModelRunner::ModelRunner(Model& model, Backend& backend, KvCache& kv_cache, DecodeGraphMode graph_mode)
+    : model_(model), backend_(backend), kv_cache_(kv_cache) {
+  bool on = graph_mode != DecodeGraphMode::kOff && backend.supports_graphs() &&
+            model.config().mla.kv_lora_rank == 0;
+  if (graph_mode == DecodeGraphMode::kAuto) {
+    const char* env = std::getenv("COROLLA_CUDA_GRAPHS");
+    on = on && !(env != nullptr && std::strcmp(env, "0") == 0);
+  }
+  if (on)
+    graphs_ = std::make_unique<DecodeGraphs>(model, backend, kv_cache,
+                                             /*capture=*/graph_mode != DecodeGraphMode::kBucketsEager);
+}
+
+ModelRunner::~ModelRunner() = default;
+
 Tensor ModelRunner::ToDevice(const std::vector<int32_t>& host, Shape shape) {
   Tensor t = backend_.Empty(DType::kI32, shape);
   if (!host.empty()) backend_.CopyFromHost(host.data(), t);
@@ -17,6 +34,7 @@ Tensor ModelRunner::ToDevice(const std::vector<int32_t>& host, Shape shape) {
 }
 
 Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_logits) {
+  if (graphs_ && graphs_->CanRun(chunks, all_logits)) return graphs_->Run(chunks);
   const int bs = kv_cache_.block_size();
   const int num_seqs = static_cast<int>(chunks.size());
   int max_blocks = 1, max_q_len = 0, max_seq_len = 0;

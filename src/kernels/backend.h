@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,6 +167,24 @@ class Backend {
   // out = w * rmsnorm(x) * silu(z) per head: x, z, out [T, H, D]; w [D].
   virtual void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
                             const TensorView& out);
+
+  // --- graphs ---------------------------------------------------------------------------
+  // Work recorded once and replayed with the same buffers (CUDA graphs). The CPU backend has
+  // none: CaptureGraph answers Unsupported and callers run eagerly.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void Replay() = 0;  // enqueues one replay; does not wait for it
+  };
+  virtual bool supports_graphs() const { return false; }
+  // Runs fn() once eagerly (warming per-shape caches), then records what a second fn()
+  // enqueues. What fn() allocates comes from memory reserved for graphs, so the addresses a
+  // replay touches stay theirs; tensors fn() reads or writes that it did not allocate must
+  // outlive the graph at the same address. fn() must not synchronise the host (that aborts).
+  virtual Result<std::unique_ptr<Graph>> CaptureGraph(const std::function<void()>& fn) {
+    (void)fn;
+    return Unsupported(name() + " does not capture graphs");
+  }
 
   // One token per row of logits [B, V] (f32 or the activation dtype); params [B]; `steps` [B]
   // counters for the per-request random stream. out_ids [B] i32 (host memory).

@@ -37,12 +37,13 @@ void CachingAllocator::ReleaseCachedLocked() {
 void* CachingAllocator::Allocate(size_t bytes) {
   size_t size = RoundSize(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = free_.find(size);
+  auto& free_lists = graph_pool_ ? graph_free_ : free_;
+  auto it = free_lists.find(size);
   void* p = nullptr;
-  if (it != free_.end() && !it->second.empty()) {
+  if (it != free_lists.end() && !it->second.empty()) {
     p = it->second.back();
     it->second.pop_back();
-    cached_bytes_ -= size;
+    if (!graph_pool_) cached_bytes_ -= size;
   } else {
     cudaError_t err = cudaMalloc(&p, size);
     if (err == cudaErrorMemoryAllocation) {
@@ -53,6 +54,7 @@ void* CachingAllocator::Allocate(size_t bytes) {
     COROLLA_CHECK(err == cudaSuccess) << "cudaMalloc(" << size << ") on device " << device_ << ": "
                                       << cudaGetErrorString(err) << "; in use " << live_bytes_;
     ++num_mallocs_;
+    if (graph_pool_) graph_blocks_.insert(p);
   }
   live_[p] = size;
   live_bytes_ += size;
@@ -67,8 +69,17 @@ void CachingAllocator::Free(void* ptr) {
   size_t size = it->second;
   live_.erase(it);
   live_bytes_ -= size;
+  if (graph_blocks_.count(ptr)) {
+    graph_free_[size].push_back(ptr);
+    return;
+  }
   free_[size].push_back(ptr);
   cached_bytes_ += size;
+}
+
+void CachingAllocator::SetGraphPool(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  graph_pool_ = on;
 }
 
 size_t CachingAllocator::bytes_cached() const {

@@ -110,6 +110,47 @@ Result<Backend::MemoryInfo> CudaBackend::QueryMemory() {
   return MemoryInfo{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
+namespace {
+
+class CudaGraph final : public Backend::Graph {
+ public:
+  CudaGraph(cudaStream_t stream, cudaGraph_t graph, cudaGraphExec_t exec)
+      : stream_(stream), graph_(graph), exec_(exec) {}
+  ~CudaGraph() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void Replay() override { COROLLA_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaStream_t stream_;
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::function<void()>& fn) {
+  alloc_->SetGraphPool(true);
+  fn();  // eager: per-shape caches (GEMM heuristics, rope tables) fill outside the capture
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  // Relaxed: a pool miss may still cudaMalloc (not stream-ordered) while capturing.
+  cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
+  if (err == cudaSuccess) {
+    fn();
+    err = cudaStreamEndCapture(stream_, &graph);
+  }
+  alloc_->SetGraphPool(false);
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    return Internal(std::string("CUDA graph capture: ") + cudaGetErrorString(err));
+  }
+  return std::unique_ptr<Backend::Graph>(new CudaGraph(stream_, graph, exec));
+}
+
 void CudaBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
   cuda::GatherRows(table, ids, out, stream_);
 }

@@ -66,6 +66,10 @@ class CudaBackend final : public Backend {
   void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
               int32_t* out_ids) override;
 
+  bool supports_graphs() const override { return true; }
+  // Warm-up and capture with the allocator's graph pool on (relaxed capture mode).
+  Result<std::unique_ptr<Graph>> CaptureGraph(const std::function<void()>& fn) override;
+
   cudaStream_t stream() const { return stream_; }
   const CachingAllocator& allocator() const { return *alloc_; }
 

@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -209,6 +211,201 @@ TEST(CudaDemoModel, GreedyChats) {
   std::printf("demo greedy on CUDA: %d of %zu chats match exactly (%.2f s)\n", matches, requests.size(), secs);
   Record("Demo.greedy_chats_matching", std::to_string(requests.size()) + " chats", matches, 0);
   EXPECT_GE(matches, 1);
+}
+
+// ---- decode graphs ----------------------------------------------------------------------
+
+// Greedy ids of `requests` through an Engine on `backend`; graphs off when COROLLA_CUDA_GRAPHS=0
+// is set while the engine is made. Also the wall time of Generate.
+std::vector<std::vector<int32_t>> GreedyIds(Model& model, Backend& backend,
+                                            const std::vector<GenerationRequest>& requests, bool graphs,
+                                            double* secs = nullptr) {
+  if (!graphs) setenv("COROLLA_CUDA_GRAPHS", "0", 1);
+  auto engine = Engine::Create(model, backend, EngineOptions{});
+  unsetenv("COROLLA_CUDA_GRAPHS");
+  EXPECT_TRUE(engine.ok());
+  auto t0 = std::chrono::steady_clock::now();
+  auto out = (*engine)->Generate(requests);
+  if (secs) *secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  std::vector<std::vector<int32_t>> ids;
+  for (auto& [tokens, reason] : *out) ids.push_back(tokens);
+  return ids;
+}
+
+// Requests finishing at different steps, so the decode batch walks down across buckets
+// (13 -> bucket 16, then 8, 4, 2, 1).
+std::vector<GenerationRequest> MixedRequests() {
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 13; ++i) {
+    GenerationRequest r;
+    for (int j = 0; j < 5 + 7 * i; ++j) r.prompt.push_back((11 * i + 29 * j + 3) % 1024);
+    r.max_tokens = 3 + 5 * i;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    requests.push_back(r);
+  }
+  return requests;
+}
+
+// The demo model's golden chats with graphs on equal graphs off (and the golden ids).
+TEST(CudaDecodeGraph, DemoChatsOnEqualsOff) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = MakeCudaBackend(0);
+  ASSERT_TRUE(backend.ok());
+  const std::string dir = "models/corolla-demo";
+  auto model = LoadModel(dir, **backend);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto gen = LoadGenerationConfig(dir, (*model)->config());
+  ASSERT_TRUE(gen.ok());
+  auto text = ReadFile(dir + "/golden-chat.json");
+  ASSERT_TRUE(text.ok());
+  nlohmann::json golden = nlohmann::json::parse(*text);
+  std::vector<GenerationRequest> requests;
+  for (const auto& chat : golden["chats"]) {
+    GenerationRequest r;
+    r.prompt = chat["prompt_ids"].get<std::vector<int32_t>>();
+    r.sampling.temperature = 0;
+    r.max_tokens = static_cast<int>(chat["greedy_ids"].size()) + 16;
+    r.stop_token_ids = std::vector<int32_t>(gen->eos_token_ids.begin(), gen->eos_token_ids.end());
+    requests.push_back(r);
+  }
+  auto on = GreedyIds(**model, **backend, requests, true);
+  auto off = GreedyIds(**model, **backend, requests, false);
+  int same = 0, golden_same = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    same += on[i] == off[i];
+    golden_same += on[i] == golden["chats"][i]["greedy_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(on[i], off[i]) << "chat " << i;
+  }
+  std::printf("demo chats with decode graphs: %d/%zu equal graphs off, %d/%zu equal golden\n", same,
+              requests.size(), golden_same, requests.size());
+  Record("Graph.demo_chats", std::to_string(requests.size()) + " chats on != off", requests.size() - same, 0);
+}
+
+class CudaDecodeGraphTest : public ::testing::TestWithParam<std::string> {};
+
+// Greedy generation with graphs on equals graphs off and the CPU, with the batch changing
+// across buckets as requests finish.
+TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string name = GetParam();
+  auto gpu = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto cpu = MakeCpuBackend();
+  auto gmodel = LoadModel("tests/data/models/" + name, **gpu);
+  ASSERT_TRUE(gmodel.ok()) << gmodel.status().ToString();
+  auto cmodel = LoadModel("tests/data/models/" + name, *cpu);
+  ASSERT_TRUE(cmodel.ok());
+  const auto requests = MixedRequests();
+  double t_on = 0, t_off = 0;
+  GreedyIds(**gmodel, **gpu, requests, true);  // first captures: not timed
+  auto on = GreedyIds(**gmodel, **gpu, requests, true, &t_on);
+  auto off = GreedyIds(**gmodel, **gpu, requests, false, &t_off);
+  auto host = GreedyIds(**cmodel, *cpu, requests, false);
+  int same_off = 0, same_cpu = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    same_off += on[i] == off[i];
+    same_cpu += on[i] == host[i];
+    EXPECT_EQ(on[i], off[i]) << name << " request " << i;
+    if (on[i] != off[i]) {
+      size_t k = 0;
+      while (k < on[i].size() && k < off[i].size() && on[i][k] == off[i][k]) ++k;
+      std::printf("%s request %zu: graphs on vs off differ first at token %zu of %zu\n", name.c_str(), i, k,
+                  on[i].size());
+    }
+    if (on[i] != host[i]) {
+      size_t k = 0;
+      while (k < on[i].size() && k < host[i].size() && on[i][k] == host[i][k]) ++k;
+      std::printf("%s request %zu: graphs vs cpu differ first at token %zu of %zu\n", name.c_str(), i, k,
+                  on[i].size());
+    }
+  }
+  std::printf("decode graphs %s: %d/%zu requests equal graphs off, %d/%zu equal cpu; Generate %.3f s on, "
+              "%.3f s off\n", name.c_str(), same_off, requests.size(), same_cpu, requests.size(), t_on, t_off);
+  Record("Graph." + name, "greedy on == off (13 requests)", requests.size() - same_off, 0);
+  Record("Graph." + name, "greedy on == cpu (13 requests)", requests.size() - same_cpu, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecodeGraphTest,
+                         ::testing::Values("qwen3-dense", "qwen3-moe", "qwen3.5-moe-hybrid"));
+
+// A replayed decode step's logits equal the same padded batch run eagerly bit for bit, and the
+// unpadded eager step within bf16 tolerance; then the step time with and without graphs.
+TEST(CudaDecodeGraph, ReplayedLogitsEqualEager) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = LoadModel("tests/data/models/qwen3-moe", **gpu);
+  ASSERT_TRUE(model.ok());
+  const int64_t vocab = (*model)->config().vocab_size;
+  const int bs = 16, num_seqs = 6;
+  KvCache kv(**gpu, (*model)->kv_cache_spec(), 64, bs);
+  ModelRunner off(**model, **gpu, kv, DecodeGraphMode::kOff);
+  ModelRunner eager(**model, **gpu, kv, DecodeGraphMode::kBucketsEager);
+  ModelRunner graph(**model, **gpu, kv, DecodeGraphMode::kOn);
+  ASSERT_NE(graph.decode_graphs(), nullptr);
+  std::vector<Sequence> seqs(num_seqs);
+  for (int i = 0; i < num_seqs; ++i) {
+    Sequence& s = seqs[i];
+    for (int j = 0; j < 9 + 13 * i; ++j) s.tokens.push_back((7 * i + 31 * j + 1) % 1024);
+    s.num_prompt_tokens = s.num_tokens();
+    for (int b = 0; b < 8; ++b) s.block_table.push_back(63 - (i * 8 + b));
+    ScheduledChunk c{&s, s.num_tokens()};
+    Tensor l = off.Execute({&c, 1}, false);
+    Tensor h = LogitsToHost(**gpu, l);
+    s.num_computed_tokens = s.num_tokens();
+    const float* row = h.ptr<float>();
+    s.tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+  }
+  double worst_exact = 0, worst_bf16 = 0;
+  // Batches 6, 5, 3, 4, 1, 2, 6: buckets 8, 8, 4, 4, 1, 2, 8 (padded and exact fits).
+  for (int batch : {6, 5, 3, 4, 1, 2, 6}) {
+    std::vector<ScheduledChunk> chunks;
+    for (int i = 0; i < batch; ++i) chunks.push_back({&seqs[i], 1});
+    Tensor le = LogitsToHost(**gpu, eager.Execute(chunks, false));
+    Tensor lg = LogitsToHost(**gpu, graph.Execute(chunks, false));
+    Tensor lg2 = LogitsToHost(**gpu, graph.Execute(chunks, false));  // a pure replay
+    Tensor lo = LogitsToHost(**gpu, off.Execute(chunks, false));
+    for (int64_t i = 0; i < batch * vocab; ++i) {
+      worst_exact = std::max(worst_exact, static_cast<double>(std::fabs(lg.ptr<float>()[i] - le.ptr<float>()[i])));
+      worst_exact = std::max(worst_exact, static_cast<double>(std::fabs(lg2.ptr<float>()[i] - le.ptr<float>()[i])));
+      if (!std::isfinite(lg.ptr<float>()[i])) worst_exact = INFINITY;
+    }
+    for (int i = 0; i < batch; ++i) {
+      worst_bf16 = std::max(worst_bf16, RowError(lg.ptr<float>() + i * vocab, lo.ptr<float>() + i * vocab, vocab));
+      Sequence& s = seqs[i];
+      const float* row = lo.ptr<float>() + i * vocab;
+      s.num_computed_tokens += 1;
+      s.tokens.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    }
+  }
+  std::printf("decode graph replay vs eager same padded batch: max |diff| %.3e; vs unpadded eager %.3e "
+              "(of max|ref|); %d graphs captured\n", worst_exact, worst_bf16, graph.decode_graphs()->num_graphs());
+  Record("Graph.replay_vs_eager", "qwen3-moe logits, 7 steps", worst_exact, 1e-6);
+  Record("Graph.replay_vs_unpadded", "qwen3-moe logits, 7 steps", worst_bf16, 2e-2);
+  EXPECT_LE(worst_exact, 1e-6);
+  EXPECT_LT(worst_bf16, 2e-2);
+
+  // Step time: the same decode step (its KV rewrite is idempotent), host synchronised each time.
+  for (int batch : {1, 6}) {
+    std::vector<ScheduledChunk> chunks;
+    for (int i = 0; i < batch; ++i) chunks.push_back({&seqs[i], 1});
+    auto step_us = [&](ModelRunner& runner) {
+      for (int i = 0; i < 3; ++i) runner.Execute(chunks, false);
+      (*gpu)->Synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      constexpr int kSteps = 50;
+      for (int i = 0; i < kSteps; ++i) {
+        runner.Execute(chunks, false);
+        (*gpu)->Synchronize();
+      }
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+    };
+    const double us_off = step_us(off), us_graph = step_us(graph);
+    std::printf("decode step qwen3-moe fixture batch %d: eager %.1f us, graph %.1f us (%.2fx)\n", batch, us_off,
+                us_graph, us_off / us_graph);
+  }
 }
 
 // ---- perf -------------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+#include "engine/decode_graphs.h"
+
+#include <algorithm>
+
+#include "engine/model_runner.h"
+
+namespace corolla {
+
+DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, bool capture)
+    : model_(model),
+      backend_(backend),
+      kv_cache_(kv_cache),
+      capture_(capture),
+      max_blocks_per_seq_(static_cast<int>(std::min<int64_t>(
+          kv_cache.num_blocks(),
+          (model.config().max_position_embeddings + kv_cache.block_size() - 1) / kv_cache.block_size()))) {}
+
+int DecodeGraphs::BatchBucket(int batch) {
+  int rows = 1;
+  while (rows < batch) rows *= 2;
+  return rows;
+}
+
+bool DecodeGraphs::CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const {
+  if (chunks.empty() || static_cast<int>(chunks.size()) > kMaxBatch) return false;
+  for (const auto& c : chunks) {
+    const Sequence& s = *c.seq;
+    if (c.num_tokens != 1 || static_cast<int>(s.block_table.size()) > max_blocks_per_seq_) return false;
+    if (!all_logits && s.num_computed_tokens + 1 != s.num_tokens()) return false;
+  }
+  return true;
+}
+
+DecodeGraphs::Bucket& DecodeGraphs::GetBucket(int rows) {
+  auto it = buckets_.find(rows);
+  if (it != buckets_.end()) return it->second;
+  Bucket& b = buckets_[rows];
+  b.layout = {rows, max_blocks_per_seq_};
+  b.host.assign(b.layout.size(), 0);
+  for (int i = 0; i <= rows; ++i) b.host[b.layout.query_start() + i] = i;
+  for (int i = 0; i < rows; ++i) b.host[b.layout.logits_rows() + i] = i;
+  b.meta = backend_.Empty(DType::kI32, {b.layout.size()});
+  b.logits = backend_.Empty(DType::kF32, {rows, model_.config().vocab_size});
+  return b;
+}
+
+void DecodeGraphs::Upload(Bucket& bucket, std::span<const ScheduledChunk> chunks) {
+  const Layout& l = bucket.layout;
+  const int bs = kv_cache_.block_size();
+  int32_t* h = bucket.host.data();
+  for (int64_t b = 0; b < l.rows; ++b) {
+    if (b < static_cast<int64_t>(chunks.size())) {
+      const Sequence& s = *chunks[b].seq;
+      const int p = s.num_computed_tokens;
+      h[l.tokens() + b] = s.tokens[p];
+      h[l.positions() + b] = p;
+      h[l.seq_lens() + b] = p + 1;
+      h[l.slots() + b] = s.block_table[p / bs] * bs + p % bs;
+      h[l.state_slots() + b] = s.state_slot;
+      std::copy(s.block_table.begin(), s.block_table.end(), h + l.tables() + b * l.max_blocks);
+    } else {
+      h[l.tokens() + b] = 0;
+      h[l.positions() + b] = 0;
+      h[l.seq_lens() + b] = 1;
+      h[l.slots() + b] = -1;
+      h[l.state_slots() + b] = -1;
+      h[l.tables() + b * l.max_blocks] = 0;
+    }
+  }
+  backend_.CopyFromHost(h, bucket.meta);
+}
+
+void DecodeGraphs::Forward(Bucket& bucket, int max_seq_len) {
+  const Layout& l = bucket.layout;
+  const TensorView meta = bucket.meta;
+  auto part = [&](int64_t offset, int64_t n) { return meta.Slice(offset, offset + n); };
+  ForwardBatch batch;
+  batch.token_ids = part(l.tokens(), l.rows);
+  batch.positions = part(l.positions(), l.rows);
+  batch.attention = {part(l.query_start(), l.rows + 1),
+                     part(l.seq_lens(), l.rows),
+                     part(l.tables(), l.rows * l.max_blocks).Reshape({l.rows, l.max_blocks}),
+                     part(l.slots(), l.rows),
+                     /*max_q_len=*/1,
+                     max_seq_len};
+  batch.logits_rows = part(l.logits_rows(), l.rows);
+  if (kv_cache_.has_state()) {
+    batch.state_slots = part(l.state_slots(), l.rows);
+    batch.linear_states = kv_cache_.state_views();
+  }
+  model_.Forward(batch, kv_cache_.views(), bucket.logits);
+}
+
+Tensor DecodeGraphs::Run(std::span<const ScheduledChunk> chunks) {
+  const int num_seqs = static_cast<int>(chunks.size());
+  const int rows = BatchBucket(num_seqs);
+  Bucket& bucket = GetBucket(rows);
+  int max_seq_len = 1;
+  for (const auto& c : chunks) max_seq_len = std::max(max_seq_len, c.seq->num_computed_tokens + 1);
+  int context = kMinContext;
+  while (context < max_seq_len) context *= 2;
+  context = std::min(context, max_blocks_per_seq_ * kv_cache_.block_size());
+  if (!capture_) {
+    Upload(bucket, chunks);
+    Forward(bucket, context);
+  } else {
+    auto key = std::make_pair(rows, context);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      // Warm-up and capture over padding only: no KV or state of a real sequence is touched.
+      Upload(bucket, {});
+      auto graph = backend_.CaptureGraph([&] { Forward(bucket, context); });
+      COROLLA_CHECK(graph.ok()) << "decode graph (batch " << rows << ", context " << context
+                                << "): " << graph.status().ToString();
+      it = graphs_.emplace(key, std::move(*graph)).first;
+    }
+    Upload(bucket, chunks);
+    it->second->Replay();
+  }
+  std::shared_ptr<void> owner = std::make_shared<Tensor>(bucket.logits);
+  return Tensor::Adopt(bucket.logits.view().Slice(0, num_seqs), std::move(owner));
+}
+
+}  // namespace corolla

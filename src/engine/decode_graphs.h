@@ -1,0 +1,78 @@
+// DecodeGraphs: the model forward of pure-decode steps (one token per sequence) replayed as
+// backend graphs, captured on first use per (batch bucket, context bucket). Batch buckets are
+// 1, 2, 4, ... kMaxBatch; each owns persistent device buffers for the step's metadata and its
+// logits, which every graph of that bucket reads and writes, so a step only copies fresh
+// metadata there and replays. Rows past the real batch are padding: token 0 at position 0,
+// cache slot -1 (no KV write), state slot -1 (no state update), one key read from block 0;
+// their logits are ignored. Context buckets (powers of two) fix the attention's host-side plan
+// (max_seq_len) that a graph bakes in. Owned by a ModelRunner; not thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/sequence.h"
+#include "model/model.h"
+
+namespace corolla {
+
+struct ScheduledChunk;
+
+class DecodeGraphs {
+ public:
+  static constexpr int kMaxBatch = 256;
+  static constexpr int kMinContext = 256;  // smallest context bucket (tokens)
+
+  // capture false: the same padded buckets and buffers, run eagerly (the replay's reference).
+  DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, bool capture);
+
+  // Whether a step of these chunks is pure decode that fits a bucket: every chunk one token
+  // that ends its sequence (or all_logits), at most kMaxBatch chunks, block tables that fit.
+  bool CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const;
+  // Float32 logits [B, V], one row per chunk: a view of the bucket's buffer, overwritten by
+  // the next Run of that bucket.
+  Tensor Run(std::span<const ScheduledChunk> chunks);
+
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  static int BatchBucket(int batch);
+
+ private:
+  // Offsets (i32 elements) into a bucket's one metadata buffer of `rows` rows.
+  struct Layout {
+    int64_t rows, max_blocks;
+    int64_t tokens() const { return 0; }
+    int64_t positions() const { return rows; }
+    int64_t query_start() const { return 2 * rows; }  // rows + 1
+    int64_t seq_lens() const { return 3 * rows + 1; }
+    int64_t slots() const { return 4 * rows + 1; }
+    int64_t logits_rows() const { return 5 * rows + 1; }
+    int64_t state_slots() const { return 6 * rows + 1; }
+    int64_t tables() const { return 7 * rows + 1; }  // [rows, max_blocks]
+    int64_t size() const { return tables() + rows * max_blocks; }
+  };
+  struct Bucket {
+    Layout layout;
+    std::vector<int32_t> host;  // staging, same layout; table entries past a row's end stay valid ids
+    Tensor meta;                // device i32 [layout.size()]
+    Tensor logits;              // device f32 [rows, V]
+  };
+
+  Bucket& GetBucket(int rows);
+  // Fills the bucket's staging metadata from the chunks (rows past them padded) and uploads it.
+  void Upload(Bucket& bucket, std::span<const ScheduledChunk> chunks);
+  void Forward(Bucket& bucket, int max_seq_len);
+
+  Model& model_;
+  Backend& backend_;
+  KvCache& kv_cache_;
+  const bool capture_;
+  const int max_blocks_per_seq_;
+  std::map<int, Bucket> buckets_;  // rows -> bucket (node-based: addresses stay)
+  std::map<std::pair<int, int>, std::unique_ptr<Backend::Graph>> graphs_;  // (rows, context)
+};
+
+}  // namespace corolla
