@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/residual_stream.h"
 #include "model/weights.h"
 
 namespace corolla {
@@ -163,9 +164,7 @@ Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is
 Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
   const ModelConfig& c = config_;
   const MlaConfig& m = c.mla;
-  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
-  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, vdim = m.v_head_dim;
-  const int64_t kv_lora = m.kv_lora_rank, qk_head = m.qk_head_dim();
+  const int64_t hidden = c.hidden_size, rope = m.qk_rope_head_dim, qk_head = m.qk_head_dim();
   WeightLoader w(checkpoint, backend_);
   w.set_fp8_block(c.quant.block_rows, c.quant.block_cols);
 
@@ -392,33 +391,24 @@ void DeepseekV3Model::Attention(int layer, const TensorView& x, const ForwardBat
 void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
                               const TensorView& logits) {
   const ModelConfig& c = config_;
-  const int64_t tokens = batch.token_ids.numel(), hidden = c.hidden_size;
+  const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const DType act = backend_.activation_dtype();
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
   const bool absorbed = mode_ == MlaMode::kAbsorbed || (mode_ == MlaMode::kAuto && batch.attention.max_q_len <= 1);
 
-  Tensor residual = backend_.Empty(act, {tokens, hidden});
-  Tensor x = backend_.Empty(act, {tokens, hidden});
-  Tensor y = backend_.Empty(act, {tokens, hidden});
-  backend_.Embedding(batch.token_ids, embed_, residual);
-  backend_.RmsNorm(residual, layers_[0].input_norm, eps, x, nullptr);
+  ResidualStream stream(backend_, batch, embed_, hidden, eps, layers_[0].input_norm);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = layers_[l];
-    Attention(l, x, batch, kv_caches[l], absorbed, y);
-    backend_.RmsNorm(y, lw.post_attention_norm, eps, x, &residual.view());
+    Attention(l, stream.x(), batch, kv_caches[l], absorbed, stream.y());
+    stream.Add(lw.post_attention_norm);
     if (lw.is_moe) {
-      Moe(lw, x, y);
+      Moe(lw, stream.x(), stream.y());
     } else {
-      Ffn(lw.dense, x, y);
+      Ffn(lw.dense, stream.x(), stream.y());
     }
-    const Tensor& next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
-    backend_.RmsNorm(y, next_norm, eps, x, &residual.view());
+    stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);
   }
-  const int64_t rows = batch.logits_rows.numel();
-  Tensor selected = backend_.Empty(act, {rows, hidden});
-  backend_.GatherRows(x, batch.logits_rows, selected);
-  backend_.Linear(selected, lm_head_, logits);
+  stream.Logits(batch, lm_head_, logits);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "model/gated_deltanet.h"
+#include "model/residual_stream.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
 #include "parallel/expert_parallel.h"
@@ -293,33 +294,24 @@ void Qwen3Model::Mlp(const MlpWeights& w, const TensorView& x, const TensorView&
 void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
                          const TensorView& logits) {
   const ModelConfig& c = config_;
-  const int64_t tokens = batch.token_ids.numel(), hidden = c.hidden_size;
+  const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const DType act = backend_.activation_dtype();
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), kv_cache_spec().num_layers);
   COROLLA_CHECK_EQ(static_cast<int>(batch.linear_states.size()), state_spec().num_layers);
 
-  Tensor residual = backend_.Empty(act, {tokens, hidden});  // [T, H] running sum of the stream
-  Tensor x = backend_.Empty(act, {tokens, hidden});         // [T, H] normed input of a block
-  Tensor y = backend_.Empty(act, {tokens, hidden});         // [T, H] output of a block
-  backend_.Embedding(batch.token_ids, embed_, residual);
-  backend_.RmsNorm(residual, layers_[0].input_norm, eps, x, nullptr);
+  ResidualStream stream(backend_, batch, embed_, hidden, eps, layers_[0].input_norm);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = layers_[l];
     if (lw.is_linear) {
-      GatedDeltaNetForward(backend_, c, lw.linear, x, batch, batch.linear_states[lw.cache_idx], y);
+      GatedDeltaNetForward(backend_, c, lw.linear, stream.x(), batch, batch.linear_states[lw.cache_idx], stream.y());
     } else {
-      AttentionBlock(l, x, batch, kv_caches[lw.cache_idx], y);
+      AttentionBlock(l, stream.x(), batch, kv_caches[lw.cache_idx], stream.y());
     }
-    backend_.RmsNorm(y, layers_[l].post_attention_norm, eps, x, &residual.view());
-    MlpBlock(l, x, y);
-    const Tensor& next_norm = l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_;
-    backend_.RmsNorm(y, next_norm, eps, x, &residual.view());
+    stream.Add(lw.post_attention_norm);
+    MlpBlock(l, stream.x(), stream.y());
+    stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);
   }
-  const int64_t rows = batch.logits_rows.numel();
-  Tensor selected = backend_.Empty(act, {rows, hidden});  // [N, H]
-  backend_.GatherRows(x, batch.logits_rows, selected);
-  backend_.Linear(selected, lm_head_, logits);
+  stream.Logits(batch, lm_head_, logits);
 }
 
 }  // namespace
