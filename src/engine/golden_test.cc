@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "engine/demo_chats.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/config.h"
@@ -274,29 +275,15 @@ TEST(DemoModel, GreedyChatsReproduceReferenceExactly) {
   const std::string dir = "models/corolla-demo";
   auto model = LoadModel(dir, *backend);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto gen = LoadGenerationConfig(dir, (*model)->config());
-  ASSERT_TRUE(gen.ok());
-  auto text = ReadFile(dir + "/golden-chat.json");
-  ASSERT_TRUE(text.ok());
-  nlohmann::json golden = nlohmann::json::parse(*text);
-  ASSERT_GE(golden["chats"].size(), 1u);
+  auto chats = LoadDemoChats(dir, (*model)->config());
+  ASSERT_TRUE(chats.ok()) << chats.status().ToString();
   auto engine = Engine::Create(**model, *backend, EngineOptions{});
   ASSERT_TRUE(engine.ok());
   // All conversations at once: continuous batching must not change greedy results.
-  std::vector<GenerationRequest> requests;
-  for (const auto& chat : golden["chats"]) {
-    GenerationRequest r;
-    r.prompt = chat["prompt_ids"].get<std::vector<int32_t>>();
-    r.sampling.temperature = 0;
-    r.max_tokens = static_cast<int>(chat["greedy_ids"].size()) + 16;
-    r.stop_token_ids = std::vector<int32_t>(gen->eos_token_ids.begin(), gen->eos_token_ids.end());
-    requests.push_back(r);
-  }
-  auto out = (*engine)->Generate(requests);
+  auto out = (*engine)->Generate(chats->requests);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    std::vector<int32_t> expected = golden["chats"][i]["greedy_ids"].get<std::vector<int32_t>>();
-    EXPECT_EQ((*out)[i].first, expected) << "chat " << i;
+  for (size_t i = 0; i < chats->requests.size(); ++i) {
+    EXPECT_EQ((*out)[i].first, chats->expected[i]) << "chat " << i;
     EXPECT_EQ((*out)[i].second, FinishReason::kStop) << "chat " << i;
   }
 }

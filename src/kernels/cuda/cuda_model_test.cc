@@ -12,6 +12,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "engine/demo_chats.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -177,29 +178,18 @@ TEST(CudaDemoModel, GreedyChats) {
   const std::string dir = "models/corolla-demo";
   auto model = LoadModel(dir, **backend);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto gen = LoadGenerationConfig(dir, (*model)->config());
-  ASSERT_TRUE(gen.ok());
-  auto text = ReadFile(dir + "/golden-chat.json");
-  ASSERT_TRUE(text.ok());
-  nlohmann::json golden = nlohmann::json::parse(*text);
+  auto chats = LoadDemoChats(dir, (*model)->config());
+  ASSERT_TRUE(chats.ok()) << chats.status().ToString();
+  const std::vector<GenerationRequest>& requests = chats->requests;
   auto engine = Engine::Create(**model, **backend, EngineOptions{});
   ASSERT_TRUE(engine.ok());
-  std::vector<GenerationRequest> requests;
-  for (const auto& chat : golden["chats"]) {
-    GenerationRequest r;
-    r.prompt = chat["prompt_ids"].get<std::vector<int32_t>>();
-    r.sampling.temperature = 0;
-    r.max_tokens = static_cast<int>(chat["greedy_ids"].size()) + 16;
-    r.stop_token_ids = std::vector<int32_t>(gen->eos_token_ids.begin(), gen->eos_token_ids.end());
-    requests.push_back(r);
-  }
   auto t0 = std::chrono::steady_clock::now();
   auto out = (*engine)->Generate(requests);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   int matches = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    auto expected = golden["chats"][i]["greedy_ids"].get<std::vector<int32_t>>();
+    const auto& expected = chats->expected[i];
     const auto& got = (*out)[i].first;
     size_t same = 0;
     while (same < got.size() && same < expected.size() && got[same] == expected[same]) ++same;
@@ -256,26 +246,15 @@ TEST(CudaDecodeGraph, DemoChatsOnEqualsOff) {
   const std::string dir = "models/corolla-demo";
   auto model = LoadModel(dir, **backend);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto gen = LoadGenerationConfig(dir, (*model)->config());
-  ASSERT_TRUE(gen.ok());
-  auto text = ReadFile(dir + "/golden-chat.json");
-  ASSERT_TRUE(text.ok());
-  nlohmann::json golden = nlohmann::json::parse(*text);
-  std::vector<GenerationRequest> requests;
-  for (const auto& chat : golden["chats"]) {
-    GenerationRequest r;
-    r.prompt = chat["prompt_ids"].get<std::vector<int32_t>>();
-    r.sampling.temperature = 0;
-    r.max_tokens = static_cast<int>(chat["greedy_ids"].size()) + 16;
-    r.stop_token_ids = std::vector<int32_t>(gen->eos_token_ids.begin(), gen->eos_token_ids.end());
-    requests.push_back(r);
-  }
+  auto chats = LoadDemoChats(dir, (*model)->config());
+  ASSERT_TRUE(chats.ok()) << chats.status().ToString();
+  const std::vector<GenerationRequest>& requests = chats->requests;
   auto on = GreedyIds(**model, **backend, requests, true);
   auto off = GreedyIds(**model, **backend, requests, false);
   int same = 0, golden_same = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     same += on[i] == off[i];
-    golden_same += on[i] == golden["chats"][i]["greedy_ids"].get<std::vector<int32_t>>();
+    golden_same += on[i] == chats->expected[i];
     EXPECT_EQ(on[i], off[i]) << "chat " << i;
   }
   std::printf("demo chats with decode graphs: %d/%zu equal graphs off, %d/%zu equal golden\n", same,
