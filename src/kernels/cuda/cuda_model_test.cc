@@ -200,7 +200,8 @@ TEST(CudaDemoModel, GreedyChats) {
   }
   std::printf("demo greedy on CUDA: %d of %zu chats match exactly (%.2f s)\n", matches, requests.size(), secs);
   Record("Demo.greedy_chats_matching", std::to_string(requests.size()) + " chats", matches, 0);
-  EXPECT_GE(matches, 1);
+  // bf16 may flip one near-tie; measured 11/11 on every H200 run so far.
+  EXPECT_GE(matches, static_cast<int>(requests.size()) - 1);
 }
 
 // ---- decode graphs ----------------------------------------------------------------------
