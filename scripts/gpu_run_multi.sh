@@ -7,9 +7,16 @@
 #   cmake --build build-mgpu -j2 --target corolla corolla_parallel_bench
 #   mkdir -p mgpu-bundle && for t in corolla corolla_parallel_bench; do cp build-mgpu/$t mgpu-bundle/ && strip mgpu-bundle/$t; done
 # COROLLA_SKIP_BENCH=1 skips corolla_parallel_bench; COROLLA_TP (default 2) sets the ranks.
-# Checks: NCCL all-reduce exactness and the expert-id kernel (corolla_parallel_bench); logits of
-# the qwen3-moe / qwen3-dense fixtures with --tp 2 against one GPU (bf16 tolerance) and against
-# the Hugging Face goldens; greedy generation of the demo model with --tp 2 against one GPU.
+# COROLLA_SKIP_TP=1 skips the --tp checks; COROLLA_SKIP_DPEP=1 the --dp 2 --ep 2 checks, and
+# COROLLA_SKIP_DPEP_BENCH=1 only their Qwen3-30B-A3B decode benchmark (COROLLA_DPEP_LAYERS: its
+# depth, default all 48; COROLLA_DPEP_CONTEXT: context, default 1024).
+# Checks: NCCL all-reduce and all-to-all exactness, the expert-id kernel and the DP-EP exchange
+# (corolla_parallel_bench); logits of the qwen3-moe / qwen3-dense fixtures with --tp 2 against
+# one GPU (bf16 tolerance) and against the Hugging Face goldens; greedy generation of the demo
+# model with --tp 2 against one GPU. DP-EP (issue 6): logits of qwen3-moe and the qwen3.5 hybrid
+# with --dp 2 --ep 2 against one GPU for 1 sequence (rank 1 idle), 2 and 3; greedy generation of
+# two prompts; `bench decode` of Qwen3-30B-A3B (random weights) at batch 64 and 256 per GPU,
+# DP 2 + EP 2 against one GPU at the same per-GPU batch (two independent replicas would do 2x).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NCCL 2.28.9 from python's wheel first (matches our headers; the system's is 2.28.3), then CUDA.
@@ -38,6 +45,7 @@ if [ -z "${COROLLA_SKIP_BENCH:-}" ]; then
 fi
 
 for m in qwen3-moe qwen3-dense; do
+  [ -n "${COROLLA_SKIP_TP:-}" ] && break
   golden=tests/data/golden/$m.safetensors
   for k in 2 4; do
     ids=$(python3 scripts/compare_logits.py ids "$golden" ids_$k)
@@ -52,13 +60,88 @@ for m in qwen3-moe qwen3-dense; do
 done
 
 for prompt in 1,2,3,4,5 17,300,42,1999,7,7,7,512,3000,88; do
+  [ -n "${COROLLA_SKIP_TP:-}" ] && break
   a=$(timeout 120 $B/corolla generate --device cuda --prompt-ids $prompt --max-tokens 64 --temperature 0 --ignore-eos 2>>"$OUT/generate.err")
   b=$(timeout 120 $B/corolla generate --device cuda --prompt-ids $prompt --max-tokens 64 --temperature 0 --ignore-eos --tp "$TP" 2>>"$OUT/generate.err")
   echo "1 GPU : $a" >>"$OUT/generate.log"; echo "tp$TP  : $b" >>"$OUT/generate.log"
   same=$(python3 -c "import sys; a=sys.argv[1].split(','); b=sys.argv[2].split(','); n=next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), min(len(a),len(b))); print(f'{n}/{len(a)} tokens equal' + (' IDENTICAL' if a==b and len(a)==64 else ''))" "$a" "$b")
   note "demo greedy prompt $prompt tp$TP vs 1 GPU: $same"
 done
-grep -h -E "error|Check failed" "$OUT/logits.err" "$OUT/generate.err" | head -10
+
+# --- DP-EP: each rank owns every 2nd sequence, experts split over both GPUs.
+same_ids() {  # equal-prefix summary of two id lists
+  python3 -c "import sys; a=sys.argv[1].split(','); b=sys.argv[2].split(','); n=next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), min(len(a),len(b))); print(f'{n}/{len(a)} tokens equal' + (' IDENTICAL' if a==b else ''))" "$1" "$2"
+}
+if [ -z "${COROLLA_SKIP_DPEP:-}" ]; then
+  for m in qwen3-moe qwen3.5-moe-hybrid; do
+    golden=tests/data/golden/$m.safetensors
+    a=$(python3 scripts/compare_logits.py ids "$golden" ids_2); b=$(python3 scripts/compare_logits.py ids "$golden" ids_4)
+    for spec in "1seq:$a" "2seqs:$a;$b" "3seqs:$b;$a;$a"; do
+      name=${spec%%:*}; ids=${spec#*:}
+      one=$OUT/${m}_${name}_1gpu.safetensors; two=$OUT/${m}_${name}_dp2ep2.safetensors
+      timeout 60 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$one" 2>>"$OUT/dpep_logits.err" || note "$m $name: single-GPU logits FAILED"
+      timeout 60 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$two" --dp 2 --ep 2 2>>"$OUT/dpep_logits.err" || note "$m $name: --dp 2 --ep 2 logits FAILED"
+      note "$m $name dp2/ep2 vs 1 GPU: $(python3 scripts/compare_logits.py diff "$two" "$one" 2e-2)"
+      [ "$name" = 1seq ] && note "$m $name dp2/ep2 vs golden: $(python3 scripts/compare_logits.py diff "$two" "$golden:logits_2" 2e-2)"
+      rm -f "$one" "$two"
+    done
+  done
+  prompts="1,2,3,4,5;17,300,42,1999,7,7,7,512,3000,88;9,9,9"
+  a=$(timeout 60 $B/corolla generate --device cuda --prompt-ids "$prompts" --max-tokens 64 --temperature 0 --ignore-eos 2>>"$OUT/dpep_generate.err")
+  b=$(timeout 60 $B/corolla generate --device cuda --prompt-ids "$prompts" --max-tokens 64 --temperature 0 --ignore-eos --dp 2 --ep 2 2>>"$OUT/dpep_generate.err")
+  printf '1 GPU:\n%s\ndp2/ep2:\n%s\n' "$a" "$b" >>"$OUT/dpep_generate.log"
+  for i in 1 2 3; do
+    note "demo greedy prompt $i of 3, dp2/ep2 vs 1 GPU: $(same_ids "$(echo "$a" | sed -n ${i}p)" "$(echo "$b" | sed -n ${i}p)")"
+  done
+
+  if [ -z "${COROLLA_SKIP_DPEP_BENCH:-}" ]; then
+    cfg=tests/data/configs/qwen3-30b-a3b.json
+    common="--config $cfg --random-weights --device cuda --context ${COROLLA_DPEP_CONTEXT:-1024} --layers ${COROLLA_DPEP_LAYERS:-0} --steps 20"
+    echo "=== bench decode, 1 GPU"
+    timeout 200 $B/corolla bench decode $common --batch 64,256 >"$OUT/bench_dpep_1gpu.log" 2>&1 || note "bench decode 1 GPU FAILED (rc $?)"
+    cat "$OUT/bench_dpep_1gpu.log"
+    for bs in 64 256; do  # the fixed-size exchange (capacity = the batch), eager and CUDA graph
+      echo "=== bench decode --dp 2 --ep 2, batch $bs per GPU"
+      timeout 200 $B/corolla bench decode $common --batch $bs --dp 2 --ep 2 >"$OUT/bench_dpep_dp2_b$bs.log" 2>&1 || note "bench decode dp2/ep2 batch $bs FAILED (rc $?)"
+      cat "$OUT/bench_dpep_dp2_b$bs.log"
+    done
+    echo "=== bench decode --dp 2 --ep 2 --ep-capacity 0 (exchange sized per layer, eager), batch 64 per GPU"
+    timeout 200 $B/corolla bench decode $common --batch 64 --dp 2 --ep 2 --ep-capacity 0 >"$OUT/bench_dpep_dp2_b64_sized.log" 2>&1 || note "bench decode dp2/ep2 sized FAILED (rc $?)"
+    cat "$OUT/bench_dpep_dp2_b64_sized.log"
+    # One line per (batch, mode): DP2+EP2 aggregate tokens/s against two single-GPU replicas.
+    while IFS= read -r line; do note "$line"; done < <(python3 - "$OUT" <<'PY'
+import re, sys, glob
+out = sys.argv[1]
+def parse(path):  # {(batch, how): (ms, tokens/s, aggregate tokens/s or None)}
+    res, batch, last = {}, None, None
+    try:
+        text = open(path).read()
+    except OSError:
+        return res
+    for line in text.splitlines():
+        m = re.search(r"decode: .*batch (\d+),", line)
+        if m: batch = int(m.group(1))
+        m = re.match(r"\s+(eager|graph|host)\s+([\d.]+) ms/step, ([\d.]+) tokens/s", line)
+        if m:
+            last = (batch, m.group(1)); res[last] = [float(m.group(2)), float(m.group(3)), None]
+        m = re.search(r"aggregate over \d+ ranks: ([\d.]+) tokens/s", line)
+        if m and last: res[last][2] = float(m.group(1))
+    return res
+one = parse(f"{out}/bench_dpep_1gpu.log")
+for tag, path in [("capacity", f"{out}/bench_dpep_dp2_b64.log"), ("capacity", f"{out}/bench_dpep_dp2_b256.log"),
+                  ("sized", f"{out}/bench_dpep_dp2_b64_sized.log")]:
+    for (batch, how), (ms, tps, agg) in sorted(parse(path).items()):
+        base = one.get((batch, how))
+        if base is None or agg is None:
+            print(f"bench dp2/ep2 ({tag}) batch {batch}/GPU {how}: {ms:.3f} ms/step, aggregate {agg} tokens/s (no 1-GPU peer)")
+            continue
+        print(f"bench dp2/ep2 ({tag}) batch {batch}/GPU {how}: {ms:.3f} ms/step, {agg:.0f} tokens/s in all; 1 GPU {base[0]:.3f} ms/step, "
+              f"{base[1]:.0f} tokens/s; vs 2 replicas ({2*base[1]:.0f}): {agg/(2*base[1]):.2f}x")
+PY
+)
+  fi
+fi
+grep -h -E "error|Check failed" "$OUT"/logits.err "$OUT"/generate.err "$OUT"/dpep_*.err 2>/dev/null | head -10
 
 echo "=== summary"
 printf '%s\n' "${summary[@]}"

@@ -17,9 +17,12 @@
 #include "base/numeric.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/model_options.h"
 #include "engine/kv_cache.h"
+#include "kernels/profiling_backend.h"
 #include "model/config.h"
 #include "model/random_weights.h"
+#include "parallel/launcher.h"
 
 #ifdef COROLLA_HAVE_CUDA
 #include "kernels/cuda/graph_timer.h"
@@ -39,6 +42,9 @@ struct BenchOptions {
   int64_t steps = 20;
   int64_t seed = 1;
   bool graph = true;
+  bool breakdown = false;
+  int64_t dp = 1, ep = 0;     // decode: data-parallel ranks, each with --batch sequences; expert-parallel ranks
+  int64_t ep_capacity = -1;   // DP-EP fixed exchange rows per rank (-1: the largest --batch; 0: sized per layer)
   std::vector<int32_t> batches, contexts;  // parsed --batch, --context
 };
 
@@ -121,9 +127,10 @@ double MeasureCopyBandwidth(Backend& backend, DeviceTimer& timer) {
   return 2.0 * static_cast<double>(a.view().nbytes()) / (ms * 1e-3);
 }
 
-// bf16 matmul rate (FLOP/s) of an 8192^3 GEMM through the backend's Linear, random operands.
+// Matmul rate (FLOP/s) of an n^3 GEMM through the backend's Linear, random operands: 8192^3 in
+// bf16 on a GPU; 1024^3 (in its f32) on the CPU, where a larger one takes minutes and rates no higher.
 double MeasureMatmulPeak(Backend& backend, DeviceTimer& timer) {
-  const int64_t n = 8192;
+  const int64_t n = backend.device() == Device::kCpu ? 1024 : 8192;
   Tensor x = RandomDevice(backend, {n, n}, 1.0f, 11);
   Tensor w = RandomDevice(backend, {n, n}, 0.02f, 12);
   Tensor out = backend.Empty(backend.activation_dtype(), {n, n});
@@ -133,13 +140,27 @@ double MeasureMatmulPeak(Backend& backend, DeviceTimer& timer) {
 }
 
 struct Loaded {
-  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Backend> backend;  // what the model calls: the device's, or a ProfilingBackend around it
+  std::unique_ptr<ParallelContext> parallel;  // --dp > 1; outlives the model
+  ModelShard shard;
   std::unique_ptr<Model> model;
+  Backend* device = nullptr;              // the device's own backend (timers and graphs need it)
+  ProfilingBackend* profiler = nullptr;  // with --breakdown
 };
 
 Result<Loaded> Load(const BenchOptions& o) {
   Loaded l;
-  ASSIGN_OR_RETURN(l.backend, MakeBackend(o.device));
+  const int capacity = static_cast<int>(o.ep_capacity >= 0 ? o.ep_capacity : *std::max_element(o.batches.begin(), o.batches.end()));
+  ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(o.device, {1, static_cast<int>(o.ep), static_cast<int>(o.dp)}, capacity));
+  l.backend = std::move(setup.backend);
+  l.parallel = std::move(setup.parallel);
+  l.shard = setup.shard;
+  l.device = l.backend.get();
+  if (o.breakdown) {
+    auto profiler = std::make_unique<ProfilingBackend>(std::move(l.backend));
+    l.profiler = profiler.get();
+    l.backend = std::move(profiler);
+  }
   if (o.random_weights) {
     if (o.config.empty()) return InvalidArgument("--random-weights needs --config CONFIG.json");
     ASSIGN_OR_RETURN(std::string text, ReadFile(o.config));
@@ -150,13 +171,13 @@ Result<Loaded> Load(const BenchOptions& o) {
       config.layer_kinds.resize(config.num_layers);
     }
     auto t0 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(l.model, LoadModelRandom(config, *l.backend, static_cast<uint64_t>(o.seed)));
+    ASSIGN_OR_RETURN(l.model, LoadModelRandom(config, *l.backend, static_cast<uint64_t>(o.seed), l.shard));
     std::printf("loaded %s with random weights, %d layers, in %.1f s\n", o.config.c_str(), config.num_layers,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } else {
     if (o.model.empty()) return InvalidArgument("give --model DIR, or --config CONFIG.json --random-weights");
     if (o.layers > 0) return InvalidArgument("--layers needs --random-weights");
-    ASSIGN_OR_RETURN(l.model, LoadModel(o.model, *l.backend));
+    ASSIGN_OR_RETURN(l.model, LoadModel(o.model, *l.backend, l.shard));
   }
   return l;
 }
@@ -317,6 +338,15 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   flags.Int("steps", &o->steps, "timed repetitions (the median is reported)");
   flags.Int("seed", &o->seed, "seed of the random weights, tokens and KV");
   flags.Bool("graph", &o->graph, "decode on CUDA: also replay each step as a CUDA graph");
+  flags.Bool("breakdown", &o->breakdown,
+             "also print the time of each op kind in one step (decode on CUDA: from a graph replay)");
+  if (std::string(name) == "decode") {
+    flags.Int("dp", &o->dp, "data-parallel ranks, one process per GPU, each running --batch sequences");
+    flags.Int("ep", &o->ep, "expert-parallel ranks: 1 (replicas) or --dp (DP-EP: experts split, tokens exchanged)");
+    flags.Int("ep-capacity", &o->ep_capacity,
+              "DP-EP: rows per rank of the fixed-size exchanges, which CUDA graphs can capture (default: the "
+              "largest --batch; 0: sizes exchanged in every MoE layer, eager only)");
+  }
   RETURN_IF_ERROR(flags.Parse(argc, argv, argc > 1 && std::string(argv[1]) == "bench" ? 3 : 2, help));
   if (*help) return Status::Ok();
   ASSIGN_OR_RETURN(o->batches, ParseIdList(o->batch));
@@ -329,36 +359,88 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   return Status::Ok();
 }
 
-void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double copy_bw,
-               int num_seqs, int ctx);
-void PrefillOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double peak,
-                int num_seqs, int len);
+void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy_bw, int num_seqs, int ctx);
+void PrefillOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double peak, int num_seqs, int len);
+
+// The time of each op kind in one call of `step`, summed over layers. On CUDA with `graph`, the
+// step is captured with an event node before each op and replayed, so the intervals are device
+// time without host launch gaps (the event nodes themselves add a little to the total);
+// otherwise each op is timed eagerly (CUDA: events, host gaps included; CPU: host clock).
+void PrintBreakdown(Loaded& l, bool graph, double step_ms, const std::function<void()>& step) {
+  Backend& device = *l.device;
+  std::unique_ptr<OpClock> clock;
+#ifdef COROLLA_HAVE_CUDA
+  clock = cuda::MakeEventOpClock(device);
+#endif
+  const bool events = clock != nullptr;
+  if (!clock) clock = MakeHostOpClock(device);
+  std::vector<std::string> labels;
+  l.profiler->StartRecording(clock.get());  // eager: creates the clock's events before any capture
+  step();
+  labels = l.profiler->StopRecording();
+  std::vector<double> ms = clock->IntervalsMs();
+  const char* how = events ? "eager, CUDA events (host launch gaps included)" : "host clock";
+#ifdef COROLLA_HAVE_CUDA
+  if (graph && events) {
+    std::string error;
+    std::unique_ptr<cuda::StreamGraph> g = cuda::StreamGraph::Capture(
+        device,
+        [&] {
+          l.profiler->StartRecording(clock.get());
+          step();
+          labels = l.profiler->StopRecording();
+        },
+        &error);
+    if (g) {
+      for (int i = 0; i < 3; ++i) g->Replay();
+      device.Synchronize();
+      g->Replay();  // the intervals are this replay's
+      ms = clock->IntervalsMs();
+      how = "one CUDA graph replay with an event node before each op";
+    } else {
+      std::printf("  breakdown: graph capture failed (%s); eager times instead\n", error.c_str());
+    }
+  }
+#endif
+  double total = 0;
+  for (double t : ms) total += t;
+  std::printf("  per-op breakdown (%s): %.3f ms summed over %zu ops; the step alone: %.3f ms\n", how, total,
+              ms.size(), step_ms);
+  std::printf("    %-34s %6s %10s %7s %10s\n", "op", "calls", "total ms", "share", "us/call");
+  for (const OpTime& row : AggregateOpTimes(labels, ms))
+    std::printf("    %-34s %6d %10.3f %6.1f%% %10.2f\n", row.label.c_str(), row.calls, row.total_ms,
+                100.0 * row.total_ms / total, 1e3 * row.total_ms / row.calls);
+}
 
 Status BenchDecode(int argc, char** argv, bool* help) {
   BenchOptions o;
   RETURN_IF_ERROR(ParseOptions("decode", "time one decode step of B sequences at context L", argc, argv, &o, help));
   if (*help) return Status::Ok();
+  if (std::optional<int> rc = SpawnLocalRanks(static_cast<int>(o.dp), argc, argv))
+    return *rc == 0 ? Status::Ok() : Internal("a rank exited with code " + std::to_string(*rc));
   ASSIGN_OR_RETURN(Loaded l, Load(o));
-  Backend& backend = *l.backend;
-  Model& model = *l.model;
-  DeviceTimer timer(backend);
-  const double copy_bw = MeasureCopyBandwidth(backend, timer);
+  DeviceTimer timer(*l.device);
+  const double copy_bw = MeasureCopyBandwidth(*l.device, timer);
   for (int ctx : o.contexts)
-    for (int num_seqs : o.batches) DecodeOne(o, backend, model, timer, copy_bw, num_seqs, ctx);
+    for (int num_seqs : o.batches) DecodeOne(o, l, timer, copy_bw, num_seqs, ctx);
   return Status::Ok();
 }
 
-void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double copy_bw,
-               int num_seqs, int ctx) {
+void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy_bw, int num_seqs, int ctx) {
+  Backend& backend = *l.device;
+  Model& model = *l.model;
   const ModelConfig& c = model.config();
-  StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed));
+  // DP ranks decode different tokens (so they route to different experts).
+  StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed) + 7919 * l.shard.dp_rank);
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
+  // DP-EP exchanges sized per layer read the sizes on the host, which a graph cannot capture.
+  const bool dp_ep = l.shard.dp_ep(), graph = o.graph && !(dp_ep && l.shard.ep_capacity == 0);
   for (int i = 0; i < 3; ++i) step();  // warm-up: allocator cache, cuBLASLt plans
   backend.Synchronize();
   const double eager_ms = timer.Median(static_cast<int>(o.steps), step);
   double graph_ms = 0;
 #ifdef COROLLA_HAVE_CUDA
-  if (o.graph && timer.events()) {
+  if (graph && timer.events()) {
     // One step captured as a CUDA graph (the forward has no host synchronisation; every buffer
     // it allocates comes back from the allocator's cache at the same address), then replayed.
     std::string error;
@@ -374,15 +456,21 @@ void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTime
 #endif
 
   const ModelBytes mb = CountBytes(c);
-  // Distinct experts a step reads per MoE layer, expected under uniform routing of B tokens.
+  // Distinct experts a step reads per MoE layer, expected under uniform routing of B tokens
+  // (DP-EP: of all ranks' tokens, over this rank's share of the experts).
   const double e = c.num_experts, k = c.num_experts_per_token;
-  const double distinct = mb.moe_layers ? e * (1.0 - std::pow(1.0 - k / e, num_seqs)) : 0.0;
+  const double routed = dp_ep ? static_cast<double>(num_seqs) * l.shard.dp_size : num_seqs;
+  const double distinct = mb.moe_layers ? e * (1.0 - std::pow(1.0 - k / e, routed)) / (dp_ep ? l.shard.ep_size : 1) : 0.0;
   const double weight_bytes = mb.dense_per_layer_total + mb.moe_layers * (mb.router + distinct * mb.expert) +
                               mb.lm_head + 2.0 * c.hidden_size * num_seqs;
   const double kv_bytes = mb.kv_per_token_all_layers * num_seqs * ctx + mb.state_per_seq * num_seqs;
   const double bytes = weight_bytes + kv_bytes;
   std::printf("decode: %s, %d layers, batch %d, context %d, %s\n", c.model_type.c_str(), c.num_layers,
               num_seqs, ctx, backend.name().c_str());
+  if (l.shard.dp_size > 1)
+    std::printf("  dp %d x ep %d: batch %d on each rank, %d in all; experts %s; per-rank bytes and times below\n",
+                l.shard.dp_size, l.shard.ep_size, num_seqs, num_seqs * l.shard.dp_size,
+                !dp_ep ? "replicated" : l.shard.ep_capacity > 0 ? "split, fixed-size all-to-all" : "split, all-to-all sized per layer");
   std::printf("  limit   memory copy bandwidth (%s, read + write): %.2f TB/s\n",
               backend.device() == Device::kCuda ? "4 GiB device to device" : "256 MiB on the host", copy_bw / 1e12);
   std::printf("  bytes a step must read: %.3f GB (weights %.3f GB with %.1f distinct experts/layer expected, KV + states %.3f GB)\n",
@@ -392,9 +480,13 @@ void DecodeOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTime
     const double bw = bytes / (ms * 1e-3);
     std::printf("  %-6s %.3f ms/step, %.1f tokens/s, %.2f TB/s = %.1f%% of the copy bandwidth\n", how, ms,
                 num_seqs / (ms * 1e-3), bw / 1e12, 100.0 * bw / copy_bw);
+    if (l.shard.dp_size > 1)
+      std::printf("         aggregate over %d ranks: %.1f tokens/s\n", l.shard.dp_size,
+                  static_cast<double>(num_seqs) * l.shard.dp_size / (ms * 1e-3));
   };
   report(timer.events() ? "eager" : "host", eager_ms);
   if (graph_ms > 0) report("graph", graph_ms);
+  if (l.profiler) PrintBreakdown(l, graph, graph_ms > 0 ? graph_ms : eager_ms, step);
 }
 
 Status BenchPrefill(int argc, char** argv, bool* help) {
@@ -403,17 +495,16 @@ Status BenchPrefill(int argc, char** argv, bool* help) {
   RETURN_IF_ERROR(ParseOptions("prefill", "time one prefill of B prompts of L tokens", argc, argv, &o, help));
   if (*help) return Status::Ok();
   ASSIGN_OR_RETURN(Loaded l, Load(o));
-  Backend& backend = *l.backend;
-  Model& model = *l.model;
-  DeviceTimer timer(backend);
-  const double peak = MeasureMatmulPeak(backend, timer);
+  DeviceTimer timer(*l.device);
+  const double peak = MeasureMatmulPeak(*l.device, timer);
   for (int len : o.contexts)
-    for (int num_seqs : o.batches) PrefillOne(o, backend, model, timer, peak, num_seqs, len);
+    for (int num_seqs : o.batches) PrefillOne(o, l, timer, peak, num_seqs, len);
   return Status::Ok();
 }
 
-void PrefillOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTimer& timer, double peak,
-                int num_seqs, int len) {
+void PrefillOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double peak, int num_seqs, int len) {
+  Backend& backend = *l.device;
+  Model& model = *l.model;
   const ModelConfig& c = model.config();
   StepBatch s = MakeStepBatch(backend, model, num_seqs, 0, len, static_cast<uint64_t>(o.seed));
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
@@ -427,10 +518,12 @@ void PrefillOne(const BenchOptions& o, Backend& backend, Model& model, DeviceTim
   const double rate = flops / (ms * 1e-3);
   std::printf("prefill: %s, %d layers, %d x %d tokens, %s\n", c.model_type.c_str(), c.num_layers, num_seqs, len,
               backend.name().c_str());
-  std::printf("  limit   bf16 matmul (8192^3 GEMM through Linear): %.1f TFLOP/s\n", peak / 1e12);
+  std::printf("  limit   matmul (%s GEMM through Linear): %.1f TFLOP/s\n",
+              backend.device() == Device::kCpu ? "1024^3 f32" : "8192^3 bf16", peak / 1e12);
   std::printf("  FLOPs: %.3f TFLOP (%.3f of them attention scores)\n", flops / 1e12, attn_flops / 1e12);
   std::printf("  %.3f ms, %.0f tokens/s, %.1f TFLOP/s = %.1f%% of the matmul peak\n", ms, tokens / (ms * 1e-3),
               rate / 1e12, 100.0 * rate / peak);
+  if (l.profiler) PrintBreakdown(l, /*graph=*/false, ms, step);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "model/safetensors.h"
 
@@ -123,6 +124,20 @@ TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
                            "--device cpu --layers 2 --batch 2 --context 20 --steps 1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("2 layers"), std::string::npos) << r.output;
+}
+
+// --breakdown: one row per op kind, whose calls add up over the layers (qwen3-moe: 3 layers,
+// one MoeExperts each), for decode and prefill.
+TEST(Cli, BenchBreakdownListsEachOpKind) {
+  for (std::string mode : {"decode", "prefill"}) {
+    RunResult r = RunCorolla("bench " + mode + " --config tests/data/models/qwen3-moe/config.json --random-weights "
+                             "--device cpu --batch 2 --context 20 --steps 1 --breakdown");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("per-op breakdown (host clock)"), std::string::npos) << r.output;
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("\\n +MoeExperts +3 +[0-9.]+ +[0-9.]+%"))) << r.output;
+    EXPECT_NE(r.output.find(" Attention D"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(" Linear "), std::string::npos) << r.output;
+  }
 }
 
 TEST(Cli, BadInputIsAClearErrorNotACrash) {

@@ -1,22 +1,111 @@
-// corolla logits: float32 logits of every position of a token sequence, to safetensors.
+// corolla logits: float32 logits of every position of one or more token sequences, to safetensors.
 #include <cstdio>
+#include <cstring>
+#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/data_parallel.h"
 #include "cli/model_options.h"
 #include "engine/model_runner.h"
 #include "model/safetensors.h"
 #include "parallel/launcher.h"
 
 namespace corolla::cli {
+namespace {
+
+// "1,2,3;4,5" -> {{1,2,3}, {4,5}}.
+Result<std::vector<std::vector<int32_t>>> ParseSequences(const std::string& text) {
+  std::vector<std::vector<int32_t>> seqs;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ';')) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIdList(item));
+    seqs.push_back(std::move(ids));
+  }
+  if (seqs.empty()) return InvalidArgument("empty --ids");
+  return seqs;
+}
+
+// Logits [sum of lengths, vocab] (host f32) of every position of `seqs`, rows in sequence
+// order, from one prefill of all of them through a KV cache of their own (eager: no decode
+// graphs, whose warm-up forwards would break the ranks' lockstep under DP-EP).
+Result<Tensor> BatchLogits(Model& model, Backend& backend, const std::vector<std::vector<int32_t>>& seqs) {
+  const ModelConfig& config = model.config();
+  constexpr int kBlockSize = 16;
+  int num_blocks = 0;
+  for (const auto& ids : seqs) {
+    if (static_cast<int64_t>(ids.size()) > config.max_position_embeddings)
+      return OutOfRange(std::to_string(ids.size()) + " tokens exceed the model's max_position_embeddings (" +
+                        std::to_string(config.max_position_embeddings) + ")");
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= config.vocab_size)
+        return OutOfRange("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                          " is outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
+    num_blocks += static_cast<int>((ids.size() + kBlockSize - 1) / kBlockSize);
+  }
+  const int num_seqs = static_cast<int>(seqs.size());
+  KvCache kv(backend, model.kv_cache_spec(), num_blocks, kBlockSize, model.state_spec(), num_seqs);
+  ModelRunner runner(model, backend, kv, DecodeGraphMode::kOff);
+  std::vector<Sequence> s(num_seqs);
+  std::vector<ScheduledChunk> chunks;
+  int next_block = 0;
+  for (int i = 0; i < num_seqs; ++i) {
+    s[i].tokens = seqs[i];
+    s[i].num_prompt_tokens = s[i].num_tokens();
+    while (static_cast<int>(s[i].block_table.size()) * kBlockSize < s[i].num_tokens())
+      s[i].block_table.push_back(next_block++);
+    s[i].state_slot = kv.AllocateStateSlot();
+    chunks.push_back({&s[i], s[i].num_tokens()});
+  }
+  Tensor logits = runner.Execute(chunks, /*all_logits=*/true);
+  return LogitsToHost(backend, logits);
+}
+
+// This rank's sequences through the model (an empty forward when it has none), then every
+// rank's rows gathered and put back in input order: logits [sum of lengths, vocab].
+Result<Tensor> DataParallelLogits(LoadedModel& m, const std::vector<std::vector<int32_t>>& seqs) {
+  const std::vector<int> mine = SequencesOfThisRank(static_cast<int>(seqs.size()), m);
+  const int64_t vocab = m.model->config().vocab_size;
+  std::string blob;
+  if (mine.empty()) {
+    RunEmptyForward(*m.model, m);
+  } else {
+    std::vector<std::vector<int32_t>> my_seqs;
+    for (int i : mine) my_seqs.push_back(seqs[i]);
+    ASSIGN_OR_RETURN(Tensor rows, BatchLogits(*m.model, *m.backend, my_seqs));
+    if (!IsDataParallel(m)) return rows;
+    blob.assign(static_cast<const char*>(rows.view().data), rows.view().nbytes());
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> parts, GatherFromDpRanks(m, blob));
+  int64_t total = 0;
+  for (const auto& ids : seqs) total += static_cast<int64_t>(ids.size());
+  Tensor all = Tensor::Empty(DType::kF32, {total, vocab});
+  std::vector<size_t> read(parts.size(), 0);  // bytes of each rank's part used so far
+  int64_t row = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const size_t owner = i % parts.size(), bytes = seqs[i].size() * vocab * sizeof(float);
+    if (read[owner] + bytes > parts[owner].size())
+      return Internal("DP rank " + std::to_string(owner) + " sent too few logits");
+    std::memcpy(all.ptr<float>() + row * vocab, parts[owner].data() + read[owner], bytes);
+    read[owner] += bytes;
+    row += static_cast<int64_t>(seqs[i].size());
+  }
+  return all;
+}
+
+}  // namespace
 
 int LogitsMain(int argc, char** argv) {
   ModelOptions model;
   std::string ids_text, out_path;
   Flags flags("logits",
               "Runs one prefill over --ids and writes the float32 logits of every position to\n"
-              "--out as a safetensors file with one tensor, 'logits', of shape [L, vocab].");
+              "--out as a safetensors file with one tensor, 'logits', of shape [L, vocab]. Several\n"
+              "sequences (--ids 1,2,3;4,5) run as one batch: 'logits' holds their rows one after\n"
+              "the other, and 'seq_lens' [N] i32 their lengths. With --dp D each rank takes every\n"
+              "D-th sequence; the file is the same.");
   model.Declare(flags);
-  flags.String("ids", &ids_text, "token ids, comma-separated, e.g. 1,2,3");
+  flags.String("ids", &ids_text, "token ids, comma-separated, e.g. 1,2,3; sequences separated by ';'");
   flags.String("out", &out_path, "output .safetensors file");
   bool help = false;
   Status s = flags.Parse(argc, argv, 2, &help);
@@ -24,13 +113,16 @@ int LogitsMain(int argc, char** argv) {
   if (s.ok() && ids_text.empty()) s = InvalidArgument("--ids is required");
   if (s.ok() && out_path.empty()) s = InvalidArgument("--out is required");
   if (!s.ok()) return ReportStatus("logits", s);
-  if (std::optional<int> rc = SpawnLocalRanks(static_cast<int>(model.tp), argc, argv)) return *rc;
+  if (std::optional<int> rc = SpawnLocalRanks(model.world_size(), argc, argv)) return *rc;
   s = [&]() -> Status {
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIdList(ids_text));
+    ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> seqs, ParseSequences(ids_text));
     ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromOptions(model));
-    ASSIGN_OR_RETURN(Tensor logits, ComputeLogits(*m.model, *m.backend, ids));
-    if (!m.is_output_rank()) return Status::Ok();  // logits are replicated; rank 0 writes them
-    return WriteSafetensors(out_path, {{"logits", logits.view()}});
+    ASSIGN_OR_RETURN(Tensor logits, DataParallelLogits(m, seqs));
+    if (!m.is_output_rank()) return Status::Ok();  // rank 0 writes the (gathered or replicated) logits
+    if (seqs.size() == 1) return WriteSafetensors(out_path, {{"logits", logits.view()}});
+    Tensor lens = Tensor::Empty(DType::kI32, {static_cast<int64_t>(seqs.size())});
+    for (size_t i = 0; i < seqs.size(); ++i) lens.ptr<int32_t>()[i] = static_cast<int32_t>(seqs[i].size());
+    return WriteSafetensors(out_path, {{"logits", logits.view()}, {"seq_lens", lens.view()}});
   }();
   return ReportStatus("logits", s);
 }

@@ -23,6 +23,12 @@ void ModelOptions::Declare(Flags& flags) {
   flags.Int("tp", &tp,
             "tensor-parallel ranks, one process per GPU (spawned on this node unless RANK/WORLD_SIZE "
             "are set); MoE experts are split over the same ranks");
+  flags.Int("dp", &dp,
+            "data-parallel ranks, one process per GPU: each takes every dp-th sequence of the input and "
+            "keeps its own KV cache");
+  flags.Int("ep", &ep,
+            "expert-parallel ranks: --tp (default; TP-EP) or --dp x --tp (DP-EP: each rank holds 1/ep of "
+            "the experts and tokens travel to them by all-to-all)");
 }
 
 void ModelOptions::DeclareRandomWeights(Flags& flags) {
@@ -60,7 +66,7 @@ std::string BaseName(std::string path) {
 }
 
 Result<LoadedModel> LoadRandom(const ModelOptions& options) {
-  if (options.tp != 1) return InvalidArgument("--random-weights loads one process only (--tp 1)");
+  if (options.world_size() != 1) return InvalidArgument("--random-weights loads one process only (--tp 1 --dp 1)");
   if (options.config.empty() && options.model.empty())
     return InvalidArgument("--random-weights needs --config CONFIG.json (or --model DIR for its config.json)");
   LoadedModel loaded;
@@ -93,35 +99,43 @@ Result<LoadedModel> LoadRandom(const ModelOptions& options) {
 
 }  // namespace
 
+Result<RankSetup> SetUpRank(const std::string& device, const ParallelConfig& config, int ep_capacity) {
+  RankSetup setup;
+  if (config.tp < 1 || config.dp < 1 || config.ep < 0) return InvalidArgument("--tp and --dp must be positive, --ep not negative");
+  if (config.world_size() == 1) {
+    ASSIGN_OR_RETURN(setup.backend, MakeBackend(device));
+    return setup;
+  }
+  ASSIGN_OR_RETURN(ProcessEnv env, ReadProcessEnv());
+  if (!env.from_env || env.world_size != config.world_size())
+    return InvalidArgument("--tp " + std::to_string(config.tp) + " x --dp " + std::to_string(config.dp) +
+                           " needs one process per rank: RANK and WORLD_SIZE=" + std::to_string(config.world_size()) +
+                           " in the environment (corolla generate, logits and bench decode start them themselves)");
+#ifdef COROLLA_HAVE_CUDA
+  if (device == "cuda") {
+    ASSIGN_OR_RETURN(setup.backend, MakeCudaBackend(env.local_rank));  // one GPU per local rank
+  } else
+#endif
+  {
+    ASSIGN_OR_RETURN(setup.backend, MakeBackend(device));
+  }
+  ASSIGN_OR_RETURN(setup.parallel, ParallelContext::Create(config, env, *setup.backend));
+  const RankLayout& l = setup.parallel->layout();
+  setup.shard = {l.tp_size, l.tp_rank, setup.parallel->tp(), l.ep_size, l.ep_rank, setup.parallel->ep(),
+                 l.dp_size, l.dp_rank, ep_capacity};
+  return setup;
+}
+
 Result<LoadedModel> LoadModelFromOptions(const ModelOptions& options) {
   if (options.threads > 0) setenv("COROLLA_NUM_THREADS", std::to_string(options.threads).c_str(), 1);
   if (options.random_weights) return LoadRandom(options);
   LoadedModel loaded;
   ASSIGN_OR_RETURN(loaded.dir, options.ModelDir());
   loaded.name = BaseName(loaded.dir);
-  ModelShard shard;
-  const ParallelConfig parallel{static_cast<int>(options.tp), 0, 1};
-  if (options.tp < 1) return InvalidArgument("--tp must be positive");
-  if (parallel.world_size() > 1) {
-    ASSIGN_OR_RETURN(ProcessEnv env, ReadProcessEnv());
-    if (!env.from_env || env.world_size != parallel.world_size())
-      return InvalidArgument("--tp " + std::to_string(options.tp) +
-                             " needs one process per rank: RANK and WORLD_SIZE=" + std::to_string(options.tp) +
-                             " in the environment (corolla generate and logits start them themselves)");
-#ifdef COROLLA_HAVE_CUDA
-    if (options.device == "cuda") {
-      ASSIGN_OR_RETURN(loaded.backend, MakeCudaBackend(env.local_rank));  // one GPU per local rank
-    } else
-#endif
-    {
-      ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device));
-    }
-    ASSIGN_OR_RETURN(loaded.parallel, ParallelContext::Create(parallel, env, *loaded.backend));
-    const RankLayout& l = loaded.parallel->layout();
-    shard = {l.tp_size, l.tp_rank, loaded.parallel->tp(), l.ep_size, l.ep_rank, loaded.parallel->ep()};
-  } else {
-    ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device));
-  }
+  ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(options.device, options.parallel()));
+  loaded.backend = std::move(setup.backend);
+  loaded.parallel = std::move(setup.parallel);
+  const ModelShard shard = setup.shard;
   auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(loaded.model, LoadModel(loaded.dir, *loaded.backend, shard));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

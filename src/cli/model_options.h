@@ -1,7 +1,7 @@
-// Options shared by the commands that load a model (--model, --device, --threads, --tp; serve and
-// bench serve also --config/--random-weights/--layers), and the lookup of the built-in default
-// model. With --tp N the process is one rank of N (RANK etc. in the environment, from
-// parallel/launcher.h or an outside launcher).
+// Options shared by the commands that load a model (--model, --device, --threads, --tp, --dp,
+// --ep; serve and bench serve also --config/--random-weights/--layers), and the lookup of the
+// built-in default model. With --tp N --dp D the process is one rank of N x D (RANK etc. in the
+// environment, from parallel/launcher.h or an outside launcher).
 #pragma once
 
 #include <memory>
@@ -19,6 +19,8 @@ struct ModelOptions {
   std::string device = "cpu";
   int64_t threads = 0;
   int64_t tp = 1;  // tensor parallel ranks (experts expert-parallel over the same ranks)
+  int64_t dp = 1;  // data-parallel ranks: each owns its share of the sequences and its KV cache
+  int64_t ep = 0;  // expert-parallel ranks: 0 or tp (TP-EP), or dp x tp (DP-EP: tokens move to experts)
   // Random weights of a real shape, no checkpoint needed (model/random_weights.h): the shape
   // from `config` (else --model's config.json), truncated to `layers` (0: all). Without --model
   // there is no tokenizer: the server then takes token-id prompts only.
@@ -28,6 +30,10 @@ struct ModelOptions {
   int64_t seed = 1;
 
   void Declare(Flags& flags);
+  ParallelConfig parallel() const {
+    return {static_cast<int>(tp), static_cast<int>(ep), static_cast<int>(dp)};
+  }
+  int world_size() const { return static_cast<int>(tp * dp); }
   void DeclareRandomWeights(Flags& flags);  // --random-weights, --config, --layers, --weight-seed
   // The model directory to load: --model, or the built-in demo model beside the binary or in
   // the source tree.
@@ -46,5 +52,15 @@ struct LoadedModel {
 
 // Creates the backend and loads the model, logging what it does.
 Result<LoadedModel> LoadModelFromOptions(const ModelOptions& options);
+
+// One process's backend and place among the ranks of `config`: for more than one rank, its
+// GPU (LOCAL_RANK) on CUDA, the parallel context (communicators) and the model shard to load.
+// `ep_capacity` goes to the shard (DP-EP fixed-size exchanges; 0: sized per layer).
+struct RankSetup {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<ParallelContext> parallel;  // null for one process; must outlive the model
+  ModelShard shard;
+};
+Result<RankSetup> SetUpRank(const std::string& device, const ParallelConfig& config, int ep_capacity = 0);
 
 }  // namespace corolla::cli

@@ -14,14 +14,23 @@ namespace corolla {
 
 class Communicator;  // parallel/communicator.h
 
-// How a model is split over the ranks of a TP-EP group (parallel/): attention heads and dense
-// layers tensor-parallel over tp_size ranks, experts expert-parallel over ep_size ranks (TP-EP:
-// the same ranks, tokens replicated). The default is one rank holding everything.
+// How a model is split over ranks (parallel/): attention heads and dense layers tensor-parallel
+// over tp_size ranks, experts expert-parallel over ep_size ranks. TP-EP (ep_size = tp_size):
+// the same ranks, tokens replicated. DP-EP (ep_size = dp_size x tp_size, dp_size > 1): each DP
+// rank owns its tokens and KV cache, and the MoE layers move tokens to the experts' ranks and
+// back (parallel/expert_parallel.h); a Forward with an empty batch (token_ids [0]) then runs only
+// those exchanges, so a rank without requests still takes part in the others' step.
+// The default is one rank holding everything.
 struct ModelShard {
   int tp_size = 1, tp_rank = 0;
   Communicator* tp = nullptr;  // sums row-parallel outputs; null when tp_size is 1
   int ep_size = 1, ep_rank = 0;
-  Communicator* ep = nullptr;  // sums the MoE layers' partial outputs; null when ep_size is 1
+  Communicator* ep = nullptr;  // TP-EP: sums the MoE layers' partial outputs; DP-EP: the all-to-alls
+  int dp_size = 1, dp_rank = 0;
+  // DP-EP: the most tokens a rank brings to one step, for fixed-size exchanges that need no host
+  // synchronisation (CUDA graphs); 0: sizes are exchanged in each MoE layer.
+  int ep_capacity = 0;
+  bool dp_ep() const { return dp_size > 1 && ep_size > tp_size; }
 };
 
 // The per-sequence state of one linear-attention layer, indexed by state slot.

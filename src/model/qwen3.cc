@@ -68,6 +68,12 @@ class Qwen3Model final : public Model {
   void AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
                       const KvCacheView& cache, const TensorView& out);
   void MlpBlock(int layer, const TensorView& x, const TensorView& out);
+  // DP-EP: this rank's tokens x [T, H] go to the ranks of their experts (topk_ids global) and
+  // their outputs come back summed into out [T, H]; T may be 0.
+  void ExpertsOverRanks(const MoeWeights& w, const TensorView& x, const TensorView& topk_ids,
+                        const TensorView& topk_weights, const TensorView& out);
+  // DP-EP with no tokens on this rank: only every MoE layer's exchanges, with zero rows.
+  void IdleStep();
   void Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out);
   Result<Tensor> LoadNorm(WeightLoader& w, const std::string& name, int64_t dim);
   // Splits heads, MLP columns and experts over the shard's ranks (all of them for one rank).
@@ -85,6 +91,7 @@ class Qwen3Model final : public Model {
   int num_q_heads_ = 0, first_q_head_ = 0;
   int num_kv_heads_ = 0, first_kv_head_ = 0;
   int num_local_experts_ = 0, first_expert_ = 0;
+  std::unique_ptr<EpExchange> ep_exchange_;  // DP-EP only
   Tensor embed_;    // [V, H]
   Tensor lm_head_;  // [V, H] (the embedding when tied)
   Tensor final_norm_;
@@ -99,7 +106,14 @@ Status Qwen3Model::PlanShard() {
                            std::to_string(shard_.ep_size) + ": " + why);
   };
   if (tp > 1 && c.num_linear_layers() > 0) return Unsupported(c.model_type + ": tensor parallelism of Gated DeltaNet layers is not implemented yet");
-  if (c.num_experts > 0 && shard_.ep_size != tp) return fail("the experts must be split over the TP ranks (TP-EP: --ep = --tp)");
+  if (shard_.dp_ep()) {
+    // Next: the TP ranks of a replica would each dispatch 1/tp of its (replicated) tokens and
+    // the TP all-reduce would assemble the MoE output.
+    if (tp > 1) return Unsupported(c.model_type + ": DP attention with --tp > 1 is not implemented yet (use --tp 1 --dp D --ep D)");
+    if (shard_.ep == nullptr || shard_.ep->size() != shard_.ep_size) return Internal("DP-EP without an EP communicator");
+  } else if (c.num_experts > 0 && shard_.ep_size != tp) {
+    return fail("the experts must be split over the TP ranks (TP-EP: --ep = --tp) or over all ranks with --dp (DP-EP: --ep = --dp x --tp)");
+  }
   if (hq % tp != 0) return fail(std::to_string(hq) + " query heads");
   num_q_heads_ = hq / tp;
   first_q_head_ = shard_.tp_rank * num_q_heads_;
@@ -120,6 +134,10 @@ Status Qwen3Model::PlanShard() {
   if (c.num_experts % ep != 0) return fail(std::to_string(c.num_experts) + " experts");
   num_local_experts_ = c.num_experts / ep;
   first_expert_ = shard_.ep_rank * num_local_experts_;
+  if (shard_.dp_ep() && c.num_experts > 0) {
+    if (ep > kMaxEpRanks) return fail("at most " + std::to_string(kMaxEpRanks) + " EP ranks");
+    ep_exchange_ = MakeAllToAllEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity});
+  }
   return Status::Ok();
 }
 
@@ -267,9 +285,13 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   Tensor topk_weights = backend_.Empty(DType::kF32, {tokens, k});
   backend_.Linear(x, lw.moe.router, router_logits);
   backend_.MoeRoute(router_logits, {static_cast<int>(k), c.norm_topk_prob}, topk_ids, topk_weights);
-  // TP-EP: every rank routes all tokens and runs the pairs of its own experts.
-  if (shard_.ep_size > 1) ToLocalExpertIds(backend_, topk_ids, first_expert_);
-  backend_.MoeExperts(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out);
+  if (ep_exchange_) {
+    ExpertsOverRanks(lw.moe, x, topk_ids, topk_weights, out);
+  } else {
+    // TP-EP: every rank routes all tokens and runs the pairs of its own experts.
+    if (shard_.ep_size > 1) ToLocalExpertIds(backend_, topk_ids, first_expert_);
+    backend_.MoeExperts(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out);
+  }
   if (lw.moe.shared_gate.defined()) {
     Tensor shared = backend_.Empty(act, {tokens, c.hidden_size});
     Tensor gate = backend_.Empty(act, {tokens, 1});
@@ -278,7 +300,27 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
     backend_.SigmoidMul(shared, gate);
     backend_.Add(out, shared);
   }
-  AllReduce(shard_.ep, out);  // local experts (+ this rank's shared-expert slice) of every rank
+  // TP-EP: local experts (+ this rank's shared-expert slice) of every rank. DP-EP: out is whole.
+  if (!ep_exchange_) AllReduce(shard_.ep, out);
+}
+
+void Qwen3Model::ExpertsOverRanks(const MoeWeights& w, const TensorView& x, const TensorView& topk_ids,
+                                  const TensorView& topk_weights, const TensorView& out) {
+  // The shared expert could run here while the dispatch is in flight (once it is asynchronous).
+  ExpertInputs in = ep_exchange_->Dispatch(x, topk_ids, topk_weights);          // [R, H], [R, K] local ids
+  Tensor expert_out = backend_.Empty(backend_.activation_dtype(), {in.rows(), config_.hidden_size});  // [R, H]
+  if (in.rows() > 0) backend_.MoeExperts(in.x, in.topk_ids, in.topk_weights, w.gate_up, w.down, expert_out);
+  ep_exchange_->Combine(expert_out, out);
+}
+
+void Qwen3Model::IdleStep() {
+  if (!ep_exchange_) return;
+  const int64_t hidden = config_.hidden_size, k = config_.num_experts_per_token;
+  Tensor x = backend_.Empty(backend_.activation_dtype(), {0, hidden});
+  Tensor ids = backend_.Empty(DType::kI32, {0, k});
+  Tensor weights = backend_.Empty(DType::kF32, {0, k});
+  for (const LayerWeights& lw : layers_)
+    if (lw.is_moe) ExpertsOverRanks(lw.moe, x, ids, weights, x);
 }
 
 void Qwen3Model::Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out) {
@@ -296,6 +338,7 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (batch.token_ids.rank() == 1 && batch.token_ids.dim(0) == 0) return IdleStep();
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), kv_cache_spec().num_layers);
   COROLLA_CHECK_EQ(static_cast<int>(batch.linear_states.size()), state_spec().num_layers);
 

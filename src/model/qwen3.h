@@ -9,9 +9,10 @@
 
 namespace corolla {
 
-// With a shard (TP = EP over the same ranks), this rank loads its query heads (KV heads split,
-// or replicated when TP exceeds their number), its slice of the dense and shared-expert MLP
-// inner dimension, and its experts; row-parallel outputs are all-reduced.
+// With a TP-EP shard (TP = EP over the same ranks), this rank loads its query heads (KV heads
+// split, or replicated when TP exceeds their number), its slice of the dense and shared-expert
+// MLP inner dimension, and its experts; row-parallel outputs are all-reduced. With a DP-EP
+// shard it loads everything but the other ranks' experts, and the MoE layers exchange tokens.
 Result<std::unique_ptr<Model>> LoadQwen3(const ModelConfig& config, const Checkpoint& checkpoint,
                                          Backend& backend, const ModelShard& shard = {});
 

@@ -116,7 +116,8 @@ bool IsNorm(const std::string& name) { return name.find("norm.weight") != std::s
 
 }  // namespace
 
-Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed) {
+Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed,
+                                               const ModelShard& shard) {
   const bool deepseek = config.family == ModelFamily::kDeepseekV3;
   const auto tensors = deepseek ? DeepseekTensors(config) : Qwen3Tensors(config);
   int64_t largest = 0;
@@ -145,12 +146,14 @@ Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backen
   }
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::FromViews("<random weights>", views);
   if (deepseek) {
+    if (shard.tp_size > 1 || shard.ep_size > 1)
+      return Unsupported(config.model_type + ": tensor/expert parallelism is not implemented for MLA yet");
     ModelConfig c = config;
     c.num_nextn_predict_layers = 0;  // no MTP weights here
     c.quant = QuantConfig{};         // bf16 weights (what the CUDA path holds after dequantising)
     return LoadDeepseekV3(c, *checkpoint, backend);
   }
-  return LoadQwen3(config, *checkpoint, backend);
+  return LoadQwen3(config, *checkpoint, backend, shard);
 }
 
 }  // namespace corolla

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "base/check.h"
 #include "kernels/backend.h"
 #include "parallel/tcp_store.h"
 
@@ -27,6 +30,27 @@ class Communicator {
   // activation dtype (or f32) on its device; the sum is ordered after earlier ops of the
   // backend and before later ones, and identical on every rank.
   virtual void AllReduceSum(const TensorView& x) = 0;
+
+  // --- all-to-all (expert parallelism's dispatch and combine) -----------------------------
+  // A row is one slice of dim 0 of a contiguous tensor (any dtype); every rank uses the same
+  // row size. Both calls are ordered with the backend's work like AllReduceSum.
+  //
+  // Equal blocks: send and recv are [size() * n, ...]; block p of send goes to group rank p,
+  // block p of recv comes from rank p. No host synchronisation, so it may be captured in a
+  // CUDA graph: it carries the fixed-capacity dispatch, and the per-peer counts ([size()] i32)
+  // that precede an AllToAllV.
+  void AllToAll(const TensorView& send, const TensorView& recv) {
+    COROLLA_CHECK(send.dim(0) % size() == 0 && recv.dim(0) == send.dim(0))
+        << "all-to-all of " << send.ToString() << " into " << recv.ToString() << " over " << size() << " ranks";
+    const std::vector<int64_t> counts(size(), send.dim(0) / size());
+    AllToAllV(send, counts, recv, counts);
+  }
+  // Variable sizes: send holds sum(send_counts) rows in peer order, send_counts[p] of them for
+  // rank p; recv receives rank p's rows at row sum(recv_counts[0..p)). recv_counts[p] must be
+  // what rank p passes as send_counts[rank()] (exchange the counts first with AllToAll); zero
+  // counts, to or from anyone, are fine. Host-side counts: the caller has read them already.
+  virtual void AllToAllV(const TensorView& send, std::span<const int64_t> send_counts, const TensorView& recv,
+                         std::span<const int64_t> recv_counts) = 0;
 };
 
 // The CPU backend's communicator over `store`; the group must be the whole world (the store's

@@ -1,10 +1,20 @@
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "base/numeric.h"
 #include "parallel/communicator.h"
 
 namespace corolla {
 namespace {
+
+// Bytes of one row (one slice of dim 0) of a tensor, from its shape (the tensor may have no rows).
+int64_t RowBytes(const TensorView& x) {
+  int64_t n = DTypeSize(x.dtype);
+  for (int i = 1; i < x.rank(); ++i) n *= x.dim(i);
+  return n;
+}
 
 class HostCommunicator final : public Communicator {
  public:
@@ -26,6 +36,44 @@ class HostCommunicator final : public Communicator {
       COROLLA_CHECK_EQ(static_cast<int64_t>(part.size()), x.nbytes());
       const float* p = reinterpret_cast<const float*>(part.data());
       for (int64_t i = 0; i < n; ++i) out[i] += p[i];
+    }
+  }
+
+  // Correctness over speed: every rank's whole send buffer travels to every rank through the
+  // store's AllGather (a blob of [send_counts as int64][rows]), and each takes its part.
+  void AllToAllV(const TensorView& send, std::span<const int64_t> send_counts, const TensorView& recv,
+                 std::span<const int64_t> recv_counts) override {
+    COROLLA_CHECK(send.device == Device::kCpu && recv.device == Device::kCpu && send.is_contiguous() &&
+                  recv.is_contiguous() && static_cast<int>(send_counts.size()) == size_ &&
+                  static_cast<int>(recv_counts.size()) == size_)
+        << "host all-to-all of " << send.ToString() << " into " << recv.ToString();
+    const int64_t num_send = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
+    const int64_t num_recv = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+    COROLLA_CHECK(send.dim(0) >= num_send && recv.dim(0) >= num_recv)
+        << "all-to-all: " << num_send << " rows to send from " << send.ToString() << ", " << num_recv
+        << " to receive into " << recv.ToString();
+    const int64_t row_bytes = RowBytes(send);
+    COROLLA_CHECK(RowBytes(recv) == row_bytes)
+        << "all-to-all rows of " << send.ToString() << " and " << recv.ToString() << " differ";
+    std::string blob(size_ * sizeof(int64_t) + num_send * row_bytes, '\0');
+    std::memcpy(blob.data(), send_counts.data(), size_ * sizeof(int64_t));
+    if (num_send > 0) std::memcpy(blob.data() + size_ * sizeof(int64_t), send.data, num_send * row_bytes);
+    Result<std::vector<std::string>> all = store_.AllGather(blob);
+    COROLLA_CHECK(all.ok()) << "host all-to-all: " << all.status().ToString();
+    char* out = static_cast<char*>(recv.data);
+    for (int p = 0; p < size_; ++p) {
+      const std::string& part = (*all)[p];
+      std::vector<int64_t> counts(size_);
+      COROLLA_CHECK(part.size() >= size_ * sizeof(int64_t));
+      std::memcpy(counts.data(), part.data(), size_ * sizeof(int64_t));
+      COROLLA_CHECK_EQ(counts[rank_], recv_counts[p]) << "rows from rank " << p << " to rank " << rank_;
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      const int64_t before = std::accumulate(counts.begin(), counts.begin() + rank_, int64_t{0});
+      COROLLA_CHECK_EQ(static_cast<int64_t>(part.size()), static_cast<int64_t>(size_ * sizeof(int64_t)) + total * row_bytes)
+          << "rank " << p << "'s rows are not " << row_bytes << " bytes";
+      const int64_t n = counts[rank_] * row_bytes;
+      if (n > 0) std::memcpy(out, part.data() + size_ * sizeof(int64_t) + before * row_bytes, n);
+      out += n;
     }
   }
 

@@ -31,10 +31,28 @@ int FreePort() {
   return port;
 }
 
+// The ranks, for the handler below (fixed size: a signal handler must not allocate).
+constexpr int kMaxLocalRanks = 256;
+volatile pid_t g_ranks[kMaxLocalRanks];
+volatile int g_num_ranks = 0;
+
+// SIGTERM / SIGINT to the launcher (a timeout, Ctrl-C) go on to its ranks, which would
+// otherwise keep their GPUs, waiting on each other; then the launcher dies of the signal.
+void ForwardToRanks(int sig) {
+  for (int i = 0; i < g_num_ranks; ++i)
+    if (g_ranks[i] > 0) ::kill(g_ranks[i], sig);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 }  // namespace
 
 std::optional<int> SpawnLocalRanks(int world_size, int argc, char** argv) {
   if (world_size <= 1 || std::getenv("RANK") != nullptr) return std::nullopt;
+  if (world_size > kMaxLocalRanks) {
+    std::fprintf(stderr, "corolla: %d ranks on one node is more than %d\n", world_size, kMaxLocalRanks);
+    return 1;
+  }
   const std::string port = std::to_string(FreePort());
   std::vector<pid_t> pids;
   std::fflush(nullptr);
@@ -65,7 +83,11 @@ std::optional<int> SpawnLocalRanks(int world_size, int argc, char** argv) {
       ::_exit(127);
     }
     pids.push_back(pid);
+    g_ranks[g_num_ranks] = pid;
+    g_num_ranks = g_num_ranks + 1;
   }
+  ::signal(SIGTERM, ForwardToRanks);
+  ::signal(SIGINT, ForwardToRanks);
   // Wait for every rank; once one fails, stop the others (they would wait on it forever).
   int result = 0;
   size_t remaining = pids.size();
@@ -80,6 +102,8 @@ std::optional<int> SpawnLocalRanks(int world_size, int argc, char** argv) {
         ours = true;
       }
     if (!ours) continue;
+    for (int i = 0; i < g_num_ranks; ++i)
+      if (g_ranks[i] == done) g_ranks[i] = -1;  // reaped: its pid may be reused
     --remaining;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code != 0 && result == 0) {

@@ -1,19 +1,25 @@
-// The parallel layer on the CPU: rank layout and environment, the TCP bootstrap, the weight
-// shards, and tensor + expert parallelism end to end through the launcher (`corolla logits
-// --tp N --device cpu` against one process, on the qwen3-dense and qwen3-moe fixtures; TP 4
-// replicates their 2 KV heads). The NCCL path runs on GPUs (scripts/gpu_run_multi.sh).
+// The parallel layer on the CPU: rank layout and environment, the TCP bootstrap, the host
+// all-to-alls and the DP-EP token exchange against references (ranks as threads), and tensor /
+// expert / data parallelism end to end through the launcher (`corolla logits --tp N` and
+// `--dp D --ep D` against one process on the fixtures; TP 4 replicates their 2 KV heads). The
+// NCCL path runs on GPUs (scripts/gpu_run_multi.sh).
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <random>
 #include <thread>
 
 #include "model/safetensors.h"
+#include "parallel/communicator.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/rank_layout.h"
 #include "parallel/tcp_store.h"
 
@@ -126,11 +132,163 @@ TEST(TcpStore, AllGatherAcrossThreeRanks) {
   }
 }
 
+// Runs body(rank, communicator) on `world` threads, each a rank with its own TcpStore and host
+// communicator; returns the first error.
+std::string RunRanks(int world, const std::function<void(int, Communicator&)>& body) {
+  const int port = FreePort();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      auto store = TcpStore::Connect("127.0.0.1", port, world, r, 20);
+      if (!store.ok()) {
+        errors[r] = store.status().ToString();
+        return;
+      }
+      auto comm = MakeHostCommunicator(**store, world, r);
+      if (!comm.ok()) {
+        errors[r] = comm.status().ToString();
+        return;
+      }
+      body(r, **comm);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r)
+    if (!errors[r].empty()) return "rank " + std::to_string(r) + ": " + errors[r];
+  return "";
+}
+
+// counts[src][dst]: rows rank src sends rank dst. Random (zeros included), then everything to
+// rank 0, then nothing at all.
+std::vector<std::vector<int64_t>> CountMatrix(int world, int round) {
+  std::mt19937 rng(1234 + round);
+  std::vector<std::vector<int64_t>> c(world, std::vector<int64_t>(world, 0));
+  for (int a = 0; a < world; ++a)
+    for (int b = 0; b < world; ++b) {
+      if (round == 0) c[a][b] = rng() % 3 == 0 ? 0 : rng() % 7;
+      if (round == 1) c[a][b] = b == 0 ? 1 + rng() % 5 : 0;
+    }
+  return c;
+}
+
+// Row i of what rank src sends rank dst: 3 values naming it.
+void FillRow(float* row, int src, int dst, int64_t i) {
+  row[0] = static_cast<float>(src);
+  row[1] = static_cast<float>(dst);
+  row[2] = static_cast<float>(i) + 0.5f;
+}
+
+TEST(HostCommunicator, AllToAllVMatchesTheReference) {
+  for (int world : {2, 3, 4}) {
+    for (int round = 0; round < 3; ++round) {
+      const auto counts = CountMatrix(world, round);
+      std::vector<std::string> wrong(world);
+      std::string error = RunRanks(world, [&](int r, Communicator& comm) {
+        std::vector<int64_t> send_counts = counts[r], recv_counts(world);
+        int64_t num_send = 0, num_recv = 0;
+        for (int p = 0; p < world; ++p) {
+          recv_counts[p] = counts[p][r];
+          num_send += send_counts[p];
+          num_recv += recv_counts[p];
+        }
+        Tensor send = Tensor::Empty(DType::kF32, {num_send, 3});
+        int64_t row = 0;
+        for (int p = 0; p < world; ++p)
+          for (int64_t i = 0; i < send_counts[p]; ++i) FillRow(send.ptr<float>() + 3 * row++, r, p, i);
+        Tensor recv = Tensor::Empty(DType::kF32, {num_recv, 3});
+        std::fill_n(recv.ptr<float>(), recv.numel(), NAN);  // poisoned
+        comm.AllToAllV(send, send_counts, recv, recv_counts);
+        row = 0;
+        for (int p = 0; p < world; ++p)
+          for (int64_t i = 0; i < recv_counts[p]; ++i, ++row) {
+            float expect[3];
+            FillRow(expect, p, r, i);
+            if (!std::equal(expect, expect + 3, recv.ptr<float>() + 3 * row))
+              wrong[r] += " row " + std::to_string(row);
+          }
+        // Equal blocks: two rows for each peer.
+        Tensor eq_send = Tensor::Empty(DType::kF32, {2 * world, 3}), eq_recv = Tensor::Empty(DType::kF32, {2 * world, 3});
+        for (int p = 0; p < world; ++p)
+          for (int i = 0; i < 2; ++i) FillRow(eq_send.ptr<float>() + 3 * (2 * p + i), r, p, i);
+        comm.AllToAll(eq_send, eq_recv);
+        for (int p = 0; p < world; ++p)
+          for (int i = 0; i < 2; ++i) {
+            float expect[3];
+            FillRow(expect, p, r, i);
+            if (!std::equal(expect, expect + 3, eq_recv.ptr<float>() + 3 * (2 * p + i)))
+              wrong[r] += " equal-block row " + std::to_string(2 * p + i);
+          }
+      });
+      ASSERT_EQ(error, "");
+      for (int r = 0; r < world; ++r) EXPECT_EQ(wrong[r], "") << "world " << world << " round " << round << " rank " << r;
+    }
+  }
+}
+
+// DP-EP dispatch -> experts -> combine against the same sum on one rank. The "experts" scale
+// a token by (global id + 1), so a wrong id, weight, row or rank shows in the output.
+TEST(EpExchange, MatchesOneRankForAnyTokenCounts) {
+  const int world = 3, experts = 6, hidden = 8, top_k = 3, per_rank = experts / world;
+  // Tokens per rank in each round: uneven, one rank empty, all on one rank, none at all.
+  const std::vector<std::vector<int>> rounds = {{5, 1, 9}, {0, 4, 2}, {7, 0, 0}, {0, 0, 0}};
+  for (int capacity : {0, 9}) {
+    for (size_t round = 0; round < rounds.size(); ++round) {
+      std::vector<double> err(world, 0);
+      std::string error = RunRanks(world, [&](int r, Communicator& comm) {
+        std::unique_ptr<Backend> cpu = MakeCpuBackend();
+        std::unique_ptr<EpExchange> ex = MakeAllToAllEpExchange(*cpu, comm, {experts, capacity});
+        const int64_t tokens = rounds[round][r];
+        std::mt19937 rng(static_cast<uint32_t>(100 * round + r));
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        Tensor x = Tensor::Empty(DType::kF32, {tokens, hidden});
+        Tensor ids = Tensor::Empty(DType::kI32, {tokens, top_k});
+        Tensor w = Tensor::Empty(DType::kF32, {tokens, top_k});
+        for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = u(rng);
+        for (int64_t t = 0; t < tokens; ++t) {
+          std::vector<int32_t> all = {0, 1, 2, 3, 4, 5};
+          std::shuffle(all.begin(), all.end(), rng);  // distinct experts per token
+          for (int k = 0; k < top_k; ++k) {
+            ids.ptr<int32_t>()[t * top_k + k] = all[k];
+            w.ptr<float>()[t * top_k + k] = u(rng);
+          }
+        }
+        ExpertInputs in = ex->Dispatch(x, ids, w);
+        Tensor expert_out = Tensor::Empty(DType::kF32, {in.rows(), hidden});
+        for (int64_t j = 0; j < in.rows(); ++j) {
+          float* o = expert_out.ptr<float>() + j * hidden;
+          std::fill_n(o, hidden, 0.0f);
+          for (int k = 0; k < top_k; ++k) {
+            const int32_t local = in.topk_ids.ptr<int32_t>()[j * in.topk_ids.strides[0] + k];
+            if (local < 0 || local >= per_rank) continue;
+            const float scale = in.topk_weights.ptr<float>()[j * in.topk_weights.strides[0] + k] *
+                                static_cast<float>(r * per_rank + local + 1);
+            for (int h = 0; h < hidden; ++h) o[h] += scale * in.x.ptr<float>()[j * in.x.strides[0] + h];
+          }
+        }
+        Tensor out = Tensor::Empty(DType::kF32, {tokens, hidden});
+        std::fill_n(out.ptr<float>(), out.numel(), NAN);  // poisoned
+        ex->Combine(expert_out, out);
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int h = 0; h < hidden; ++h) {
+            double ref = 0;
+            for (int k = 0; k < top_k; ++k)
+              ref += w.ptr<float>()[t * top_k + k] * (ids.ptr<int32_t>()[t * top_k + k] + 1.0) * x.ptr<float>()[t * hidden + h];
+            const double got = out.ptr<float>()[t * hidden + h];
+            err[r] = std::isfinite(got) ? std::max(err[r], std::fabs(got - ref)) : INFINITY;
+          }
+      });
+      ASSERT_EQ(error, "");
+      for (int r = 0; r < world; ++r)
+        EXPECT_LT(err[r], 1e-5) << "capacity " << capacity << " round " << round << " rank " << r;
+    }
+  }
+}
+
 // Logits [L, V] of `ids` from `corolla logits` with `extra` arguments.
 std::vector<float> RunLogits(const std::string& model, const std::string& ids, const std::string& extra) {
   const std::string out = ::testing::TempDir() + "parallel_logits_" + std::to_string(getpid()) + ".safetensors";
   const std::string cmd = std::string(COROLLA_BINARY) + " logits --device cpu --threads 1 --model " + model +
-                          " --ids " + ids + " --out " + out + " " + extra;
+                          " --ids '" + ids + "' --out " + out + " " + extra;
   int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << cmd;
   if (rc != 0) return {};
@@ -179,6 +337,72 @@ TEST(TensorParallelCpu, UnsplittableShapesAreErrors) {
   while (fgets(buf, sizeof(buf), pipe)) output += buf;
   EXPECT_NE(pclose(pipe), 0);
   EXPECT_NE(output.find("4 query heads"), std::string::npos) << output;
+}
+
+// DP-EP: each rank takes every dp-th sequence (one rank has none with one sequence), experts
+// split over all ranks; the gathered logits equal one process's. The hybrid adds Gated DeltaNet
+// layers (per-rank states) and a shared expert (local on each rank).
+class DataParallelCpu : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
+
+TEST_P(DataParallelCpu, LogitsEqualOneProcess) {
+  const auto& [name, dp, ids] = GetParam();
+  const std::string model = "tests/data/models/" + name;
+  std::vector<float> single = RunLogits(model, ids, "");
+  std::vector<float> split = RunLogits(model, ids, "--dp " + std::to_string(dp) + " --ep " + std::to_string(dp));
+  ASSERT_FALSE(single.empty());
+  ASSERT_EQ(single.size(), split.size());
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < single.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(split[i])) << i;
+    err = std::max(err, static_cast<double>(std::fabs(single[i] - split[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(single[i])));
+  }
+  std::printf("%s --dp %d --ep %d, ids %s: max |diff| %.2e of max|logit| %.2f (rel %.2e)\n", name.c_str(), dp, dp,
+              ids.c_str(), err, scale, err / scale);
+  EXPECT_LT(err, 1e-5 * scale);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, DataParallelCpu,
+    ::testing::Values(
+        std::make_tuple("qwen3-moe", 2, "3,141,59,265,358,979,323"),                           // rank 1 empty
+        std::make_tuple("qwen3-moe", 2, "3,141,59,265,358;979,323,846,264,338,327,950,288"),  // one each
+        std::make_tuple("qwen3-moe", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("qwen3-moe", 4, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("qwen3-moe", 4, "3,141,59,265,358,979,323"),                           // 3 ranks empty
+        std::make_tuple("qwen3.5-moe-hybrid", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288")));
+
+// Output of a `corolla` command line (stdout, and stderr unless told), and whether it exited 0.
+std::pair<bool, std::string> RunCommand(const std::string& args, bool with_stderr = true) {
+  const std::string cmd = std::string(COROLLA_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return {false, "popen failed"};
+  std::string output;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), pipe)) output += buf;
+  return {pclose(pipe) == 0, output};
+}
+
+TEST(DataParallelCpu, GenerateEqualsOneProcess) {
+  // Three prompts over two ranks (2 + 1), greedy: the same ids in the same order.
+  const std::string args = "generate --device cpu --threads 1 --model tests/data/models/qwen3-moe --prompt-ids "
+                           "'1,2,3;17,300,42,99,5;7' --max-tokens 8 --temperature 0 --ignore-eos";
+  auto [ok1, one] = RunCommand(args, /*with_stderr=*/false);
+  auto [ok2, two] = RunCommand(args + " --dp 2 --ep 2", /*with_stderr=*/false);
+  ASSERT_TRUE(ok1 && ok2) << one << two;
+  EXPECT_EQ(std::count(one.begin(), one.end(), '\n'), 3) << one;
+  EXPECT_EQ(one, two);
+}
+
+TEST(DataParallelCpu, UnsplittableShapesAreErrors) {
+  // 16 experts do not split over 3 ranks; --ep must be --tp or --dp x --tp.
+  const std::string base = "logits --device cpu --threads 1 --model tests/data/models/qwen3-moe --ids 1,2 --out /dev/null ";
+  auto [ok3, out3] = RunCommand(base + "--dp 3 --ep 3");
+  EXPECT_FALSE(ok3);
+  EXPECT_NE(out3.find("16 experts"), std::string::npos) << out3;
+  auto [ok_ep, out_ep] = RunCommand(base + "--dp 2 --ep 3");
+  EXPECT_FALSE(ok_ep);
+  EXPECT_NE(out_ep.find("--ep 3"), std::string::npos) << out_ep;
 }
 
 }  // namespace

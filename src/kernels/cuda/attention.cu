@@ -5,9 +5,18 @@
 // domain) and fp32 accumulators; the same kernel serves decode (q_len 1), prefill, and chunked
 // prefill over a cached prefix. K and V dims may differ (Dv <= Dk), and the cache may hold K and
 // V as one tensor (MLA's latent: V is the first Dv dims of each K row), which the kernel then
-// reads once per tile for both, for all the query heads of the tile. SIMT fp32 math: the tensor-core (mma/wgmma) version is the
-// next step. Decode batches that would under-fill the GPU split each sequence's keys across
-// CTAs (split-KV) and merge the partial softmax states in a second kernel.
+// reads once per tile for both, for all the query heads of the tile. SIMT fp32 math.
+// Attention() below is the host entry for both this kernel and the tensor-core one
+// (attention_mma.cu, Dk == Dv with separate K and V): it checks, plans, dispatches through the
+// one table of supported shapes, and merges split-KV partials. Decode batches that would
+// under-fill the GPU split each sequence's keys across CTAs (split-KV): the host picks the
+// number of splits from its hints (upper bounds under CUDA-graph replay), each CTA derives its
+// key range from its own sequence's device-side length, and AttentionMergeKernel merges the
+// partial softmax states (one partial format for both kernels).
+#include <algorithm>
+#include <string>
+#include <tuple>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -33,9 +42,10 @@ struct AttentionParams {
   int kv_heads, group, block_size;
   float scale_log2;  // softmax scale * log2(e)
   // Split-KV (decode): blockIdx.x = row tile + row_tiles * split; split s reads keys
-  // [s * kv_chunk, (s + 1) * kv_chunk) and writes unnormalised partials, merged by
-  // AttentionMergeKernel. num_splits 1: no split, the CTA writes out itself.
-  int row_tiles, num_splits, kv_chunk, q_heads;
+  // [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kBlockN), from the sequence's
+  // device-side length, and writes unnormalised partials, merged by AttentionMergeKernel.
+  // num_splits 1: no split, the CTA writes out itself.
+  int row_tiles, num_splits, q_heads;
   float* part_o;   // [T * Hq, num_splits, D]
   float* part_ml;  // [T * Hq, num_splits, 2]: running max (log2 domain) and sum
 };
@@ -65,9 +75,28 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
   const int split = blockIdx.x / p.row_tiles;
   const int row0 = (blockIdx.x % p.row_tiles) * kBlockM;
   if (row0 >= rows_total) return;
-  const int prefix = p.seq_lens[b] - q_len;
+  const int seq_len = p.seq_lens[b];
+  const int prefix = seq_len - q_len;
   const int32_t* table = p.block_tables + b * p.table_stride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int last_row = min(row0 + kBlockM, rows_total) - 1;
+  const int visible_end = prefix + last_row / p.group + 1;  // keys [0, visible_end) are visible to the tile
+  int kv_begin = 0, kv_end = visible_end;
+  if (p.num_splits > 1) {
+    const int chunk = ((seq_len + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
+    kv_begin = split * chunk;
+    kv_end = min(visible_end, kv_begin + chunk);
+  }
+  if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
+    for (int r = threadIdx.x; p.num_splits > 1 && r < kBlockM && row0 + r < rows_total; r += blockDim.x) {
+      const int row = row0 + r;
+      const int64_t part = (static_cast<int64_t>(q0 + row / p.group) * p.q_heads + kvh * p.group + row % p.group) *
+                               p.num_splits + split;
+      p.part_ml[2 * part] = -INFINITY;
+      p.part_ml[2 * part + 1] = 0.f;
+    }
+    return;
+  }
 
   // Q tile -> shared (rows past the sequence's rows are zero).
   for (int idx = threadIdx.x; idx < kBlockM * kD / 2; idx += blockDim.x) {
@@ -89,10 +118,6 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
     const int row = row0 + warp * kRowsPerWarp + r;
     pos[r] = row < rows_total ? prefix + row / p.group : -1;
   }
-  const int last_row = min(row0 + kBlockM, rows_total) - 1;
-  const int visible_end = prefix + last_row / p.group + 1;  // keys [0, visible_end) are visible to the tile
-  const int kv_begin = split * p.kv_chunk;
-  const int kv_end = p.num_splits > 1 ? min(visible_end, kv_begin + p.kv_chunk) : visible_end;
 
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kPerLane];
 #pragma unroll
@@ -231,23 +256,38 @@ __global__ void AttentionMergeKernel(const __grid_constant__ MergeParams p) {
   for (int c = 0; c < kPerLane; ++c) dst[lane + 32 * c] = __float2bfloat16(acc[c] * inv);
 }
 
-// The one table of (Dk, Dv) pairs the attention kernel is built for: the plain head dims, and
+// The one table of (Dk, Dv) pairs the attention kernels are built for: the plain head dims, and
 // MLA's (qk_nope + rope, v) for the decompressed form and (kv_lora + rope, kv_lora) for the
-// absorbed one (DeepSeek-V3: 192/128, 576/512; the test fixture: 48/32).
-template <int kDk_, int kDv_>
+// absorbed one (DeepSeek-V3: 192/128, 576/512; the test fixture: 48/32). kMma: the tensor-core
+// kernel (attention_mma.cu, which instantiates exactly these dims) serves the pair too when K and
+// V are separate tensors with 16-byte aligned rows; the SIMT kernel serves every pair.
+template <int kDk_, int kDv_, bool kMma_>
 struct DimPair {
   static constexpr int kDk = kDk_, kDv = kDv_;
+  static constexpr bool kMma = kMma_;
 };
-template <typename Fn, int... kDks, int... kDvs>
-bool DispatchDimPair(int dk, int dv, Fn&& fn, DimPair<kDks, kDvs>...) {
+using AttentionDimTable =
+    std::tuple<DimPair<32, 32, true>, DimPair<64, 64, true>, DimPair<128, 128, true>, DimPair<256, 256, true>,
+               DimPair<48, 32, false>, DimPair<192, 128, false>, DimPair<576, 512, false>>;
+
+// Calls fn(Pair{}) for the table's pair (dk, dv); false if there is none.
+template <typename Fn, typename... Pairs>
+bool DispatchDimPair(int dk, int dv, Fn&& fn, std::tuple<Pairs...>) {
   bool found = false;
-  ((dk == kDks && dv == kDvs ? (fn(DimPair<kDks, kDvs>{}), found = true) : false), ...);
+  ((dk == Pairs::kDk && dv == Pairs::kDv ? (fn(Pairs{}), found = true) : false), ...);
   return found;
 }
 template <typename Fn>
 bool DispatchAttentionDims(int dk, int dv, Fn&& fn) {
-  return DispatchDimPair(dk, dv, static_cast<Fn&&>(fn), DimPair<32, 32>{}, DimPair<64, 64>{}, DimPair<128, 128>{},
-                         DimPair<256, 256>{}, DimPair<48, 32>{}, DimPair<192, 128>{}, DimPair<576, 512>{});
+  return DispatchDimPair(dk, dv, static_cast<Fn&&>(fn), AttentionDimTable{});
+}
+template <typename... Pairs>
+std::string DimPairNames(std::tuple<Pairs...>) {
+  std::string s;
+  ((s += (s.empty() ? "" : ", ") + std::to_string(Pairs::kDk) + "/" + std::to_string(Pairs::kDv) +
+         (Pairs::kMma ? " (mma)" : "")),
+   ...);
+  return s;
 }
 
 template <int kDk, int kDv, bool kShared>
@@ -262,7 +302,24 @@ void LaunchAttention(const AttentionParams& p, dim3 grid, cudaStream_t s) {
   AttentionKernel<kDk, kDv, kShared><<<grid, kWarps * 32, smem, s>>>(p);
 }
 
+// Rows per CTA of the tensor-core kernel's two tile shapes (MmaTiles in attention_mma.cu, which
+// checks the value it is given) and the keys of its tile, the smallest useful split.
+constexpr int kMmaDecodeRows = 16;
+constexpr int kMmaPrefillRows = 64;
+constexpr int kMmaBlockN = 64;
+
+bool RowsAligned16(const TensorView& t) {
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0 && t.strides[1] % 8 == 0;
+}
+
 }  // namespace
+
+// attention_mma.cu (its only caller is Attention below): runs one plan on the tensor-core kernel;
+// kD = Dk = Dv, a kMma pair of the table.
+template <int kD>
+void AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+                  int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
+                  const TensorView& out, cudaStream_t s);
 
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
@@ -280,62 +337,77 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
                 batch.seq_lens.dtype == DType::kI32 && batch.block_tables.dtype == DType::kI32)
       << "attention q " << q.ToString() << " cache k " << kc.ToString() << " v " << cache.v.ToString() << " out "
       << out.ToString();
+  bool mma_dims = false;
+  const bool supported = DispatchAttentionDims(static_cast<int>(dk), static_cast<int>(dv),
+                                               [&](auto dims) { mma_dims = decltype(dims)::kMma; });
+  COROLLA_CHECK(supported) << "attention: (Dk " << dk << ", Dv " << dv << ") is not in the supported table ("
+                           << DimPairNames(AttentionDimTable{}) << ")";
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
   if (q.dim(0) == 0 || num_seqs == 0) return;
-  const int group = static_cast<int>(q.dim(1) / kc.dim(1));
-  AttentionParams p{q.ptr<bf16_t>(), q.strides[0], q.strides[1], out.ptr<bf16_t>(), out.strides[0],
-                    out.strides[1], kc.ptr<bf16_t>(), cache.v.ptr<bf16_t>(),
-                    batch.block_tables.ptr<int32_t>(),
-                    batch.block_tables.rank() == 2 ? batch.block_tables.dim(1) : 0,
-                    batch.query_start.ptr<int32_t>(), batch.seq_lens.ptr<int32_t>(),
-                    static_cast<int>(kc.dim(1)), group, cache.block_size(),
-                    scale * 1.4426950408889634f};
-  // max_q_len is a host hint; without it, every token could belong to one sequence.
+  const int kv_heads = static_cast<int>(kc.dim(1));
+  const int group = static_cast<int>(q.dim(1) / kv_heads);
+  const bool use_mma = mma_dims && Tuning().attention_mma && !shared && RowsAligned16(q) && RowsAligned16(out) &&
+                       reinterpret_cast<uintptr_t>(kc.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(cache.v.data) % 16 == 0;
+
+  // The plan, from host hints only (under CUDA-graph replay they are upper bounds; the kernels
+  // read each sequence's rows and keys on the device). max_q_len: without it, every token could
+  // belong to one sequence.
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
-  const int row_tiles = CeilDiv(static_cast<int64_t>(max_q_len) * group, kBlockM);
-  p.row_tiles = row_tiles;
-  p.num_splits = 1;
-  p.kv_chunk = 0;
-  p.q_heads = static_cast<int>(q.dim(1));
+  const int64_t max_rows = static_cast<int64_t>(max_q_len) * group;
+  const int rows_per_cta = !use_mma ? kBlockM : max_rows <= kMmaDecodeRows ? kMmaDecodeRows : kMmaPrefillRows;
+  const int row_tiles = CeilDiv(max_rows, rows_per_cta);
   // Split-KV for decode-like batches that would leave the GPU under-filled: enough splits for
-  // Tuning().attention_split_min_ctas CTAs, each split at least kMinSplitKeys keys.
-  constexpr int kMinSplitKeys = 32;
-  const int64_t ctas = static_cast<int64_t>(row_tiles) * kc.dim(1) * num_seqs;
+  // Tuning().attention_split_min_ctas CTAs, each split at least one key tile of max_seq_len.
+  const int split_keys = use_mma ? kMmaBlockN : kBlockN;
+  int num_splits = 1;
+  const int64_t ctas = static_cast<int64_t>(row_tiles) * kv_heads * num_seqs;
   const int min_ctas = Tuning().attention_split_min_ctas;
-  if (max_q_len <= 16 && batch.max_seq_len > kMinSplitKeys && min_ctas > 0 && ctas < min_ctas) {
-    int splits = static_cast<int>(std::min<int64_t>(CeilDiv(min_ctas, ctas), CeilDiv(batch.max_seq_len, kMinSplitKeys)));
-    const int chunk = CeilDiv(CeilDiv(batch.max_seq_len, splits), kBlockN) * kBlockN;
-    splits = CeilDiv(batch.max_seq_len, chunk);
-    if (splits > 1) {
-      p.num_splits = splits;
-      p.kv_chunk = chunk;
-    }
+  if (max_q_len <= 16 && batch.max_seq_len > split_keys && min_ctas > 0 && ctas < min_ctas) {
+    const int splits = static_cast<int>(std::min<int64_t>(CeilDiv(min_ctas, ctas), CeilDiv(batch.max_seq_len, split_keys)));
+    // As few splits as cover max_seq_len in whole tiles (none left empty at the longest length).
+    const int chunk = CeilDiv(CeilDiv(batch.max_seq_len, splits), split_keys) * split_keys;
+    num_splits = CeilDiv(batch.max_seq_len, chunk);
   }
   const int64_t merge_rows = q.dim(0) * q.dim(1);
-  ScratchBuffer partials(alloc, p.num_splits > 1 ? merge_rows * p.num_splits * (dv + 2) * sizeof(float) : 0);
-  if (p.num_splits > 1) {
-    p.part_o = partials.as<float>();
-    p.part_ml = p.part_o + merge_rows * p.num_splits * dv;
-  }
-  dim3 grid(row_tiles * p.num_splits, kc.dim(1), num_seqs);
-  bool ok = DispatchAttentionDims(static_cast<int>(dk), static_cast<int>(dv), [&](auto dims) {
+  ScratchBuffer partials(alloc, num_splits > 1 ? merge_rows * num_splits * (dv + 2) * sizeof(float) : 0);
+  float* part_o = num_splits > 1 ? partials.as<float>() : nullptr;
+  float* part_ml = num_splits > 1 ? part_o + merge_rows * num_splits * dv : nullptr;
+  const float scale_log2 = scale * 1.4426950408889634f;
+
+  DispatchAttentionDims(static_cast<int>(dk), static_cast<int>(dv), [&](auto dims) {
     constexpr int kDk = decltype(dims)::kDk, kDv = decltype(dims)::kDv;
-    if (shared) {
-      if constexpr (kDk != kDv) LaunchAttention<kDk, kDv, true>(p, grid, s);
-      else COROLLA_CHECK(false) << "attention: a shared K/V cache needs Dv < Dk";
-    } else {
-      LaunchAttention<kDk, kDv, false>(p, grid, s);
+    bool launched = false;
+    if constexpr (decltype(dims)::kMma) {
+      if (use_mma) {
+        AttentionMma<kDk>(q, cache, batch, scale_log2, rows_per_cta, row_tiles, num_splits, part_o, part_ml, out, s);
+        launched = true;
+      }
     }
-    COROLLA_CUDA_CHECK_LAUNCH();
-    if (p.num_splits > 1) {
-      MergeParams mp{p.part_o, p.part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
-                     p.q_heads, p.num_splits};
+    if (!launched) {
+      AttentionParams p{q.ptr<bf16_t>(), q.strides[0], q.strides[1], out.ptr<bf16_t>(), out.strides[0],
+                        out.strides[1], kc.ptr<bf16_t>(), cache.v.ptr<bf16_t>(),
+                        batch.block_tables.ptr<int32_t>(),
+                        batch.block_tables.rank() == 2 ? batch.block_tables.dim(1) : 0,
+                        batch.query_start.ptr<int32_t>(), batch.seq_lens.ptr<int32_t>(), kv_heads, group,
+                        cache.block_size(), scale_log2, row_tiles, num_splits, static_cast<int>(q.dim(1)),
+                        part_o, part_ml};
+      dim3 grid(row_tiles * num_splits, kv_heads, num_seqs);
+      if (shared) {
+        if constexpr (kDk != kDv) LaunchAttention<kDk, kDv, true>(p, grid, s);
+        else COROLLA_CHECK(false) << "attention: a shared K/V cache needs Dv < Dk";
+      } else {
+        LaunchAttention<kDk, kDv, false>(p, grid, s);
+      }
+      COROLLA_CUDA_CHECK_LAUNCH();
+    }
+    if (num_splits > 1) {
+      MergeParams mp{part_o, part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
+                     static_cast<int>(q.dim(1)), num_splits};
       AttentionMergeKernel<kDv><<<CeilDiv(merge_rows, 4), 128, 0, s>>>(mp);
+      COROLLA_CUDA_CHECK_LAUNCH();
     }
   });
-  COROLLA_CHECK(ok) << "attention: (Dk " << dk << ", Dv " << dv
-                    << ") is not in the supported table (32/32, 64/64, 128/128, 256/256, 48/32, 192/128, 576/512)";
-  COROLLA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace corolla::cuda

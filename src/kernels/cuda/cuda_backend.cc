@@ -15,7 +15,10 @@ KernelTuning& Tuning() {
   static KernelTuning tuning = [] {
     KernelTuning t;
     if (const char* v = std::getenv("COROLLA_MOE_DECODE_MAX_PAIRS")) t.moe_decode_max_pairs = std::atoll(v);
+    if (const char* v = std::getenv("COROLLA_MOE_PAIR_GEMV_MAX_PAIRS")) t.moe_pair_gemv_max_pairs = std::atoll(v);
+    if (const char* v = std::getenv("COROLLA_LINEAR_GEMV_MAX_ROWS")) t.linear_gemv_max_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_SPLIT_MIN_CTAS")) t.attention_split_min_ctas = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_MMA")) t.attention_mma = std::atoi(v) != 0;
     return t;
   }();
   return tuning;
@@ -176,7 +179,8 @@ void CudaBackend::Rope(const TensorView& q, const TensorView& k, const TensorVie
   cuda::Rope(q, k, positions, params, it->second.ptr<float>(), stream_);
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
-  linear_->Run(x, w, out, stream_);
+  // A few rows: our weight-streaming GEMV (gemv.cu); else, or when its layout rules out, cuBLASLt.
+  if (!LinearGemv(x, w, out, stream_)) linear_->Run(x, w, out, stream_);
 }
 void CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
   cuda::SiluMul(gate_up, out, stream_);

@@ -1,6 +1,7 @@
 // Every CUDA kernel against its CPU twin (kernels/cpu/ops.h) over a shape sweep: one token,
-// many, lengths off the tile, head dims 32/64/128/256, GQA groups 1/2/8, chunked prefill over a
-// prefix, experts with zero or all tokens. Inputs are fresh bf16-rounded randoms, outputs are
+// many, lengths off the tile, head dims 32/64/128/256, chunked prefill over a prefix, experts
+// with zero or all tokens (attention and KvWrite: attention_kernel_test.cc; MoeExperts:
+// moe_kernel_test.cc). Inputs are fresh bf16-rounded randoms, outputs are
 // NaN-poisoned first; bf16 outputs pass at ||out - ref|| / ||ref|| < 1e-2, f32 ones tighter.
 // Runs only on a machine with a GPU (skips otherwise); scripts/gpu_run.sh runs it.
 #include <gtest/gtest.h>
@@ -14,25 +15,6 @@
 #include "kernels/cuda/test_util.h"
 
 namespace corolla::cuda_test {
-
-Backend* Gpu() {
-  static std::unique_ptr<Backend> be = [] {
-    auto r = MakeCudaBackend(0);
-    return r.ok() ? std::move(r).value() : nullptr;
-  }();
-  return be.get();
-}
-
-class CudaKernelTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
-  }
-  Backend& gpu() { return *Gpu(); }
-};
-
-constexpr double kBf16Tol = 1e-2;
-constexpr double kF32Tol = 1e-4;
 
 std::string Dims(std::initializer_list<int64_t> d) {
   std::string s;
@@ -191,114 +173,6 @@ TEST_F(CudaKernelTest, Linear) {
     Record("Linear", shape, e, tol);
     EXPECT_LT(e, tol) << shape;
   }
-}
-
-// Builds a paged cache holding random K/V for every sequence's prefix, then KvWrite of this
-// step's tokens and Attention, on both backends.
-struct AttnCase {
-  int d, group;
-  std::vector<int> q_lens, prefix_lens;
-  int dv = 0;           // 0: d
-  int hk = 2;           // KV heads
-  bool shared = false;  // one cache tensor for K and V (MLA latent): V = first dv dims of K
-};
-
-void RunAttention(Backend& gpu, const AttnCase& c) {
-  const int hk = c.hk, hq = hk * c.group, bs = 16, d = c.d, dv = c.dv > 0 ? c.dv : c.d;
-  const int num_seqs = static_cast<int>(c.q_lens.size());
-  std::vector<int32_t> qstart{0}, seq_lens, slots, positions;
-  int max_blocks = 0, total_blocks = 0, max_q = 0, max_len = 0;
-  for (int b = 0; b < num_seqs; ++b) {
-    int len = c.prefix_lens[b] + c.q_lens[b];
-    seq_lens.push_back(len);
-    qstart.push_back(qstart.back() + c.q_lens[b]);
-    max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
-    total_blocks += (len + bs - 1) / bs;
-    max_q = std::max(max_q, c.q_lens[b]);
-    max_len = std::max(max_len, len);
-  }
-  const int num_blocks = total_blocks + 3;
-  std::vector<int32_t> perm(num_blocks);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), Rng());  // scrambled physical blocks
-  std::vector<int32_t> tables(num_seqs * max_blocks, 0);
-  int next = 0;
-  for (int b = 0; b < num_seqs; ++b)
-    for (int j = 0; j < (seq_lens[b] + bs - 1) / bs; ++j) tables[b * max_blocks + j] = perm[next++];
-  for (int b = 0; b < num_seqs; ++b)
-    for (int p = c.prefix_lens[b]; p < seq_lens[b]; ++p) {
-      slots.push_back(tables[b * max_blocks + p / bs] * bs + p % bs);
-      positions.push_back(p);
-    }
-  const int64_t tokens = qstart.back();
-  const int64_t cache_n = int64_t{num_blocks} * hk * bs * d, vcache_n = int64_t{num_blocks} * hk * bs * dv;
-  auto kc = RandomBf16(cache_n), vc = RandomBf16(vcache_n);
-  auto q = RandomBf16(tokens * hq * d, 2.f), k = RandomBf16(tokens * hk * d, 2.f), v = RandomBf16(tokens * hk * dv);
-  Shape cshape{num_blocks, hk, bs, d}, vshape{num_blocks, hk, bs, dv};
-
-  Tensor ckc = HostF32(kc, cshape), cvc = HostF32(vc, vshape);
-  Tensor cq = HostF32(q, {tokens, hq, d}), ck = HostF32(k, {tokens, hk, d}), cv = HostF32(v, {tokens, hk, dv});
-  Tensor cqs = HostI32(qstart, {num_seqs + 1}), csl = HostI32(seq_lens, {num_seqs});
-  Tensor ctab = HostI32(tables, {num_seqs, max_blocks}), cslot = HostI32(slots, {tokens});
-  AttentionBatch cb{cqs, csl, ctab, cslot, max_q, max_len};
-  KvCacheView ccache = c.shared ? KvCacheView{ckc, ckc} : KvCacheView{ckc, cvc};
-  cpu::KvWrite(ck, c.shared ? ck.view() : cv.view(), ccache, cb);
-  Tensor cout = Tensor::Empty(DType::kF32, {tokens, hq, dv});
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  cpu::Attention(cq, ccache, cb, scale, cout);
-
-  Tensor gkc = Upload(gpu, kc, cshape, DType::kBF16), gvc = Upload(gpu, vc, vshape, DType::kBF16);
-  Tensor gq = Upload(gpu, q, {tokens, hq, d}, DType::kBF16), gk = Upload(gpu, k, {tokens, hk, d}, DType::kBF16);
-  Tensor gv = Upload(gpu, v, {tokens, hk, dv}, DType::kBF16);
-  Tensor gqs = UploadI32(gpu, qstart, {num_seqs + 1}), gsl = UploadI32(gpu, seq_lens, {num_seqs});
-  Tensor gtab = UploadI32(gpu, tables, {num_seqs, max_blocks}), gslot = UploadI32(gpu, slots, {tokens});
-  AttentionBatch gb{gqs, gsl, gtab, gslot, max_q, max_len};
-  KvCacheView gcache = c.shared ? KvCacheView{gkc, gkc} : KvCacheView{gkc, gvc};
-  gpu.KvWrite(gk, c.shared ? gk.view() : gv.view(), gcache, gb);
-  Tensor gout = gpu.Empty(DType::kBF16, {tokens, hq, dv});
-  Poison(gpu, gout);
-  gpu.Attention(gq, gcache, gb, scale, gout);
-
-  std::string shape = "D" + std::to_string(d) + (dv != d ? "/" + std::to_string(dv) : "") + " Hk" +
-                      std::to_string(hk) + " g" + std::to_string(c.group) + (c.shared ? " latent" : "") + " q[";
-  for (int b = 0; b < num_seqs; ++b) shape += std::to_string(c.q_lens[b]) + "+" + std::to_string(c.prefix_lens[b]) + (b + 1 < num_seqs ? "," : "]");
-  double ek = RelError(Download(gpu, gkc), std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cache_n));
-  double ev = c.shared ? 0.0 : RelError(Download(gpu, gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + vcache_n));
-  Record("KvWrite", shape, std::max(ek, ev), 0);
-  EXPECT_EQ(ek, 0.0) << shape;
-  EXPECT_EQ(ev, 0.0) << shape;
-  double e = RelError(Download(gpu, gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + tokens * hq * dv));
-  Record(c.shared ? "Attention.mla_latent" : dv != d ? "Attention.dv<dk" : "Attention", shape, e, kBf16Tol);
-  EXPECT_LT(e, kBf16Tol) << shape;
-}
-
-TEST_F(CudaKernelTest, KvWriteAndAttention) {
-  // Each case with split-KV off, at its default (splits while the grid is under-filled) and
-  // forced wide (as many 32-key splits as the longest sequence has).
-  const int default_min_ctas = cuda::Tuning().attention_split_min_ctas;
-  for (int min_ctas : {0, default_min_ctas, 1 << 20}) {
-    cuda::Tuning().attention_split_min_ctas = min_ctas;
-    for (int d : {32, 64, 128, 256})
-      for (int group : {1, 2, 8}) {
-        RunAttention(gpu(), {d, group, {1, 1, 1}, {0, 16, 300}});           // decode
-        RunAttention(gpu(), {d, group, {37, 100}, {0, 0}});                 // prefill
-        RunAttention(gpu(), {d, group, {5, 64, 1}, {40, 129, 77}});         // chunked prefill + decode
-        RunAttention(gpu(), {d, group, {1, 2, 1, 1}, {31, 65, 1000, 7}});   // decode, split edges
-      }
-    RunAttention(gpu(), {128, 8, {1}, {4095}});  // long decode
-    // MLA: the absorbed form (one latent KV head of kv_lora + rope dims shared by K and V, many
-    // query heads) and the decompressed form (per-head K of nope + rope dims, V of v dims).
-    for (auto [dk, dv] : {std::pair{48, 32}, std::pair{576, 512}})
-      for (int group : {4, 16, 128}) {
-        RunAttention(gpu(), {dk, group, {1, 1, 1}, {0, 16, 300}, dv, 1, true});        // decode
-        RunAttention(gpu(), {dk, group, {5, 64, 1}, {40, 129, 77}, dv, 1, true});      // chunks + decode
-      }
-    for (auto [dk, dv] : {std::pair{48, 32}, std::pair{192, 128}}) {
-      RunAttention(gpu(), {dk, 1, {37, 100}, {0, 0}, dv, 4});             // prefill, 4 heads
-      RunAttention(gpu(), {dk, 1, {5, 64, 1}, {40, 129, 77}, dv, 16});    // chunked
-    }
-  }
-  cuda::Tuning().attention_split_min_ctas = default_min_ctas;
 }
 
 TEST_F(CudaKernelTest, MoeRoute) {
@@ -572,56 +446,6 @@ TEST_F(CudaKernelTest, GatedRmsNorm) {
       Record("GatedRmsNorm", shape, e, kBf16Tol);
       EXPECT_LT(e, kBf16Tol) << shape;
     }
-}
-
-TEST_F(CudaKernelTest, MoeExperts) {
-  struct Case { int64_t tokens; int experts, k; int64_t hidden, inter; int mode; };  // mode 0 random, 1 all on one expert
-  // Each case through the tiled grouped GEMM and through the memory-bound decode GEMVs
-  // (1, 2, 3-4, 5-8 and over 8 tokens per expert: several passes).
-  const int64_t default_max_pairs = cuda::Tuning().moe_decode_max_pairs;
-  for (Case c : {Case{1, 8, 2, 128, 64, 0}, Case{5, 16, 4, 128, 64, 0}, Case{130, 16, 4, 256, 192, 0},
-                 Case{130, 8, 2, 256, 192, 1}, Case{64, 128, 8, 2048, 768, 0}, Case{3, 64, 8, 512, 136, 0},
-                 Case{200, 4, 1, 128, 64, 1}, Case{1, 128, 8, 2048, 768, 0}, Case{3, 8, 2, 200, 72, 1},
-                 Case{6, 8, 2, 256, 64, 1}, Case{17, 8, 2, 136, 200, 1}, Case{256, 128, 8, 2048, 768, 0}}) {
-    const int64_t t = c.tokens, h = c.hidden, inter = c.inter;
-    auto x = RandomBf16(t * h);
-    auto wgu = RandomBf16(int64_t{c.experts} * 2 * inter * h, 1.f / std::sqrt(float(h)));
-    auto wd = RandomBf16(int64_t{c.experts} * h * inter, 1.f / std::sqrt(float(inter)));
-    std::vector<int32_t> ids(t * c.k);
-    std::vector<float> w(t * c.k);
-    for (int64_t i = 0; i < t; ++i) {
-      std::vector<int32_t> all(c.experts);
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), Rng());
-      if (c.mode == 1) std::swap(all[0], *std::find(all.begin(), all.end(), 3));  // expert 3 gets every token
-      for (int s = 0; s < c.k; ++s) {
-        ids[i * c.k + s] = all[s];
-        w[i * c.k + s] = std::uniform_real_distribution<float>(0.05f, 1.f)(Rng());
-      }
-    }
-    Tensor cx = HostF32(x, {t, h}), cgu = HostF32(wgu, {c.experts, 2 * inter, h}), cd = HostF32(wd, {c.experts, h, inter});
-    Tensor cids = HostI32(ids, {t, c.k}), cw = HostF32(w, {t, c.k}), cout = Tensor::Empty(DType::kF32, {t, h});
-    cpu::MoeExperts(cx, cids, cw, cgu, cd, cout);
-    Tensor gx = Upload(gpu(), x, {t, h}, DType::kBF16);
-    Tensor ggu = gpu().LoadWeight(cgu), gd = gpu().LoadWeight(cd);
-    Tensor gids = UploadI32(gpu(), ids, {t, c.k}), gw = Upload(gpu(), w, {t, c.k}, DType::kF32);
-    for (int variant = 0; variant < 3; ++variant) {  // tiled, gemv, gemv with the multi-CTA permute
-      const int64_t max_pairs = variant == 0 ? 0 : int64_t{1} << 40;
-      cuda::Tuning().moe_decode_max_pairs = max_pairs;
-      cuda::Tuning().moe_fused_permute = variant != 2;
-      Tensor gout = gpu().Empty(DType::kBF16, {t, h});
-      Poison(gpu(), gout);
-      gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
-      double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
-      std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) +
-                          " H" + std::to_string(h) + " I" + std::to_string(inter) + (c.mode ? " one-expert" : "") +
-                          (variant == 0 ? " tiled" : variant == 1 ? " gemv" : " gemv 4-kernel permute");
-      Record("MoeExperts", shape, e, kBf16Tol);
-      EXPECT_LT(e, kBf16Tol) << shape;
-    }
-  }
-  cuda::Tuning().moe_decode_max_pairs = default_max_pairs;
-  cuda::Tuning().moe_fused_permute = true;
 }
 
 TEST_F(CudaKernelTest, Sample) {

@@ -115,9 +115,12 @@ TEST_P(CudaModelTest, GoldenLogits) {
       }
       s.num_computed_tokens += n;
     }
+    // Decode-sized steps run other kernels than a prefill (GEMVs for a few rows, the pair MoE
+    // path) whose bf16 rounding differs; each is within the golden tolerance of the reference,
+    // and so must be the two runs of each other.
     std::printf("%s chunk %d vs one prefill: max error %.3e\n", name.c_str(), chunk, worst);
-    Record("Model." + name, "chunk " + std::to_string(chunk) + " vs prefill", worst, 2e-2);
-    EXPECT_LT(worst, 2e-2) << "chunk " << chunk;
+    Record("Model." + name, "chunk " + std::to_string(chunk) + " vs prefill", worst, golden_tol);
+    EXPECT_LT(worst, golden_tol) << "chunk " << chunk;
   }
 }
 
@@ -438,22 +441,7 @@ TEST(CudaPerf, HbmCopyAndMoeDecodeLayer) {
   Tensor wd = Upload(gpu, TiledRandom(e * h * inter, 0.02f), {e, h, inter}, DType::kBF16);
   Tensor norm_w = Upload(gpu, TiledRandom(h, 1.f), {h}, DType::kBF16);
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu).stream();
-  // Mean device time (us) of `iters` back-to-back runs of fn, by events on the backend's stream.
-  auto time_us = [&](const std::function<void()>& fn, int iters) {
-    fn();
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, stream);
-    for (int i = 0; i < iters; ++i) fn();
-    cudaEventRecord(b, stream);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return 1e3 * ms / iters;
-  };
+  auto time_us = [&](const std::function<void()>& fn, int iters) { return TimeUs(stream, fn, iters); };
   const cuda::KernelTuning defaults = cuda::Tuning();
   for (int64_t batch : {1, 8, 64, 256}) {
     const int ctx = 1024, bs = 16, blocks_per_seq = ctx / bs;

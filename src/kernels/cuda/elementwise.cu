@@ -222,35 +222,65 @@ struct RopeKernelParams {
   int64_t k_token_stride, k_head_stride;
   const int32_t* positions;
   const float* inv_freq;  // [rot / 2], from RopeInvFreq (the CPU twin's frequencies)
+  int64_t tokens;
   int q_heads, k_heads, rot;
   bool interleaved;
   float attention_factor;
 };
 
-// One block per token: cos/sin of the token's angles once into shared memory, then every head.
+// One warp per (token, kRopeHeadsPerWarp heads): lane l owns the pairs i = l + 32 j (j < 4, so
+// rot <= 256), computes their cos/sin once, then rotates them in each of its heads. Pair i is
+// (i, i + rot/2) in neox style, (2i, 2i + 1) when interleaved. Loads of all of a warp's heads
+// are issued before any store (decode has one token: its few warps must not serialise).
+constexpr int kRopeHeadsPerWarp = 4;
+constexpr int kRopeMaxPairsPerLane = 4;
+
 __global__ void RopeKernel(const __grid_constant__ RopeKernelParams p) {
-  extern __shared__ float cs[];  // [half] cos, [half] sin
+  const int warps_per_token = (p.q_heads + p.k_heads + kRopeHeadsPerWarp - 1) / kRopeHeadsPerWarp;
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t t = gw / warps_per_token;
+  const int h0 = static_cast<int>(gw % warps_per_token) * kRopeHeadsPerWarp;
+  if (t >= p.tokens) return;
   const int half = p.rot / 2;
-  const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(p.positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(pos * p.inv_freq[i], &s, &c);  // angle in fp32, as the CPU twin
-    cs[i] = c * p.attention_factor;
-    cs[half + i] = s * p.attention_factor;
+  float cs[kRopeMaxPairsPerLane], sn[kRopeMaxPairsPerLane];
+#pragma unroll
+  for (int j = 0; j < kRopeMaxPairsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i < half) {
+      sincosf(pos * p.inv_freq[i], &sn[j], &cs[j]);  // angle in fp32, as the CPU twin
+      cs[j] *= p.attention_factor;
+      sn[j] *= p.attention_factor;
+    }
   }
-  __syncthreads();
-  const int total = (p.q_heads + p.k_heads) * half;
-  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
-    const int h = idx / half, i = idx % half;
-    bf16_t* x = h < p.q_heads ? p.q + t * p.q_token_stride + h * p.q_head_stride
-                              : p.k + t * p.k_token_stride + (h - p.q_heads) * p.k_head_stride;
-    // Pair i is (i, i + half) in neox style, (2i, 2i + 1) when interleaved.
-    const int ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
-    const float a = __bfloat162float(x[ia]), b = __bfloat162float(x[ib]);
-    const float c = cs[i], s = cs[half + i];
-    x[ia] = __float2bfloat16(a * c - b * s);
-    x[ib] = __float2bfloat16(b * c + a * s);
+  bf16_t* heads[kRopeHeadsPerWarp];
+  float a[kRopeHeadsPerWarp][kRopeMaxPairsPerLane], b[kRopeHeadsPerWarp][kRopeMaxPairsPerLane];
+#pragma unroll
+  for (int hh = 0; hh < kRopeHeadsPerWarp; ++hh) {
+    const int h = h0 + hh;
+    heads[hh] = h >= p.q_heads + p.k_heads ? nullptr
+                : h < p.q_heads             ? p.q + t * p.q_token_stride + h * p.q_head_stride
+                                            : p.k + t * p.k_token_stride + (h - p.q_heads) * p.k_head_stride;
+#pragma unroll
+    for (int j = 0; j < kRopeMaxPairsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (heads[hh] == nullptr || i >= half) continue;
+      const int ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
+      a[hh][j] = __bfloat162float(heads[hh][ia]);
+      b[hh][j] = __bfloat162float(heads[hh][ib]);
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < kRopeHeadsPerWarp; ++hh) {
+#pragma unroll
+    for (int j = 0; j < kRopeMaxPairsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (heads[hh] == nullptr || i >= half) continue;
+      const int ia = p.interleaved ? 2 * i : i, ib = p.interleaved ? 2 * i + 1 : i + half;
+      heads[hh][ia] = __float2bfloat16(a[hh][j] * cs[j] - b[hh][j] * sn[j]);
+      heads[hh][ib] = __float2bfloat16(b[hh][j] * cs[j] + a[hh][j] * sn[j]);
+    }
   }
 }
 
@@ -461,14 +491,16 @@ void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
   const int64_t tokens = q.dim(0), d = q.dim(2);
   const int rot = params.rotary_dim;
   COROLLA_CHECK(q.rank() == 3 && k.rank() == 3 && rot > 0 && rot % 2 == 0 && rot <= d &&
+                rot <= 2 * 32 * kRopeMaxPairsPerLane &&
                 k.dim(0) == tokens && k.dim(2) == d && positions.numel() == tokens)
       << "rope q " << q.ToString() << " k " << k.ToString() << " rot " << rot;
   if (tokens == 0) return;
   RopeKernelParams p{q.ptr<bf16_t>(), q.strides[0], q.strides[1], k.ptr<bf16_t>(), k.strides[0],
-                     k.strides[1], positions.ptr<int32_t>(), inv_freq,
+                     k.strides[1], positions.ptr<int32_t>(), inv_freq, tokens,
                      static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1)), rot,
                      params.interleaved, params.attention_factor};
-  RopeKernel<<<tokens, 128, rot * sizeof(float), s>>>(p);
+  const int64_t warps = tokens * CeilDiv(q.dim(1) + k.dim(1), kRopeHeadsPerWarp);
+  RopeKernel<<<CeilDiv(warps * 32, 128), 128, 0, s>>>(p);
   COROLLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -66,6 +66,55 @@ double StreamTimer::CopyBandwidth(size_t bytes) {
   return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3);
 }
 
+namespace {
+
+class EventOpClock final : public OpClock {
+ public:
+  explicit EventOpClock(cudaStream_t stream) : stream_(stream) {}
+  ~EventOpClock() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  void Reset() override { used_ = 0; }
+  void Mark() override {
+    if (used_ == events_.size()) {
+      cudaEvent_t e;
+      COROLLA_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    // External records are for captures only (elsewhere the runtime refuses the flag).
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    COROLLA_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+    if (capturing == cudaStreamCaptureStatusActive)
+      COROLLA_CUDA_CHECK(cudaEventRecordWithFlags(events_[used_++], stream_, cudaEventRecordExternal));
+    else
+      COROLLA_CUDA_CHECK(cudaEventRecord(events_[used_++], stream_));
+  }
+  std::vector<double> IntervalsMs() override {
+    std::vector<double> ms;
+    if (used_ == 0) return ms;
+    COROLLA_CUDA_CHECK(cudaEventSynchronize(events_[used_ - 1]));
+    for (size_t i = 1; i < used_; ++i) {
+      float t = 0;
+      COROLLA_CUDA_CHECK(cudaEventElapsedTime(&t, events_[i - 1], events_[i]));
+      ms.push_back(t);
+    }
+    return ms;
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<OpClock> MakeEventOpClock(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) return nullptr;
+  return std::make_unique<EventOpClock>(cuda->stream());
+}
+
 struct StreamGraph::Impl {
   cudaStream_t stream;
   cudaGraph_t graph = nullptr;

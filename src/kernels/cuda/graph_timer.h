@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/profiling_backend.h"
 
 namespace corolla::cuda {
 
@@ -28,6 +29,12 @@ class StreamTimer {
   explicit StreamTimer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// Op boundaries as CUDA events on the backend's stream. Marks made while the stream is being
+// captured become event-record nodes of the graph (cudaEventRecordExternal), so a replay
+// times each op with no host launch gaps in between; outside a capture they are plain records.
+// Null when `backend` is not the CUDA backend.
+std::unique_ptr<OpClock> MakeEventOpClock(Backend& backend);
 
 // The work fn() enqueues, captured once as a CUDA graph and replayed. fn must not synchronise
 // the host, and every buffer it allocates must come back at the same address on replay (true

@@ -7,14 +7,13 @@
 //   3. permute (token, slot) pairs into expert-contiguous rows,
 //   4. grouped GEMM gate_up over the gathered rows with the SiLU-mul epilogue -> act [TK, I],
 //   5. grouped GEMM down -> y [TK, H] f32, 6. weighted combine back to token order.
-// The grid of each grouped GEMM is sized by the bound ceil(TK / 64) + E tiles (no host read of
-// the counts); tiles past the real count exit at once. GEMMs are bf16 wmma (mma.sync) tiles
-// with fp32 accumulation; wgmma + TMA with a persistent tile scheduler is the next step.
+// Steps 4-5 are grouped_gemm.cu's mma.sync GEMMs: a persistent grid schedules its tiles from
+// the device-side row offsets (no host read of the counts).
 // Small batches (TK <= Tuning().moe_decode_max_pairs) take steps 4-5 as memory-bound GEMVs
 // instead (DecodeGemvKernel): one CTA per (active expert, output slice), 16-byte weight loads.
-#include <mma.h>
-
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/ops.h"
 
 namespace corolla::cuda {
@@ -139,8 +138,7 @@ __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
 }
 
 // ---- permutation ------------------------------------------------------------------------
-constexpr int kBM = 64, kBN = 64, kBK = 32;
-constexpr int kGemmThreads = 128;
+constexpr int kBM = 64;  // rows per tile of tile_offsets (the grouped GEMM derives its own tiles)
 
 struct PermuteState {
   int32_t* counts;       // [E]
@@ -245,122 +243,6 @@ __global__ void __launch_bounds__(kFusedPermuteThreads) FusedPermuteKernel(const
     p.st.slot_row[i] = row;
   }
 }
-
-// ---- grouped GEMM -----------------------------------------------------------------------
-struct GroupedGemmParams {
-  const bf16_t* a;      // GateUp: x [T, K] read through perm_token; Down: act [TK, K]
-  int64_t a_stride;
-  const int32_t* perm_token;
-  const bf16_t* w;      // [E, N_w, K]: GateUp N_w = 2 N (gate rows, then up rows); Down N_w = N
-  bf16_t* act_out;      // GateUp output [TK, N]
-  float* y_out;         // Down output [TK, N]
-  const int32_t* offsets;
-  const int32_t* tile_offsets;
-  int experts, n, k;
-};
-
-template <bool kGateUp>
-__global__ void __launch_bounds__(kGemmThreads) GroupedGemmKernel(const __grid_constant__ GroupedGemmParams p) {
-  using namespace nvcuda;
-  constexpr int kNB = kGateUp ? 2 : 1;
-  constexpr int kLds = kBK + 8;   // bf16 smem row stride
-  constexpr int kLdc = kBN + 4;   // f32 epilogue row stride
-  constexpr int kTileBytes = (kBM + kNB * kBN) * kLds * 2;
-  constexpr int kEpiBytes = kNB * kBM * kLdc * 4;
-  __shared__ __align__(128) unsigned char smem[kTileBytes > kEpiBytes ? kTileBytes : kEpiBytes];
-  __shared__ int32_t src_row[kBM];
-  bf16_t* sA = reinterpret_cast<bf16_t*>(smem);
-  bf16_t* sB = sA + kBM * kLds;  // [kNB][kBN][kLds]
-  float* sC = reinterpret_cast<float*>(smem);
-
-  const int tile = blockIdx.x;
-  if (tile >= p.tile_offsets[p.experts]) return;
-  int lo = 0, hi = p.experts - 1;  // expert e with tile_offsets[e] <= tile < tile_offsets[e + 1]
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.tile_offsets[mid] <= tile) lo = mid; else hi = mid - 1;
-  }
-  const int e = lo;
-  const int row_begin = p.offsets[e] + (tile - p.tile_offsets[e]) * kBM;
-  const int rows = min(kBM, p.offsets[e + 1] - row_begin);
-  const int n0 = blockIdx.y * kBN;
-  const bf16_t* w = p.w + static_cast<int64_t>(e) * (kNB * p.n) * p.k;
-
-  for (int r = threadIdx.x; r < kBM; r += kGemmThreads)
-    src_row[r] = r < rows ? (kGateUp ? p.perm_token[row_begin + r] : row_begin + r) : -1;
-  __syncthreads();
-
-  const int warp = threadIdx.x / 32;
-  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kNB][2][2];
-#pragma unroll
-  for (int b = 0; b < kNB; ++b)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
-
-  for (int k0 = 0; k0 < p.k; k0 += kBK) {
-    // A: kBM x kBK, B: kNB x kBN x kBK, as 16-byte vectors (K % 8 == 0 checked on the host).
-    constexpr int kVecPerRow = kBK / 8;
-    for (int idx = threadIdx.x; idx < (kBM + kNB * kBN) * kVecPerRow; idx += kGemmThreads) {
-      const int r = idx / kVecPerRow, c = (idx % kVecPerRow) * 8;
-      const int kk = k0 + c;
-      Bf16x8 v = {};
-      if (r < kBM) {
-        const int src = src_row[r];
-        if (src >= 0 && kk < p.k) v = *reinterpret_cast<const Bf16x8*>(p.a + src * p.a_stride + kk);
-        *reinterpret_cast<Bf16x8*>(sA + r * kLds + c) = v;
-      } else {
-        const int br = r - kBM;            // [kNB][kBN]
-        const int b = br / kBN, j = br % kBN;
-        const int n = n0 + j;
-        if (n < p.n && kk < p.k)
-          v = *reinterpret_cast<const Bf16x8*>(w + (static_cast<int64_t>(b) * p.n + n) * p.k + kk);
-        *reinterpret_cast<Bf16x8*>(sB + br * kLds + c) = v;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], sA + (wm + 16 * i) * kLds + kk, kLds);
-#pragma unroll
-      for (int b = 0; b < kNB; ++b)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-          wmma::load_matrix_sync(fb, sB + (b * kBN + wn + 16 * j) * kLds + kk, kLds);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
-        }
-    }
-    __syncthreads();
-  }
-
-#pragma unroll
-  for (int b = 0; b < kNB; ++b)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        wmma::store_matrix_sync(sC + b * kBM * kLdc + (wm + 16 * i) * kLdc + wn + 16 * j, acc[b][i][j],
-                                kLdc, wmma::mem_row_major);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kBM * kBN; idx += kGemmThreads) {
-    const int r = idx / kBN, c = idx % kBN;
-    if (r >= rows || n0 + c >= p.n) continue;
-    const int64_t out = static_cast<int64_t>(row_begin + r) * p.n + n0 + c;
-    if constexpr (kGateUp) {
-      const float g = sC[r * kLdc + c], u = sC[kBM * kLdc + r * kLdc + c];
-      p.act_out[out] = __float2bfloat16(g / (1.f + expf(-g)) * u);
-    } else {
-      p.y_out[out] = sC[r * kLdc + c];
-    }
-  }
-}
-
 
 // ---- memory-bound expert GEMV (decode) ----------------------------------------------------
 // For few tokens per expert the weights are the bytes that matter: one CTA per (active expert,
@@ -549,6 +431,10 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
       << w_gate_up.ToString() << " down " << w_down.ToString() << " out " << out.ToString();
   if (tokens == 0) return;
   const int64_t pairs = tokens * k;
+  if (pairs <= Tuning().moe_pair_gemv_max_pairs) {  // a few tokens: no permutation (moe_decode.cu)
+    MoeExpertsPairGemv(x, topk_ids, topk_weights, w_gate_up, w_down, out, alloc, s);
+    return;
+  }
   // One scratch block: counts, offsets, tile offsets, cursor, active, perm, slot rows | act | y.
   const int64_t meta_ints = 5 * (experts + 1) + 2 * pairs;
   const int64_t meta_bytes = (meta_ints * 4 + 255) / 256 * 256;
@@ -599,16 +485,10 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
     DecodeGemvKernel<false><<<dim3(slots, CeilDiv(hidden, kDecWarps * kDecRows)), kDecWarps * 32, dec_smem_down, s>>>(d2);
     COROLLA_CUDA_CHECK_LAUNCH();
   } else {
-    const int max_tiles = CeilDiv(pairs, kBM) + experts;
-    GroupedGemmParams g1{x.ptr<bf16_t>(), x.strides[0], st.perm_token, w_gate_up.ptr<bf16_t>(), act,
-                         nullptr, st.offsets, st.tile_offsets, experts, static_cast<int>(inter),
-                         static_cast<int>(hidden)};
-    GroupedGemmKernel<true><<<dim3(max_tiles, CeilDiv(inter, kBN)), kGemmThreads, 0, s>>>(g1);
-    COROLLA_CUDA_CHECK_LAUNCH();
-    GroupedGemmParams g2{act, inter, nullptr, w_down.ptr<bf16_t>(), nullptr, y, st.offsets,
-                         st.tile_offsets, experts, static_cast<int>(hidden), static_cast<int>(inter)};
-    GroupedGemmKernel<false><<<dim3(max_tiles, CeilDiv(hidden, kBN)), kGemmThreads, 0, s>>>(g2);
-    COROLLA_CUDA_CHECK_LAUNCH();
+    const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);
+    const TensorView y_view(y, DType::kF32, {pairs, hidden}, Device::kCuda, x.device_idx);
+    GroupedGemmGateUp(x, st.perm_token, st.offsets, w_gate_up, act_view, s);
+    GroupedGemmDown(act_view, st.offsets, w_down, y_view, s);
   }
 
   CombineParams cp{y, st.slot_row, topk_weights.ptr<float>(), topk_weights.strides[0],

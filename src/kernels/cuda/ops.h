@@ -29,18 +29,37 @@ class ScratchBuffer {
 };
 
 // Process-wide choices between kernel variants, read at each launch (tests and benchmarks set
-// them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS / COROLLA_ATTN_SPLIT_MIN_CTAS in the
+// them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS, COROLLA_MOE_PAIR_GEMV_MAX_PAIRS,
+// COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS and COROLLA_ATTN_MMA in the
 // environment set the defaults). Not synchronised: set them before launching work.
 struct KernelTuning {
-  // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this.
-  int64_t moe_decode_max_pairs = 1024;
+  // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
+  // mma GEMMs (grouped_gemm.cu) above it. 256: from ~2 tokens per expert on (E 128, k 8:
+  // batch > 32) the small-tile GEMM streams the weights at least as fast as the SIMT GEMV.
+  int64_t moe_decode_max_pairs = 256;
+  // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
+  // forces one (tests and benchmarks sweep them).
+  int moe_gemm_tile_rows = 0;
   // MoeExperts counts, scans and permutes in one CTA when the batch is small enough.
   bool moe_fused_permute = true;
+  // MoeExperts skips the permutation and runs one GEMV per (token, expert) pair, the down
+  // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. 64: on an
+  // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV.
+  int64_t moe_pair_gemv_max_pairs = 64;
+  // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else cuBLASLt.
+  int linear_gemv_max_rows = 2;
   // Decode attention splits each sequence's keys across CTAs until the grid has at least this
   // many CTAs (0: never split).
   int attention_split_min_ctas = 264;
+  // Attention runs on the tensor-core kernel (attention_mma.cu) for the shapes it supports,
+  // else on the SIMT one.
+  bool attention_mma = true;
 };
 KernelTuning& Tuning();
+
+// gemv.cu: Linear (semantics: kernels/backend.h) for x of 1..Tuning().linear_gemv_max_rows
+// rows; false (nothing launched) for more rows or layouts it does not cover.
+bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s);
 
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);

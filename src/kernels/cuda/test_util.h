@@ -1,17 +1,45 @@
-// Helpers of the CUDA tests: random bf16-rounded inputs, host <-> backend copies, NaN
-// poisoning, the normalised error ||out - ref|| / ||ref||, and a results table printed at exit.
+// Helpers of the CUDA tests: the shared GPU backend and its test fixture, random bf16-rounded
+// inputs, host <-> backend copies, NaN poisoning, the normalised error ||out - ref|| / ||ref||,
+// and a results table printed at exit (by cuda_kernels_test.cc's main).
 #pragma once
 
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "base/numeric.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/ops.h"
 
 namespace corolla::cuda_test {
+
+// The CUDA backend on device 0 shared by the kernel tests; null without a device.
+inline Backend* Gpu() {
+  static std::unique_ptr<Backend> be = [] {
+    auto r = MakeCudaBackend(0);
+    return r.ok() ? std::move(r).value() : nullptr;
+  }();
+  return be.get();
+}
+
+class CudaKernelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+  }
+  Backend& gpu() { return *Gpu(); }
+};
+
+inline constexpr double kBf16Tol = 1e-2;
+inline constexpr double kF32Tol = 1e-4;
 
 inline std::mt19937& Rng() {
   static std::mt19937 rng(12345);
@@ -108,6 +136,53 @@ inline std::vector<ResultRow>& Results() {
 }
 inline void Record(const std::string& kernel, const std::string& shape, double error, double tol) {
   Results().push_back({kernel, shape, error, tol});
+}
+
+// Tuning() as the process started (environment applied), to restore after a sweep.
+inline const cuda::KernelTuning& DefaultTuning() {
+  static const cuda::KernelTuning defaults = cuda::Tuning();
+  return defaults;
+}
+
+// Mean device time (us) of `iters` back-to-back calls of fn on `stream`, after one warm-up,
+// by CUDA events.
+inline double TimeUs(cudaStream_t stream, const std::function<void()>& fn, int iters) {
+  fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a, stream);
+  for (int i = 0; i < iters; ++i) fn();
+  cudaEventRecord(b, stream);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1e3 * ms / iters;
+}
+
+// Median device time (us) of `reps` calls of fn on `stream`, each timed alone by CUDA events,
+// after one warm-up.
+inline double MedianUs(cudaStream_t stream, const std::function<void()>& fn, int reps) {
+  fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, stream);
+    fn();
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return 1e3 * ms[ms.size() / 2];
 }
 
 }  // namespace corolla::cuda_test

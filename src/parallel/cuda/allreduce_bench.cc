@@ -1,12 +1,19 @@
 // corolla_parallel_bench: the multi-GPU layer's own check and timing on one node.
 //   corolla_parallel_bench --tp N   (spawns N ranks, one per GPU, like `corolla generate --tp N`)
 // Each rank checks AllReduceSum (bf16 and f32, exact sums of rank-dependent values, output
-// poisoned first) and the expert-id shift kernel, then times NCCL all-reduce of decode-sized
-// bf16 messages on a plain cudaMalloc buffer and on an NCCL symmetric window. Rank 0 prints.
+// poisoned first), the expert-id shift kernel, AllToAllV / AllToAll (exact, random per-peer
+// sizes with zeros, all to one rank, nothing at all) and the DP-EP exchange (dispatch, host
+// "experts", combine, against a host reference; uneven token counts, an empty rank; both the
+// sized and the fixed-capacity exchange), then times NCCL all-reduce of decode-sized bf16
+// messages on a plain cudaMalloc buffer and on an NCCL symmetric window, and the DP-EP
+// dispatch + combine of one MoE layer at decode sizes. Rank 0 prints.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -69,6 +76,179 @@ Status CheckShiftIds(Backend& backend, bool print) {
   return Status::Ok();
 }
 
+// counts[src][dst]: random with zeros (round 0), all to rank 0 (round 1), none (round 2).
+std::vector<std::vector<int64_t>> CountMatrix(int world, int round) {
+  std::mt19937 rng(1234 + round);
+  std::vector<std::vector<int64_t>> c(world, std::vector<int64_t>(world, 0));
+  for (int a = 0; a < world; ++a)
+    for (int b = 0; b < world; ++b) {
+      if (round == 0) c[a][b] = rng() % 3 == 0 ? 0 : rng() % 700;
+      if (round == 1) c[a][b] = b == 0 ? 1 + rng() % 500 : 0;
+    }
+  return c;
+}
+
+float RowValue(int src, int dst, int64_t i, int col) { return static_cast<float>(((src * 131 + dst) * 7919 + i) * 4 + col); }
+
+Status CheckAllToAll(Backend& backend, Communicator& comm, bool print) {
+  const int world = comm.size(), r = comm.rank(), cols = 4;
+  for (int round = 0; round < 3; ++round) {
+    const auto counts = CountMatrix(world, round);
+    std::vector<int64_t> send_counts = counts[r], recv_counts(world);
+    int64_t num_send = 0, num_recv = 0;
+    for (int p = 0; p < world; ++p) {
+      recv_counts[p] = counts[p][r];
+      num_send += send_counts[p];
+      num_recv += recv_counts[p];
+    }
+    std::vector<float> host;
+    for (int p = 0; p < world; ++p)
+      for (int64_t i = 0; i < send_counts[p]; ++i)
+        for (int c = 0; c < cols; ++c) host.push_back(RowValue(r, p, i, c));
+    Tensor send = backend.Empty(DType::kF32, {num_send, cols});
+    Tensor recv = backend.Empty(DType::kF32, {num_recv, cols});
+    backend.CopyFromHost(host.data(), send);
+    std::vector<float> poison(num_recv * cols, NAN), got(num_recv * cols);
+    backend.CopyFromHost(poison.data(), recv);
+    comm.AllToAllV(send, send_counts, recv, recv_counts);
+    backend.CopyToHost(recv, got.data());
+    int64_t bad = 0, row = 0;
+    for (int p = 0; p < world; ++p)
+      for (int64_t i = 0; i < recv_counts[p]; ++i, ++row)
+        for (int c = 0; c < cols; ++c) bad += got[row * cols + c] != RowValue(p, r, i, c);
+    // Equal blocks of 3 rows per peer.
+    std::vector<float> eq;
+    for (int p = 0; p < world; ++p)
+      for (int i = 0; i < 3; ++i)
+        for (int c = 0; c < cols; ++c) eq.push_back(RowValue(r, p, i, c));
+    Tensor eq_send = backend.Empty(DType::kF32, {3 * world, cols}), eq_recv = backend.Empty(DType::kF32, {3 * world, cols});
+    backend.CopyFromHost(eq.data(), eq_send);
+    comm.AllToAll(eq_send, eq_recv);
+    backend.CopyToHost(eq_recv, eq.data());
+    for (int p = 0; p < world; ++p)
+      for (int i = 0; i < 3; ++i)
+        for (int c = 0; c < cols; ++c) bad += eq[(3 * p + i) * cols + c] != RowValue(p, r, i, c);
+    if (print)
+      std::printf("all-to-all round %d (%s) %s\n", round, round == 0 ? "random sizes" : round == 1 ? "all to rank 0" : "empty",
+                  bad ? "WRONG" : "exact");
+    if (bad) return Internal(std::to_string(bad) + " wrong values in all-to-all round " + std::to_string(round));
+  }
+  return Status::Ok();
+}
+
+// DP-EP exchange on the GPU: the "experts" run on the host (a token scaled by its global
+// expert id + 1, weighted), so the check covers plan, pack, both exchanges and combine.
+Status CheckEpExchange(Backend& backend, Communicator& comm, int capacity, bool print) {
+  const int world = comm.size(), r = comm.rank(), experts = 8 * world, per_rank = 8, hidden = 64, top_k = 4;
+  const std::vector<std::vector<int>> rounds = {{37, 5, 90, 1}, {0, 64, 3, 0}, {90, 0, 0, 0}, {0, 0, 0, 0}};
+  for (size_t round = 0; round < rounds.size(); ++round) {
+    const int64_t tokens = rounds[round][r % 4];
+    std::unique_ptr<EpExchange> ex = MakeAllToAllEpExchange(backend, comm, {experts, capacity});
+    std::mt19937 rng(static_cast<uint32_t>(100 * round + r));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<bf16> x(tokens * hidden);
+    std::vector<int32_t> ids(tokens * top_k);
+    std::vector<float> w(tokens * top_k);
+    for (auto& v : x) v = ToBf16(u(rng));
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> all(experts);
+      for (int e = 0; e < experts; ++e) all[e] = e;
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int k = 0; k < top_k; ++k) {
+        ids[t * top_k + k] = all[k];
+        w[t * top_k + k] = u(rng);
+      }
+    }
+    Tensor dx = backend.Empty(DType::kBF16, {tokens, hidden}), dids = backend.Empty(DType::kI32, {tokens, top_k}),
+           dw = backend.Empty(DType::kF32, {tokens, top_k});
+    backend.CopyFromHost(x.data(), dx);
+    backend.CopyFromHost(ids.data(), dids);
+    backend.CopyFromHost(w.data(), dw);
+    ExpertInputs in = ex->Dispatch(dx, dids, dw);
+    const EpRowLayout layout{hidden, top_k, DType::kBF16};
+    std::vector<char> rows(in.rows() * layout.row_bytes());
+    backend.CopyToHost(TensorView(in.x.data, DType::kU8, {static_cast<int64_t>(rows.size())}, Device::kCuda), rows.data());
+    std::vector<bf16> expert_out(in.rows() * hidden);
+    for (int64_t j = 0; j < in.rows(); ++j) {
+      const char* row = rows.data() + j * layout.row_bytes();
+      const bf16* rx = reinterpret_cast<const bf16*>(row);
+      const int32_t* rid = reinterpret_cast<const int32_t*>(row + layout.ids_offset());
+      const float* rw = reinterpret_cast<const float*>(row + layout.weights_offset());
+      for (int h = 0; h < hidden; ++h) {
+        float acc = 0;
+        for (int k = 0; k < top_k; ++k)
+          if (rid[k] >= 0 && rid[k] < per_rank) acc += rw[k] * static_cast<float>(r * per_rank + rid[k] + 1) * ToFloat(rx[h]);
+        expert_out[j * hidden + h] = ToBf16(acc);
+      }
+    }
+    Tensor dexp = backend.Empty(DType::kBF16, {in.rows(), hidden}), dout = backend.Empty(DType::kBF16, {tokens, hidden});
+    backend.CopyFromHost(expert_out.data(), dexp);
+    ex->Combine(dexp, dout);
+    std::vector<bf16> out(tokens * hidden);
+    backend.CopyToHost(dout, out.data());
+    double err = 0, scale = 1e-30;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int h = 0; h < hidden; ++h) {
+        double ref = 0;
+        for (int k = 0; k < top_k; ++k) ref += w[t * top_k + k] * (ids[t * top_k + k] + 1.0) * ToFloat(x[t * hidden + h]);
+        err = std::max(err, std::fabs(ToFloat(out[t * hidden + h]) - ref));
+        scale = std::max(scale, std::fabs(ref));
+      }
+    const bool ok = err <= 2e-2 * scale;  // bf16 partials from each rank, summed in f32
+    if (print || !ok)
+      std::printf("ep exchange rank %d capacity %-3d round %zu (%ld tokens): max|diff| %.2e of %.2e %s\n", r, capacity,
+                  round, static_cast<long>(tokens), err, scale, ok ? "ok" : "WRONG");
+    if (!ok) return Internal("DP-EP exchange wrong on rank " + std::to_string(r));
+  }
+  return Status::Ok();
+}
+
+// Dispatch + combine of one MoE layer (the experts' work left out: the output is a copy of the
+// received tokens), us per layer: host clock over 50 back-to-back layers after a warm-up.
+Status BenchEpExchange(Backend& backend, Communicator& comm, bool print) {
+  const int experts = 128, hidden = 2048, top_k = 8;
+  if (print) {
+    std::printf("\nDP-EP dispatch + combine of one MoE layer, %d ranks, E %d, K %d, H %d bf16 (us per layer)\n",
+                comm.size(), experts, top_k, hidden);
+    std::printf("%-18s %-12s %-12s\n", "tokens per rank", "sized", "capacity");
+  }
+  for (int tokens : {1, 16, 64, 256}) {
+    double us[2] = {0, 0};
+    for (int mode = 0; mode < 2; ++mode) {
+      std::unique_ptr<EpExchange> ex = MakeAllToAllEpExchange(backend, comm, {experts, mode == 0 ? 0 : tokens});
+      std::mt19937 rng(static_cast<uint32_t>(tokens * 7 + comm.rank()));
+      std::vector<int32_t> ids(tokens * top_k);
+      std::vector<float> w(tokens * top_k, 0.125f);
+      for (int t = 0; t < tokens; ++t) {
+        std::vector<int32_t> all(experts);
+        for (int e = 0; e < experts; ++e) all[e] = e;
+        std::shuffle(all.begin(), all.end(), rng);
+        std::copy_n(all.begin(), top_k, ids.begin() + t * top_k);
+      }
+      std::vector<bf16> zeros(static_cast<size_t>(tokens) * hidden, ToBf16(0.0f));
+      Tensor x = backend.Empty(DType::kBF16, {tokens, hidden}), out = backend.Empty(DType::kBF16, {tokens, hidden});
+      Tensor dids = backend.Empty(DType::kI32, {tokens, top_k}), dw = backend.Empty(DType::kF32, {tokens, top_k});
+      backend.CopyFromHost(zeros.data(), x);
+      backend.CopyFromHost(ids.data(), dids);
+      backend.CopyFromHost(w.data(), dw);
+      auto layer = [&] {
+        ExpertInputs in = ex->Dispatch(x, dids, dw);
+        Tensor y = backend.Empty(DType::kBF16, {in.rows(), hidden});
+        if (in.rows() > 0) backend.Copy(in.x, y);
+        ex->Combine(y, out);
+      };
+      for (int i = 0; i < 10; ++i) layer();
+      backend.Synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 50; ++i) layer();
+      backend.Synchronize();
+      us[mode] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 50;
+    }
+    if (print) std::printf("%-18d %-12.1f %-12.1f\n", tokens, us[0], us[1]);
+  }
+  return Status::Ok();
+}
+
 Status Run(int tp) {
   ASSIGN_OR_RETURN(ProcessEnv env, ReadProcessEnv());
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCudaBackend(env.local_rank));
@@ -80,6 +260,9 @@ Status Run(int tp) {
     RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kF32, n, print));
   }
   RETURN_IF_ERROR(CheckShiftIds(*backend, print));
+  RETURN_IF_ERROR(CheckAllToAll(*backend, comm, print));
+  RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 0, print));
+  RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 90, print));
 
   // Decode-sized messages: tokens x hidden x 2 bytes.
   struct Size { int tokens, hidden; };
@@ -100,6 +283,7 @@ Status Run(int tp) {
     }
     if (!symm.ok()) std::printf("symmetric window: %s\n", symm.status().ToString().c_str());
   }
+  RETURN_IF_ERROR(BenchEpExchange(*backend, comm, print));
   return par->store().Barrier();
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
@@ -47,6 +49,50 @@ class NcclCommunicator final : public Communicator {
     COROLLA_CHECK(x.device == Device::kCuda && x.is_contiguous()) << "all-reduce of " << x.ToString();
     if (x.numel() == 0) return;
     COROLLA_NCCL_CHECK(ncclAllReduce(x.data, x.data, x.numel(), NcclType(x.dtype), ncclSum, comm_, stream_));
+  }
+
+  // One NCCL group of a send and a receive per peer with rows to move (bytes as ncclUint8);
+  // this rank's own block is a device copy. No host synchronisation: graph-capturable.
+  void AllToAllV(const TensorView& send, std::span<const int64_t> send_counts, const TensorView& recv,
+                 std::span<const int64_t> recv_counts) override {
+    COROLLA_CHECK(send.device == Device::kCuda && recv.device == Device::kCuda && send.is_contiguous() &&
+                  recv.is_contiguous() && static_cast<int>(send_counts.size()) == size_ &&
+                  static_cast<int>(recv_counts.size()) == size_)
+        << "all-to-all of " << send.ToString() << " into " << recv.ToString();
+    const int64_t num_send = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
+    const int64_t num_recv = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+    COROLLA_CHECK(send.dim(0) >= num_send && recv.dim(0) >= num_recv)
+        << "all-to-all: " << num_send << " rows to send from " << send.ToString() << ", " << num_recv
+        << " to receive into " << recv.ToString();
+    auto row_bytes_of = [](const TensorView& x) {  // from the shape: the tensor may have no rows
+      int64_t n = DTypeSize(x.dtype);
+      for (int i = 1; i < x.rank(); ++i) n *= x.dim(i);
+      return n;
+    };
+    const int64_t row_bytes = row_bytes_of(send);
+    COROLLA_CHECK(row_bytes_of(recv) == row_bytes)
+        << "all-to-all rows of " << send.ToString() << " and " << recv.ToString() << " differ";
+    const char* src = static_cast<const char*>(send.data);
+    char* dst = static_cast<char*>(recv.data);
+    int64_t send_row = 0, recv_row = 0;
+    COROLLA_NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < size_; ++p) {
+      const size_t send_bytes = send_counts[p] * row_bytes, recv_bytes = recv_counts[p] * row_bytes;
+      if (p == rank_) {
+        COROLLA_CHECK_EQ(send_counts[p], recv_counts[p]) << "rows rank " << p << " sends itself";
+        if (send_bytes > 0)
+          COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst + recv_row * row_bytes, src + send_row * row_bytes, send_bytes,
+                                             cudaMemcpyDeviceToDevice, stream_));
+      } else {
+        if (send_bytes > 0)
+          COROLLA_NCCL_CHECK(ncclSend(src + send_row * row_bytes, send_bytes, ncclUint8, p, comm_, stream_));
+        if (recv_bytes > 0)
+          COROLLA_NCCL_CHECK(ncclRecv(dst + recv_row * row_bytes, recv_bytes, ncclUint8, p, comm_, stream_));
+      }
+      send_row += send_counts[p];
+      recv_row += recv_counts[p];
+    }
+    COROLLA_NCCL_CHECK(ncclGroupEnd());
   }
 
   ncclComm_t comm() const { return comm_; }

@@ -1,0 +1,339 @@
+// KvWrite and Attention on the GPU against their CPU twins (cpu::KvWrite, cpu::Attention). Every
+// case runs through both attention kernels (Tuning().attention_mma on: the tensor-core kernel of
+// attention_mma.cu where the shape allows, else SIMT; off: SIMT) and every split-KV setting
+// (off, default, as wide as possible; with exact host hints and with loose ones, as under
+// CUDA-graph replay where the host only knows upper bounds). The sweep: decode, prefill and
+// chunked prefill with lengths and prefixes off the tiles, GQA groups 1/2/4/8 up to 64 query
+// heads, head dims 32-256, block sizes 16, 5 and 1, MLA's shapes (SIMT only), a decode batch of
+// 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
+// ||out - ref|| / ||ref|| < kBf16Tol. CudaPerf.Attention prints both kernels' speed
+// ("attention perf:" lines). Needs a GPU; skips otherwise.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/test_util.h"
+
+namespace corolla::cuda_test {
+namespace {
+
+// One launch setting: which kernel, how split-KV plans, and whether the host hints (max_q_len,
+// max_seq_len) are exact or only upper bounds.
+struct AttnVariant {
+  bool mma;
+  int split_min_ctas;
+  bool loose_hints;
+  std::string Name() const {
+    return std::string(mma ? "mma" : "simt") +
+           (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
+           (loose_hints ? " loosehints" : "");
+  }
+};
+std::vector<AttnVariant> AttnVariants() {
+  std::vector<AttnVariant> v;
+  const int def = DefaultTuning().attention_split_min_ctas > 0 ? DefaultTuning().attention_split_min_ctas : 264;
+  const std::pair<int, bool> splits[] = {{0, false}, {def, false}, {def, true}, {1 << 20, false}, {1 << 20, true}};
+  for (bool mma : {false, true})
+    for (auto [min_ctas, loose] : splits) v.push_back({mma, min_ctas, loose});
+  return v;
+}
+
+// Builds a paged cache holding random K/V for every sequence's prefix, then KvWrite of this
+// step's tokens and Attention, on both backends.
+struct AttnCase {
+  int d, group;
+  std::vector<int> q_lens, prefix_lens;
+  int dv = 0;           // 0: d
+  int hk = 2;           // KV heads
+  bool shared = false;  // one cache tensor for K and V (MLA latent): V = first dv dims of K
+  int block_size = 16;
+};
+
+void RunAttention(Backend& gpu, const AttnCase& c) {
+  const int hk = c.hk, hq = hk * c.group, bs = c.block_size, d = c.d, dv = c.dv > 0 ? c.dv : c.d;
+  const int num_seqs = static_cast<int>(c.q_lens.size());
+  std::vector<int32_t> qstart{0}, seq_lens, slots, positions;
+  int max_blocks = 0, total_blocks = 0, max_q = 0, max_len = 0;
+  for (int b = 0; b < num_seqs; ++b) {
+    int len = c.prefix_lens[b] + c.q_lens[b];
+    seq_lens.push_back(len);
+    qstart.push_back(qstart.back() + c.q_lens[b]);
+    max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+    total_blocks += (len + bs - 1) / bs;
+    max_q = std::max(max_q, c.q_lens[b]);
+    max_len = std::max(max_len, len);
+  }
+  const int num_blocks = total_blocks + 3;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), Rng());  // scrambled physical blocks
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
+  int next = 0;
+  for (int b = 0; b < num_seqs; ++b)
+    for (int j = 0; j < (seq_lens[b] + bs - 1) / bs; ++j) tables[b * max_blocks + j] = perm[next++];
+  for (int b = 0; b < num_seqs; ++b)
+    for (int p = c.prefix_lens[b]; p < seq_lens[b]; ++p) {
+      slots.push_back(tables[b * max_blocks + p / bs] * bs + p % bs);
+      positions.push_back(p);
+    }
+  const int64_t tokens = qstart.back();
+  const int64_t cache_n = int64_t{num_blocks} * hk * bs * d, vcache_n = int64_t{num_blocks} * hk * bs * dv;
+  auto kc = RandomBf16(cache_n), vc = RandomBf16(vcache_n);
+  auto q = RandomBf16(tokens * hq * d, 2.f), k = RandomBf16(tokens * hk * d, 2.f), v = RandomBf16(tokens * hk * dv);
+  Shape cshape{num_blocks, hk, bs, d}, vshape{num_blocks, hk, bs, dv};
+
+  Tensor ckc = HostF32(kc, cshape), cvc = HostF32(vc, vshape);
+  Tensor cq = HostF32(q, {tokens, hq, d}), ck = HostF32(k, {tokens, hk, d}), cv = HostF32(v, {tokens, hk, dv});
+  Tensor cqs = HostI32(qstart, {num_seqs + 1}), csl = HostI32(seq_lens, {num_seqs});
+  Tensor ctab = HostI32(tables, {num_seqs, max_blocks}), cslot = HostI32(slots, {tokens});
+  AttentionBatch cb{cqs, csl, ctab, cslot, max_q, max_len};
+  KvCacheView ccache = c.shared ? KvCacheView{ckc, ckc} : KvCacheView{ckc, cvc};
+  cpu::KvWrite(ck, c.shared ? ck.view() : cv.view(), ccache, cb);
+  Tensor cout = Tensor::Empty(DType::kF32, {tokens, hq, dv});
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  cpu::Attention(cq, ccache, cb, scale, cout);
+  const std::vector<float> ref(cout.ptr<float>(), cout.ptr<float>() + tokens * hq * dv);
+
+  Tensor gkc = Upload(gpu, kc, cshape, DType::kBF16), gvc = Upload(gpu, vc, vshape, DType::kBF16);
+  Tensor gq = Upload(gpu, q, {tokens, hq, d}, DType::kBF16), gk = Upload(gpu, k, {tokens, hk, d}, DType::kBF16);
+  Tensor gv = Upload(gpu, v, {tokens, hk, dv}, DType::kBF16);
+  Tensor gqs = UploadI32(gpu, qstart, {num_seqs + 1}), gsl = UploadI32(gpu, seq_lens, {num_seqs});
+  Tensor gtab = UploadI32(gpu, tables, {num_seqs, max_blocks}), gslot = UploadI32(gpu, slots, {tokens});
+  KvCacheView gcache = c.shared ? KvCacheView{gkc, gkc} : KvCacheView{gkc, gvc};
+  gpu.KvWrite(gk, c.shared ? gk.view() : gv.view(), gcache, AttentionBatch{gqs, gsl, gtab, gslot, max_q, max_len});
+
+  std::string shape = "D" + std::to_string(d) + (dv != d ? "/" + std::to_string(dv) : "") + " Hk" +
+                      std::to_string(hk) + " g" + std::to_string(c.group) + (c.shared ? " latent" : "") +
+                      (bs != 16 ? " bs" + std::to_string(bs) : "") + " q[";
+  for (int b = 0; b < std::min(num_seqs, 6); ++b)
+    shape += std::to_string(c.q_lens[b]) + "+" + std::to_string(c.prefix_lens[b]) + (b + 1 < num_seqs ? "," : "]");
+  if (num_seqs > 6) shape += "..x" + std::to_string(num_seqs) + "]";
+  double ek = RelError(Download(gpu, gkc), std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cache_n));
+  double ev = c.shared ? 0.0 : RelError(Download(gpu, gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + vcache_n));
+  Record("KvWrite", shape, std::max(ek, ev), 0);
+  EXPECT_EQ(ek, 0.0) << shape;
+  EXPECT_EQ(ev, 0.0) << shape;
+
+  const char* kernel = c.shared ? "Attention.mla_latent" : dv != d ? "Attention.dv<dk" : "Attention";
+  double worst[2] = {0, 0};  // per kernel setting (mma off, on), over the split settings
+  for (const AttnVariant& var : AttnVariants()) {
+    cuda::Tuning().attention_mma = var.mma;
+    cuda::Tuning().attention_split_min_ctas = var.split_min_ctas;
+    // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
+    // bound past every sequence (more splits than the lengths need, some of them empty).
+    AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints ? max_q + 5 : max_q,
+                      var.loose_hints ? 2 * max_len + 37 : max_len};
+    Tensor gout = gpu.Empty(DType::kBF16, {tokens, hq, dv});
+    Poison(gpu, gout);
+    gpu.Attention(gq, gcache, gb, scale, gout);
+    const double e = RelError(Download(gpu, gout), ref);
+    worst[var.mma] = std::max(worst[var.mma], e);
+    EXPECT_LT(e, kBf16Tol) << shape << " " << var.Name();
+  }
+  // Shapes outside the mma kernel's table run SIMT under both settings: one row for them.
+  const bool mma_shape = !c.shared && dv == d && (d == 32 || d == 64 || d == 128 || d == 256);
+  if (mma_shape) {
+    Record(kernel, shape + " simt", worst[0], kBf16Tol);
+    Record(kernel, shape + " mma", worst[1], kBf16Tol);
+  } else {
+    Record(kernel, shape + " simt", std::max(worst[0], worst[1]), kBf16Tol);
+  }
+  cuda::Tuning() = DefaultTuning();
+}
+
+}  // namespace
+
+TEST_F(CudaKernelTest, KvWriteAndAttention) {
+  for (int d : {32, 64, 128, 256})
+    for (int group : {1, 2, 4, 8}) {
+      RunAttention(gpu(), {d, group, {1, 1, 1}, {0, 16, 300}});           // decode
+      RunAttention(gpu(), {d, group, {37, 100}, {0, 0}});                 // prefill
+      RunAttention(gpu(), {d, group, {5, 64, 1}, {40, 129, 77}});         // chunked prefill + decode
+      RunAttention(gpu(), {d, group, {1, 2, 1, 1}, {31, 65, 1000, 7}});   // decode, split edges
+    }
+  RunAttention(gpu(), {128, 8, {1}, {4095}});  // long decode
+  // MLA: the absorbed form (one latent KV head of kv_lora + rope dims shared by K and V, many
+  // query heads) and the decompressed form (per-head K of nope + rope dims, V of v dims).
+  for (auto [dk, dv] : {std::pair{48, 32}, std::pair{576, 512}})
+    for (int group : {4, 16, 128}) {
+      RunAttention(gpu(), {dk, group, {1, 1, 1}, {0, 16, 300}, dv, 1, true});        // decode
+      RunAttention(gpu(), {dk, group, {5, 64, 1}, {40, 129, 77}, dv, 1, true});      // chunks + decode
+    }
+  for (auto [dk, dv] : {std::pair{48, 32}, std::pair{192, 128}}) {
+    RunAttention(gpu(), {dk, 1, {37, 100}, {0, 0}, dv, 4});             // prefill, 4 heads
+    RunAttention(gpu(), {dk, 1, {5, 64, 1}, {40, 129, 77}, dv, 16});    // chunked
+  }
+}
+
+// Prefill lengths off the 64-row / 64-key tiles, chunks over prefixes off them, many heads.
+TEST_F(CudaKernelTest, AttentionPrefillTiles) {
+  for (int d : {64, 128}) {
+    RunAttention(gpu(), {d, 4, {1000}, {0}});                          // 4000 rows, 16 key tiles
+    RunAttention(gpu(), {d, 1, {129}, {0}});                           // one row past two tiles
+    RunAttention(gpu(), {d, 8, {129, 3}, {0, 0}});
+  }
+  RunAttention(gpu(), {256, 2, {129}, {0}});
+  for (int group : {1, 8}) {
+    RunAttention(gpu(), {128, group, {100, 129, 3}, {37, 200, 1}});    // chunks over odd prefixes
+    RunAttention(gpu(), {128, group, {64, 65, 63}, {65, 63, 64}});
+    RunAttention(gpu(), {128, group, {17, 300}, {1000, 511}});
+  }
+  // GQA groups 1/2/4/8 at 64 query heads.
+  for (int group : {1, 2, 4, 8}) {
+    const int hk = 64 / group;
+    RunAttention(gpu(), {128, group, {1, 1, 1}, {100, 2000, 5}, 0, hk});  // decode
+    RunAttention(gpu(), {128, group, {77, 17}, {0, 50}, 0, hk});          // prefill + chunk
+  }
+}
+
+// Block sizes other than 16: 5 (keys of a tile span partial blocks, division addressing), 1, 64.
+TEST_F(CudaKernelTest, AttentionBlockSizes) {
+  for (int bs : {5, 1, 64})
+    for (int group : {1, 8}) {
+      RunAttention(gpu(), {128, group, {1, 1, 1}, {0, 16, 300}, 0, 2, false, bs});       // decode
+      RunAttention(gpu(), {128, group, {100, 29}, {0, 0}, 0, 2, false, bs});             // prefill
+      RunAttention(gpu(), {64, group, {5, 64, 1}, {40, 129, 77}, 0, 2, false, bs});      // chunked + decode
+    }
+  RunAttention(gpu(), {256, 4, {1, 33}, {700, 71}, 0, 2, false, 5});
+  RunAttention(gpu(), {48, 16, {1, 5}, {300, 40}, 32, 1, true, 5});  // MLA latent (SIMT), odd blocks
+}
+
+// Decode batch of 64 at up to 8k context (Qwen3-30B-A3B's group of 8): split-KV over lengths that
+// differ per sequence.
+TEST_F(CudaKernelTest, AttentionDecodeBatch64Ctx8k) {
+  std::vector<int> q_lens(64, 1), prefixes(64);
+  for (int b = 0; b < 64; ++b) prefixes[b] = b % 4 == 0 ? 8191 : 7000 + static_cast<int>(Rng()() % 1191);
+  RunAttention(gpu(), {128, 8, q_lens, prefixes, 0, 2});
+}
+
+// ---- perf ------------------------------------------------------------------------------------
+// Prefill (Qwen3-30B-A3B attention: Hq 32, Hk 4, D 128) at 4k and 8k tokens, TFLOP/s counting
+// 4 Hq D flops per (query, visible key) pair, against the bf16 matmul rate measured here; decode
+// B 1/64/256 at context 1k and 8k, GB/s of KV read, against the measured HBM copy rate. Both
+// kernels; split-KV at its default.
+TEST(CudaPerf, Attention) {
+  Backend* gpu_ptr = Gpu();
+  if (gpu_ptr == nullptr) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = *gpu_ptr;
+  DefaultTuning();  // captured before this test changes Tuning()
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu).stream();
+  auto time_us = [&](const std::function<void()>& fn, int reps) { return MedianUs(stream, fn, reps); };
+  // Fills a bf16 device tensor with a 1M-value random block repeated (real sizes without
+  // minutes of host RNG).
+  static const std::vector<float> block = RandomBf16(1 << 20, 1.f);
+  Tensor block_dev = Upload(gpu, block, {1 << 20}, DType::kBF16);
+  auto fill = [&](const Tensor& t) {
+    const size_t total = t.numel() * sizeof(uint16_t), piece = block.size() * sizeof(uint16_t);
+    for (size_t off = 0; off < total; off += piece)
+      cudaMemcpyAsync(static_cast<char*>(t.view().data) + off, block_dev.view().data, std::min(piece, total - off),
+                      cudaMemcpyDeviceToDevice, stream);
+  };
+
+  // Limits measured here: HBM copy (1 GiB D2D, read + write) and an 8192^3 bf16 matmul.
+  double copy_gbps = 0, matmul_tflops = 0;
+  {
+    Tensor a = gpu.Empty(DType::kBF16, {int64_t{1} << 29}), b = gpu.Empty(DType::kBF16, {int64_t{1} << 29});
+    const double us = time_us([&] { cudaMemcpyAsync(b.view().data, a.view().data, size_t{1} << 30,
+                                                    cudaMemcpyDeviceToDevice, stream); }, 10);
+    copy_gbps = 2.0 * (size_t{1} << 30) / (us * 1e-6) / 1e9;
+  }
+  {
+    const int64_t n = 8192;
+    Tensor x = gpu.Empty(DType::kBF16, {n, n}), w = gpu.Empty(DType::kBF16, {n, n}), y = gpu.Empty(DType::kBF16, {n, n});
+    fill(x);
+    fill(w);
+    const double us = time_us([&] { gpu.Linear(x, w, y); }, 10);
+    matmul_tflops = 2.0 * n * n * n / (us * 1e-6) / 1e12;
+  }
+  std::printf("attention perf: limits: HBM copy %.0f GB/s (read + write), bf16 matmul 8192^3 %.0f TFLOP/s\n",
+              copy_gbps, matmul_tflops);
+
+  const int64_t hq = 32, hk = 4, d = 128, bs = 16;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  // One paged batch: B sequences of q_len new tokens each at context ctx, blocks scrambled.
+  struct PerfBatch {
+    Tensor q, out, kc, vc, qs, sl, tab, slot;
+    AttentionBatch batch;
+  };
+  auto make_batch = [&](int64_t num_seqs, int64_t q_len, int64_t ctx) {
+    PerfBatch pb;
+    const int64_t blocks_per_seq = (ctx + bs - 1) / bs, num_blocks = num_seqs * blocks_per_seq;
+    const int64_t tokens = num_seqs * q_len;
+    pb.q = gpu.Empty(DType::kBF16, {tokens, hq, d});
+    pb.out = gpu.Empty(DType::kBF16, {tokens, hq, d});
+    pb.kc = gpu.Empty(DType::kBF16, {num_blocks, hk, bs, d});
+    pb.vc = gpu.Empty(DType::kBF16, {num_blocks, hk, bs, d});
+    fill(pb.q);
+    fill(pb.kc);
+    fill(pb.vc);
+    std::vector<int32_t> perm(num_blocks), qs{0}, sl, slots;
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), Rng());
+    for (int64_t b = 0; b < num_seqs; ++b) {
+      qs.push_back(static_cast<int32_t>((b + 1) * q_len));
+      sl.push_back(static_cast<int32_t>(ctx));
+      for (int64_t p = ctx - q_len; p < ctx; ++p)
+        slots.push_back(static_cast<int32_t>(perm[b * blocks_per_seq + p / bs] * bs + p % bs));
+    }
+    pb.qs = UploadI32(gpu, qs, {num_seqs + 1});
+    pb.sl = UploadI32(gpu, sl, {num_seqs});
+    pb.tab = UploadI32(gpu, perm, {num_seqs, blocks_per_seq});
+    pb.slot = UploadI32(gpu, slots, {tokens});
+    pb.batch = AttentionBatch{pb.qs, pb.sl, pb.tab, pb.slot, static_cast<int>(q_len), static_cast<int>(ctx)};
+    return pb;
+  };
+  auto run = [&](PerfBatch& pb, bool mma, int reps) {
+    cuda::Tuning().attention_mma = mma;
+    const double us = time_us([&] { gpu.Attention(pb.q, KvCacheView{pb.kc, pb.vc}, pb.batch, scale, pb.out); }, reps);
+    cuda::Tuning() = DefaultTuning();
+    return us;
+  };
+
+  for (int64_t t : {4096, 8192}) {
+    PerfBatch pb = make_batch(1, t, t);
+    const double flops = 4.0 * hq * d * (t * (t + 1) / 2);
+    double tf[2];
+    for (bool mma : {false, true}) {
+      const double us = run(pb, mma, mma ? 20 : 3);
+      tf[mma] = flops / (us * 1e-6) / 1e12;
+      std::printf("attention perf: prefill T%lld Hq%lld Hk%lld D%lld %-4s %9.1f us %7.1f TFLOP/s (%.1f%% of matmul)\n",
+                  static_cast<long long>(t), static_cast<long long>(hq), static_cast<long long>(hk),
+                  static_cast<long long>(d), mma ? "mma" : "simt", us, tf[mma], 100.0 * tf[mma] / matmul_tflops);
+      Record(std::string("Perf.attn_prefill_TFLOPs.") + (mma ? "mma" : "simt"), "T" + std::to_string(t), tf[mma], 0);
+    }
+    std::printf("attention perf: prefill T%lld mma / simt %.2fx\n", static_cast<long long>(t), tf[1] / tf[0]);
+  }
+  for (int64_t ctx : {1024, 8192})
+    for (int64_t num_seqs : {1, 64, 256}) {
+      PerfBatch pb = make_batch(num_seqs, 1, ctx);
+      const double bytes = 2.0 * num_seqs * ctx * hk * d * sizeof(uint16_t);  // K and V
+      double gbps[2];
+      for (bool mma : {false, true}) {
+        const double us = run(pb, mma, 20);
+        gbps[mma] = bytes / (us * 1e-6) / 1e9;
+        std::printf("attention perf: decode B%lld ctx%lld Hq%lld Hk%lld D%lld %-4s %9.1f us %7.0f GB/s KV (%.1f%% of copy)\n",
+                    static_cast<long long>(num_seqs), static_cast<long long>(ctx), static_cast<long long>(hq),
+                    static_cast<long long>(hk), static_cast<long long>(d), mma ? "mma" : "simt", us, gbps[mma],
+                    100.0 * gbps[mma] / copy_gbps);
+        Record(std::string("Perf.attn_decode_GBps.") + (mma ? "mma" : "simt"),
+               "B" + std::to_string(num_seqs) + " ctx" + std::to_string(ctx), gbps[mma], 0);
+      }
+      std::printf("attention perf: decode B%lld ctx%lld mma / simt %.2fx\n", static_cast<long long>(num_seqs),
+                  static_cast<long long>(ctx), gbps[1] / gbps[0]);
+      // As under graph replay with a context bucket twice the lengths: the split plan sees only
+      // the bound, each CTA its sequence's length.
+      pb.batch.max_seq_len = static_cast<int>(2 * ctx);
+      const double us_loose = run(pb, true, 20);
+      std::printf("attention perf: decode B%lld ctx%lld mma, max_seq_len hint %lld: %9.1f us %7.0f GB/s KV\n",
+                  static_cast<long long>(num_seqs), static_cast<long long>(ctx), static_cast<long long>(2 * ctx),
+                  us_loose, bytes / (us_loose * 1e-6) / 1e9);
+    }
+}
+
+}  // namespace corolla::cuda_test

@@ -1,0 +1,120 @@
+// Linear for a few rows of x: memory-bound, so the kernel is a weight stream. Each warp owns
+// kRows rows of W [N, K]; every lane loads its 16-byte chunks of those rows (kUnroll chunks
+// ahead of the arithmetic) and multiplies them with the same chunks of each of the M rows of
+// x (read through L1: every warp of the grid reads the same few rows). Warp reductions give
+// out[m, n] for the warp's rows, written by lane m * kRows + r.
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kLoadsInFlight = 8;  // 16-byte weight loads per lane issued before their arithmetic
+
+struct GemvParams {
+  const bf16_t* x;
+  int64_t x_stride;
+  const bf16_t* w;
+  void* out;
+  int64_t out_stride;
+  int m, n, k;
+  bool out_f32;
+};
+
+// kRows rows of W per warp (fewer rows, more CTAs: the host picks kRows so that small N still
+// fills the GPU); kLoadsInFlight / kRows chunks of each row ahead.
+template <int kM, int kRows>
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant__ GemvParams p) {
+  constexpr int kUnroll = kLoadsInFlight / kRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = (blockIdx.x * kWarps + warp) * kRows;
+  if (n0 >= p.n) return;
+  const bf16_t* rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = p.w + static_cast<int64_t>(min(n0 + r, p.n - 1)) * p.k;
+  float acc[kM][kRows] = {};
+  for (int c0 = lane * 8; c0 < p.k; c0 += kUnroll * 32 * 8) {
+    Bf16x8 wv[kUnroll][kRows];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int c = c0 + j * 32 * 8;
+      if (c >= p.k) break;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uint4 u = __ldcs(reinterpret_cast<const uint4*>(rows[r] + c));  // read once: stream past the caches
+        memcpy(&wv[j][r], &u, sizeof(u));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int c = c0 + j * 32 * 8;
+      if (c >= p.k) break;
+      float wf[kRows][8];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) Unpack8(wv[j][r], wf[r]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        if (m >= p.m) break;
+        float xf[8];
+        Unpack8(*reinterpret_cast<const Bf16x8*>(p.x + m * p.x_stride + c), xf);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[m][r] = fmaf(wf[r][i], xf[i], acc[m][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[m][r] = WarpSum(acc[m][r]);
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (lane != m * kRows + r || m >= p.m || n0 + r >= p.n) continue;
+      const int64_t o = m * p.out_stride + n0 + r;
+      if (p.out_f32) static_cast<float*>(p.out)[o] = acc[m][r];
+      else static_cast<bf16_t*>(p.out)[o] = __float2bfloat16(acc[m][r]);
+    }
+}
+
+}  // namespace
+
+bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  if (m > Tuning().linear_gemv_max_rows) return false;
+  COROLLA_CHECK(x.dtype == DType::kBF16 && w.dtype == DType::kBF16 &&
+                (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && x.rank() == 2 && w.rank() == 2 &&
+                out.rank() == 2 && w.dim(1) == k && out.dim(0) == m && out.dim(1) == n && w.is_contiguous() &&
+                x.strides[1] == 1 && out.strides[1] == 1)
+      << "linear x " << x.ToString() << " w " << w.ToString() << " out " << out.ToString();
+  if (m < 1 || m > 8 || m > Tuning().linear_gemv_max_rows || k % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
+      (m > 1 && x.strides[0] % 8 != 0))
+    return false;
+  GemvParams p{x.ptr<bf16_t>(), m > 1 ? x.strides[0] : k, w.ptr<bf16_t>(), out.data, m > 1 ? out.strides[0] : n,
+               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), out.dtype == DType::kF32};
+  // Rows per warp: 4 while that leaves >= 4 CTAs per SM (132 SMs), else 2, else 1.
+  const int rows = n >= 4 * 132 * kWarps * 4 ? 4 : n >= 4 * 132 * kWarps * 2 ? 2 : 1;
+  auto launch = [&](auto m_tag, auto rows_tag) {
+    constexpr int kM = decltype(m_tag)::value, kRows = decltype(rows_tag)::value;
+    GemvKernel<kM, kRows><<<CeilDiv(n, kWarps * kRows), kWarps * 32, 0, s>>>(p);
+  };
+  auto with_rows = [&](auto m_tag) {
+    if (rows == 4) launch(m_tag, std::integral_constant<int, 4>{});
+    else if (rows == 2) launch(m_tag, std::integral_constant<int, 2>{});
+    else launch(m_tag, std::integral_constant<int, 1>{});
+  };
+  if (m == 1) with_rows(std::integral_constant<int, 1>{});
+  else if (m == 2) with_rows(std::integral_constant<int, 2>{});
+  else if (m <= 4) with_rows(std::integral_constant<int, 4>{});
+  else with_rows(std::integral_constant<int, 8>{});
+  COROLLA_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+}  // namespace corolla::cuda

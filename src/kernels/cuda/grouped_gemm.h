@@ -1,0 +1,34 @@
+// The two grouped GEMMs of MoeExperts (grouped_gemm.cu): bf16 mma.sync tiles with fp32
+// accumulation over expert-contiguous rows, scheduled on the device from the row offsets (no
+// host read of the counts). Internal to the CUDA backend (moe.cu, its tests). Launchers enqueue
+// on `s` without synchronising; the only state is per-kernel launch attributes set once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace corolla::cuda {
+
+// Rows of expert e are [offsets[e], offsets[e + 1]) of the permuted order; offsets [E + 1] i32
+// on the device, non-decreasing, offsets[E] <= the launcher's row count.
+
+// act[r] = silu(x[perm_token[r]] W_gate[e]^T) * (x[perm_token[r]] W_up[e]^T) for each row r of e.
+// x [T, H] bf16 (row stride a multiple of 8), perm_token [TK] i32 (device),
+// w_gate_up [E, 2I, H] bf16 contiguous (gate rows first), act [TK, I] bf16 contiguous.
+void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int32_t* offsets,
+                       const TensorView& w_gate_up, const TensorView& act, cudaStream_t s);
+
+// y[r] = act[r] W_down[e]^T for each row r of e. act [TK, I] bf16 contiguous,
+// w_down [E, H, I] bf16 contiguous, y [TK, H] f32 contiguous.
+void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const TensorView& w_down,
+                     const TensorView& y, cudaStream_t s);
+
+// The rows of one CTA tile (32, 64 or 128) both launchers use for `rows` permuted rows over
+// `experts` experts: Tuning().moe_gemm_tile_rows when set, else chosen by the mean rows per
+// expert (decode-like groups get the small tile, prefill-like ones the 128 x 256 tile).
+int GroupedGemmTileRows(int64_t rows, int experts);
+
+}  // namespace corolla::cuda

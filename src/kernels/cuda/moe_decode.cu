@@ -1,0 +1,174 @@
+// MoE experts of a few tokens as plain GEMVs over (token, expert) pairs: no count, scan or
+// permute, and the weighted combine folded into the down projection (see moe_decode.h).
+// Each warp streams a few weight rows with 16-byte loads, every lane holding its share of K;
+// the input row (x or the pair's activations) is read from global memory, where every warp of
+// the grid reading the same row keeps it in L1/L2.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_decode.h"
+#include "kernels/cuda/ops.h"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kGateUpN = 2;   // outputs n per warp: gate rows n and up rows I + n, 4 rows in flight
+constexpr int kDownRows = 2;  // rows h of W_down per warp
+constexpr int kUnroll = 4;    // 8-element chunks per lane loaded ahead of the arithmetic
+
+// Weights are read once per step: bypass L1 and mark them first to evict from L2.
+__device__ __forceinline__ Bf16x8 LoadStreaming(const bf16_t* p) {
+  Bf16x8 v;
+  uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+  memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+struct PairGemvParams {
+  const bf16_t* x;
+  int64_t x_stride;
+  const int32_t* ids;
+  int64_t ids_stride;
+  const float* weights;
+  int64_t weights_stride;
+  const bf16_t* w_gate_up;  // [E, 2I, H]
+  const bf16_t* w_down;     // [E, H, I]
+  float* act;               // [T * k, I]
+  bf16_t* out;
+  int64_t out_stride;
+  int experts, top_k, hidden, inter;
+};
+
+__global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_constant__ PairGemvParams p) {
+  const int pair = blockIdx.x;
+  const int t = pair / p.top_k, slot = pair % p.top_k;
+  const int e = p.ids[t * p.ids_stride + slot];
+  if (e < 0 || e >= p.experts) return;  // another rank's expert: the down kernel skips it too
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = (blockIdx.y * kWarps + warp) * kGateUpN;
+  if (n0 >= p.inter) return;
+  const bf16_t* w = p.w_gate_up + static_cast<int64_t>(e) * 2 * p.inter * p.hidden;
+  // Rows 2i: gate n0 + i, 2i + 1: up n0 + i; outputs past I repeat a valid row, dropped below.
+  const bf16_t* rows[2 * kGateUpN];
+#pragma unroll
+  for (int i = 0; i < kGateUpN; ++i) {
+    const int n = min(n0 + i, p.inter - 1);
+    rows[2 * i] = w + static_cast<int64_t>(n) * p.hidden;
+    rows[2 * i + 1] = w + static_cast<int64_t>(p.inter + n) * p.hidden;
+  }
+  float acc[2 * kGateUpN] = {};
+  const bf16_t* x = p.x + t * p.x_stride;
+  // kUnroll chunks of 8 per lane loaded before any arithmetic: 4 rows x 4 chunks = 16 loads of
+  // 16 bytes in flight per lane.
+  for (int c0 = lane * 8; c0 < p.hidden; c0 += kUnroll * 32 * 8) {
+    Bf16x8 xv[kUnroll], wv[kUnroll][2 * kGateUpN];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int c = c0 + j * 32 * 8;
+      if (c >= p.hidden) break;
+      xv[j] = *reinterpret_cast<const Bf16x8*>(x + c);
+#pragma unroll
+      for (int r = 0; r < 2 * kGateUpN; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      if (c0 + j * 32 * 8 >= p.hidden) break;
+      float xf[8];
+      Unpack8(xv[j], xf);
+#pragma unroll
+      for (int r = 0; r < 2 * kGateUpN; ++r) {
+        float wf[8];
+        Unpack8(wv[j][r], wf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2 * kGateUpN; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane < kGateUpN && n0 + lane < p.inter) {
+    // Lane i writes output n0 + i (the unrolled select keeps acc in registers).
+    float g = acc[0], u = acc[1];
+#pragma unroll
+    for (int i = 1; i < kGateUpN; ++i)
+      if (lane == i) g = acc[2 * i], u = acc[2 * i + 1];
+    p.act[static_cast<int64_t>(pair) * p.inter + n0 + lane] = g / (1.f + expf(-g)) * u;
+  }
+}
+
+__global__ void __launch_bounds__(kWarps * 32) PairDownCombineKernel(const __grid_constant__ PairGemvParams p) {
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h0 = (blockIdx.y * kWarps + warp) * kDownRows;
+  if (h0 >= p.hidden) return;
+  float acc[kDownRows] = {};
+  for (int slot = 0; slot < p.top_k; ++slot) {
+    const int e = p.ids[t * p.ids_stride + slot];
+    if (e < 0 || e >= p.experts) continue;
+    const float wt = p.weights[t * p.weights_stride + slot];
+    const bf16_t* w = p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter;
+    const float* a = p.act + static_cast<int64_t>(t * p.top_k + slot) * p.inter;
+    const bf16_t* rows[kDownRows];
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) rows[r] = w + static_cast<int64_t>(min(h0 + r, p.hidden - 1)) * p.inter;
+    float part[kDownRows] = {};
+    for (int c0 = lane * 8; c0 < p.inter; c0 += kUnroll * 32 * 8) {
+      float4 av[kUnroll][2];
+      Bf16x8 wv[kUnroll][kDownRows];
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int c = c0 + j * 32 * 8;
+        if (c >= p.inter) break;
+        av[j][0] = *reinterpret_cast<const float4*>(a + c);
+        av[j][1] = *reinterpret_cast<const float4*>(a + c + 4);
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        if (c0 + j * 32 * 8 >= p.inter) break;
+        const float af[8] = {av[j][0].x, av[j][0].y, av[j][0].z, av[j][0].w,
+                             av[j][1].x, av[j][1].y, av[j][1].z, av[j][1].w};
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r) {
+          float wf[8];
+          Unpack8(wv[j][r], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) part[r] = fmaf(wf[i], af[i], part[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) acc[r] = fmaf(wt, part[r], acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane < kDownRows && h0 + lane < p.hidden) {
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < kDownRows; ++r)
+      if (lane == r) v = acc[r];
+    p.out[t * p.out_stride + h0 + lane] = __float2bfloat16(v);
+  }
+}
+
+}  // namespace
+
+void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                        const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                        CachingAllocator& alloc, cudaStream_t s) {
+  const int64_t tokens = x.dim(0);
+  const int k = static_cast<int>(topk_ids.dim(1));
+  const int inter = static_cast<int>(w_down.dim(2)), hidden = static_cast<int>(x.dim(1));
+  if (tokens == 0) return;
+  ScratchBuffer act(alloc, tokens * k * inter * sizeof(float));
+  PairGemvParams p{x.ptr<bf16_t>(), tokens > 1 ? x.strides[0] : hidden, topk_ids.ptr<int32_t>(), topk_ids.strides[0],
+                   topk_weights.ptr<float>(), topk_weights.strides[0], w_gate_up.ptr<bf16_t>(), w_down.ptr<bf16_t>(),
+                   act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
+                   static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
+  PairGateUpKernel<<<dim3(tokens * k, CeilDiv(inter, kWarps * kGateUpN)), kWarps * 32, 0, s>>>(p);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  PairDownCombineKernel<<<dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), kWarps * 32, 0, s>>>(p);
+  COROLLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace corolla::cuda

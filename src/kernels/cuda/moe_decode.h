@@ -1,0 +1,21 @@
+// The experts of a few tokens without a permutation (moe_decode.cu): MoeExperts takes this
+// path when tokens * top_k <= Tuning().moe_pair_gemv_max_pairs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/allocator.h"
+#include "tensor/tensor.h"
+
+namespace corolla::cuda {
+
+// Same contract as MoeExperts (ops.h), tensors already validated by it. Two launches:
+//   1. gate_up: one CTA per (token-expert pair, slice of I): act[p] = silu(gate x) * up x (f32);
+//   2. down + combine: one CTA per (token, slice of H): out[t] = sum_k w[t,k] W_down[e] act[p].
+// A pair's expert weights are read once per pair, so an expert picked by two tokens is read
+// twice: worth it only while pairs are few (no count/scan/permute launches, no y round trip).
+void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                        const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                        CachingAllocator& alloc, cudaStream_t s);
+
+}  // namespace corolla::cuda

@@ -1,0 +1,299 @@
+// MoeExperts on the GPU against its CPU twin (cpu::MoeExperts). Every case runs through each
+// path: the grouped mma GEMMs of grouped_gemm.cu at each tile height (32, 64, 128 rows), the
+// memory-bound decode GEMVs (one-CTA and 4-kernel permute) and the default dispatch. The sweep:
+// one token to 4096 (E 128, k 8, H 2048, I 768), K and N off the tiles (H 136/200, I 72/200),
+// one expert taking every row, most experts with zero rows (leading, interleaved, trailing),
+// slots of another rank (id -1 or >= E), 512 experts with k 10. Fresh bf16-rounded random inputs,
+// outputs NaN-poisoned before each run, ||out - ref|| / ||ref|| < kBf16Tol.
+// CudaPerf.GroupedGemm times the two grouped GEMMs alone and the whole op on Qwen3-30B-A3B
+// shapes ("grouped gemm perf:" lines; scripts/bench_grouped_mm_torch.py prints torch's table).
+// Needs a GPU; skips otherwise.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <tuple>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/test_util.h"
+
+namespace corolla::cuda_test {
+namespace {
+
+// Expert weights on both backends, built once per (E, H, I) of a sweep: the large shapes take
+// seconds to draw.
+struct ExpertWeights {
+  Tensor cpu_gate_up, cpu_down;  // f32 [E, 2I, H], [E, H, I]
+  Tensor gpu_gate_up, gpu_down;  // bf16
+};
+using WeightCache = std::map<std::tuple<int, int64_t, int64_t>, std::unique_ptr<ExpertWeights>>;
+const ExpertWeights& WeightsFor(WeightCache& cache, Backend& gpu, int experts, int64_t hidden,
+                                int64_t inter) {
+  auto& w = cache[{experts, hidden, inter}];
+  if (!w) {
+    w = std::make_unique<ExpertWeights>();
+    w->cpu_gate_up =
+        HostF32(RandomBf16(int64_t{experts} * 2 * inter * hidden, 1.f / std::sqrt(float(hidden))),
+                {experts, 2 * inter, hidden});
+    w->cpu_down =
+        HostF32(RandomBf16(int64_t{experts} * hidden * inter, 1.f / std::sqrt(float(inter))),
+                {experts, hidden, inter});
+    w->gpu_gate_up = gpu.LoadWeight(w->cpu_gate_up);
+    w->gpu_down = gpu.LoadWeight(w->cpu_down);
+  }
+  return *w;
+}
+
+enum class Routing {
+  kRandom,      // k distinct random experts per token
+  kOneExpert,   // slot 0 of every token is expert 3 (k 1: every row on expert 3)
+  kSparse,      // only even experts of the upper half: leading, interleaved and trailing zero rows
+  kOtherRanks,  // random, a quarter of the slots -1 or >= E (another rank's expert): skipped
+};
+
+struct MoeCase {
+  int64_t tokens;
+  int experts, k;
+  int64_t hidden, inter;
+  Routing routing = Routing::kRandom;
+};
+
+std::string Name(const MoeCase& c) {
+  static const char* kRouting[] = {"", " one-expert", " sparse", " other-ranks"};
+  return "T" + std::to_string(c.tokens) + " E" + std::to_string(c.experts) + " k" +
+         std::to_string(c.k) + " H" + std::to_string(c.hidden) + " I" + std::to_string(c.inter) +
+         kRouting[static_cast<int>(c.routing)];
+}
+
+std::vector<int32_t> RouteIds(const MoeCase& c) {
+  std::vector<int32_t> ids(c.tokens * c.k);
+  std::vector<int32_t> pool(c.experts);
+  std::iota(pool.begin(), pool.end(), 0);
+  if (c.routing == Routing::kSparse) {
+    pool.clear();
+    for (int e = c.experts / 2; e < c.experts; e += 2) pool.push_back(e);
+  }
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    std::shuffle(pool.begin(), pool.end(), Rng());
+    if (c.routing == Routing::kOneExpert)
+      std::swap(pool[0], *std::find(pool.begin(), pool.end(), 3));
+    for (int s = 0; s < c.k; ++s) {
+      int32_t id = pool[s];
+      if (c.routing == Routing::kOtherRanks && Rng()() % 4 == 0)
+        id = Rng()() % 2 ? -1 : c.experts + 5;
+      ids[t * c.k + s] = id;
+    }
+  }
+  return ids;
+}
+
+// The paths MoeExperts can take, each forced through Tuning() (`dispatch`: the defaults).
+struct MoePath {
+  const char* name;
+  bool dispatch;  // leave the default choice
+  bool gemv;      // the memory-bound decode GEMVs, else the grouped mma GEMMs
+  int tile_rows;  // mma: forced tile height (0: by rows per expert)
+  bool fused_permute = true;
+};
+const MoePath kMoePaths[] = {
+    {"mma tile 32", false, false, 32},
+    {"mma tile 64", false, false, 64},
+    {"mma tile 128", false, false, 128},
+    {"gemv", false, true, 0},
+    {"gemv 4-kernel permute", false, true, 0, false},
+    {"default dispatch", true, false, 0},
+};
+void Apply(const MoePath& path) {
+  cuda::KernelTuning& t = cuda::Tuning();
+  t = DefaultTuning();
+  if (path.dispatch) return;
+  t.moe_pair_gemv_max_pairs = 0;
+  t.moe_decode_max_pairs = path.gemv ? int64_t{1} << 40 : 0;
+  t.moe_gemm_tile_rows = path.tile_rows;
+  t.moe_fused_permute = path.fused_permute;
+}
+
+void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
+  const int64_t t = c.tokens, h = c.hidden;
+  const ExpertWeights& wts = WeightsFor(weights, gpu, c.experts, c.hidden, c.inter);
+  auto x = RandomBf16(t * h);
+  std::vector<int32_t> ids = RouteIds(c);
+  std::vector<float> w(t * c.k);
+  for (auto& v : w) v = std::uniform_real_distribution<float>(0.05f, 1.f)(Rng());
+  Tensor cx = HostF32(x, {t, h}), cids = HostI32(ids, {t, c.k}), cw = HostF32(w, {t, c.k});
+  Tensor cout = Tensor::Empty(DType::kF32, {t, h});
+  cpu::MoeExperts(cx, cids, cw, wts.cpu_gate_up, wts.cpu_down, cout);
+  const std::vector<float> ref(cout.ptr<float>(), cout.ptr<float>() + t * h);
+  Tensor gx = Upload(gpu, x, {t, h}, DType::kBF16);
+  Tensor gids = UploadI32(gpu, ids, {t, c.k}), gw = Upload(gpu, w, {t, c.k}, DType::kF32);
+  for (const MoePath& path : kMoePaths) {
+    Apply(path);
+    Tensor gout = gpu.Empty(DType::kBF16, {t, h});
+    Poison(gpu, gout);
+    gpu.MoeExperts(gx, gids, gw, wts.gpu_gate_up, wts.gpu_down, gout);
+    const double e = RelError(Download(gpu, gout), ref);
+    const std::string shape = Name(c) + " " + path.name;
+    Record("MoeExperts", shape, e, kBf16Tol);
+    EXPECT_LT(e, kBf16Tol) << shape;
+  }
+  cuda::Tuning() = DefaultTuning();
+}
+
+TEST_F(CudaKernelTest, MoeExperts) {
+  using R = Routing;
+  const MoeCase cases[] = {
+      // Decode sizes: 1, 2, 3-4, 5-8 and over 8 tokens per expert (the GEMV's passes).
+      {1, 8, 2, 128, 64},
+      {5, 16, 4, 128, 64},
+      {3, 64, 8, 512, 136},
+      {6, 8, 2, 256, 64, R::kOneExpert},
+      {3, 8, 2, 200, 72, R::kOneExpert},
+      {17, 8, 2, 136, 200, R::kOneExpert},
+      // Mid sizes, one expert with every token.
+      {130, 16, 4, 256, 192},
+      {130, 8, 2, 256, 192, R::kOneExpert},
+      {200, 4, 1, 128, 64, R::kOneExpert},
+      // Qwen3-30B-A3B: decode 1, 64, 256; prefill 1000 (~62 rows per expert), 4096 (~256).
+      {1, 128, 8, 2048, 768},
+      {64, 128, 8, 2048, 768},
+      {256, 128, 8, 2048, 768},
+      {1000, 128, 8, 2048, 768},
+      {4096, 128, 8, 2048, 768},
+      // K and N off the tiles: H (gate_up K, down N) 136 / 200, I (gate_up N, down K) 72 / 200.
+      {300, 16, 4, 136, 72},
+      {300, 16, 4, 200, 200},
+      {1000, 8, 2, 136, 200},
+      {700, 8, 2, 200, 72},
+      // Every row on one expert (k 1), 1000 and 4096 rows: many m-tiles of one expert.
+      {1000, 8, 1, 256, 128, R::kOneExpert},
+      {4096, 16, 1, 200, 72, R::kOneExpert},
+      // Zero-row experts: only even experts of the upper half; slots of other ranks.
+      {500, 64, 4, 256, 128, R::kSparse},
+      {40, 128, 8, 256, 128, R::kSparse},
+      {600, 32, 4, 136, 72, R::kOtherRanks},
+      // Qwen3.5-397B-like routing: 512 experts, k 10 (~4 and ~40 rows per expert).
+      {200, 512, 10, 512, 128},
+      {2048, 512, 10, 512, 128},
+  };
+  WeightCache weights;
+  for (const MoeCase& c : cases) RunMoe(gpu(), weights, c);
+}
+
+// ---- perf ---------------------------------------------------------------------------------------
+// A host buffer of n bf16 uniform in [-scale, scale]: a 64k-value random block repeated (fast
+// to build for a billion values; the GEMMs do not care).
+std::vector<bf16> PatternBf16(int64_t n, float scale) {
+  static const std::vector<float> block = RandomBf16(1 << 16);
+  std::vector<bf16> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = ToBf16(block[(i * 7919) % block.size()] * scale);
+  return v;
+}
+Tensor DevicePattern(Backend& gpu, Shape shape, float scale) {
+  Tensor t = gpu.Empty(DType::kBF16, shape);
+  gpu.CopyFromHost(PatternBf16(t.numel(), scale).data(), t);
+  return t;
+}
+
+// Qwen3-30B-A3B's experts (E 128, H 2048, I 768, k 8), uniform routing with exactly `tpe` rows
+// per expert: the gate_up and down GEMMs alone at each tile height and the auto choice, then
+// the whole MoeExperts op (default dispatch, and the GEMV and mma paths forced at decode sizes).
+// Times are medians of event-timed launches on the backend's stream. Limits: 788 TFLOP/s (bf16
+// matmul measured through cuBLASLt, NOTES.md v2) and 4.28 TB/s (HBM copy); "roof" is the time
+// those limits allow for the GEMM's FLOPs or its bytes (weights + activations read and written),
+// whichever is larger, over the measured time.
+TEST(CudaPerf, GroupedGemm) {
+  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = *Gpu();
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu).stream();
+  constexpr double kPeakFlops = 788e12, kPeakBytes = 4.28e12;
+  const int experts = 128, k = 8;
+  const int64_t hidden = 2048, inter = 768;
+  Tensor wgu = DevicePattern(gpu, {experts, 2 * inter, hidden}, 1.f / std::sqrt(float(hidden)));
+  Tensor wd = DevicePattern(gpu, {experts, hidden, inter}, 1.f / std::sqrt(float(inter)));
+  auto median_us = [&](const std::function<void()>& fn, int reps) { return MedianUs(stream, fn, reps); };
+  std::printf(
+      "grouped gemm perf: E %d H %ld I %ld k %d, uniform routing; limits %.0f TFLOP/s, %.2f TB/s\n",
+      experts, static_cast<long>(hidden), static_cast<long>(inter), k, kPeakFlops / 1e12,
+      kPeakBytes / 1e12);
+  std::printf("grouped gemm perf: %5s %6s %5s | %-30s | %-30s\n", "tpe", "tokens", "tile",
+              "gate_up us TFLOP/s wGB/s roof", "down us TFLOP/s wGB/s roof");
+  for (int64_t tpe : {1, 4, 16, 64, 512, 2048}) {
+    const int64_t rows = experts * tpe, tokens = rows / k;
+    // Pair i = t k + s goes to expert i % E (k distinct experts per token); the j-th row of
+    // expert e is pair j E + e.
+    std::vector<int32_t> offsets(experts + 1), perm(rows), ids(rows);
+    for (int e = 0; e <= experts; ++e) offsets[e] = static_cast<int32_t>(e * tpe);
+    for (int64_t i = 0; i < rows; ++i) ids[i] = static_cast<int32_t>(i % experts);
+    for (int e = 0; e < experts; ++e)
+      for (int64_t j = 0; j < tpe; ++j)
+        perm[e * tpe + j] = static_cast<int32_t>((j * experts + e) / k);
+    Tensor goff = UploadI32(gpu, offsets, {experts + 1}), gperm = UploadI32(gpu, perm, {rows});
+    Tensor gids = UploadI32(gpu, ids, {tokens, k});
+    Tensor gw = Upload(gpu, std::vector<float>(rows, 1.f / k), {tokens, k}, DType::kF32);
+    Tensor x = DevicePattern(gpu, {tokens, hidden}, 1.f);
+    Tensor act = DevicePattern(gpu, {rows, inter}, 1.f);
+    Tensor y = gpu.Empty(DType::kF32, {rows, hidden});
+    Tensor out = gpu.Empty(DType::kBF16, {tokens, hidden});
+    const double gu_flops = 2.0 * rows * 2 * inter * hidden,
+                 down_flops = 2.0 * rows * hidden * inter;
+    const double gu_wbytes = 2.0 * experts * 2 * inter * hidden,
+                 down_wbytes = 2.0 * experts * hidden * inter;
+    const double gu_bytes =
+        gu_wbytes + 2.0 * rows * hidden + 2.0 * rows * inter;  // + x rows read, act written
+    const double down_bytes = down_wbytes + 2.0 * rows * inter + 4.0 * rows * hidden;
+    const int reps = tpe >= 512 ? 10 : 30;
+    auto stats = [&](double us, double flops, double wbytes, double bytes) {
+      const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6 / us;
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "%8.1f %7.1f %6.0f %4.0f%%", us, flops / us / 1e6,
+                    wbytes / us / 1e3, 100 * roof);
+      return std::string(buf);
+    };
+    const int auto_rows = cuda::GroupedGemmTileRows(rows, experts);
+    for (int tile : {32, 64, 128}) {
+      Apply({"mma", false, false, tile});
+      const double gu_us = median_us(
+          [&] {
+            cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
+          },
+          reps);
+      const double down_us =
+          median_us([&] { cuda::GroupedGemmDown(act, goff.ptr<int32_t>(), wd, y, stream); }, reps);
+      std::printf("grouped gemm perf: %5ld %6ld %4d%s | %s | %s\n", static_cast<long>(tpe),
+                  static_cast<long>(tokens), tile, tile == auto_rows ? "*" : " ",
+                  stats(gu_us, gu_flops, gu_wbytes, gu_bytes).c_str(),
+                  stats(down_us, down_flops, down_wbytes, down_bytes).c_str());
+      const std::string key = "tpe" + std::to_string(tpe) + " tile" + std::to_string(tile);
+      Record("Perf.grouped_gemm_gate_up_us", key, gu_us, 0);
+      Record("Perf.grouped_gemm_down_us", key, down_us, 0);
+    }
+    // The whole op (route ids given): permute + both GEMMs (or GEMVs) + combine.
+    const double op_flops = gu_flops + down_flops, op_wbytes = gu_wbytes + down_wbytes;
+    auto op = [&](const MoePath& path) {
+      Apply(path);
+      const double us = median_us([&] { gpu.MoeExperts(x, gids, gw, wgu, wd, out); }, reps);
+      std::printf(
+          "grouped gemm perf: %5ld %6ld MoeExperts %-16s %9.1f us %7.1f TFLOP/s %6.0f weight GB/s "
+          "(%.0f%% of %.2f TB/s)\n",
+          static_cast<long>(tpe), static_cast<long>(tokens), path.name, us, op_flops / us / 1e6,
+          op_wbytes / us / 1e3, 100 * op_wbytes * 1e6 / us / kPeakBytes, kPeakBytes / 1e12);
+      Record(std::string("Perf.moe_experts_us ") + path.name, "tpe" + std::to_string(tpe), us, 0);
+    };
+    op({"default", true, false, 0});
+    if (tpe <= 64) {  // around the GEMV threshold: both sides
+      op({"gemv", false, true, 0});
+      op({"mma", false, false, 0});
+    }
+  }
+  cuda::Tuning() = DefaultTuning();
+}
+
+}  // namespace
+}  // namespace corolla::cuda_test

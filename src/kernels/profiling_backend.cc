@@ -1,0 +1,164 @@
+#include "kernels/profiling_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+namespace corolla {
+namespace {
+
+class HostOpClock final : public OpClock {
+ public:
+  explicit HostOpClock(Backend& backend) : backend_(backend) {}
+  void Reset() override { marks_.clear(); }
+  void Mark() override {
+    backend_.Synchronize();
+    marks_.push_back(std::chrono::steady_clock::now());
+  }
+  std::vector<double> IntervalsMs() override {
+    std::vector<double> ms;
+    for (size_t i = 1; i < marks_.size(); ++i)
+      ms.push_back(std::chrono::duration<double, std::milli>(marks_[i] - marks_[i - 1]).count());
+    return ms;
+  }
+
+ private:
+  Backend& backend_;
+  std::vector<std::chrono::steady_clock::time_point> marks_;
+};
+
+std::string Dims(const TensorView& t) {
+  std::string s;
+  for (int i = 0; i < t.rank(); ++i) s += (i ? "x" : "") + std::to_string(t.dim(i));
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<OpClock> MakeHostOpClock(Backend& backend) { return std::make_unique<HostOpClock>(backend); }
+
+void ProfilingBackend::StartRecording(OpClock* clock) {
+  clock_ = clock;
+  labels_.clear();
+  clock_->Reset();
+}
+
+std::vector<std::string> ProfilingBackend::StopRecording() {
+  if (clock_ != nullptr) clock_->Mark();  // the end of the last op
+  clock_ = nullptr;
+  return std::move(labels_);
+}
+
+void ProfilingBackend::Mark(std::string label) {
+  if (clock_ == nullptr) return;
+  clock_->Mark();
+  labels_.push_back(std::move(label));
+}
+
+void ProfilingBackend::CopyFromHost(const void* src, const TensorView& dst) {
+  Mark("CopyFromHost");
+  inner_->CopyFromHost(src, dst);
+}
+void ProfilingBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
+  Mark("Embedding");
+  inner_->Embedding(ids, table, out);
+}
+void ProfilingBackend::RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
+                               const TensorView* residual) {
+  Mark(residual ? "RmsNorm+residual" : "RmsNorm");
+  inner_->RmsNorm(x, w, eps, out, residual);
+}
+void ProfilingBackend::HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) {
+  Mark("HeadRmsNorm");
+  inner_->HeadRmsNorm(x, w, eps);
+}
+void ProfilingBackend::Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
+                            const RopeParams& params) {
+  Mark("Rope");
+  inner_->Rope(q, k, positions, params);
+}
+void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
+  // Weight shape [N, K] names the projection; rows of every layer add up under one label.
+  Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype));
+  inner_->Linear(x, w, out);
+}
+void ProfilingBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
+  Mark("SiluMul");
+  inner_->SiluMul(gate_up, out);
+}
+void ProfilingBackend::GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) {
+  Mark("GatherRows");
+  inner_->GatherRows(x, rows, out);
+}
+void ProfilingBackend::Copy(const TensorView& src, const TensorView& dst) {
+  Mark("Copy " + Dims(src));
+  inner_->Copy(src, dst);
+}
+void ProfilingBackend::Add(const TensorView& x, const TensorView& y) {
+  Mark("Add");
+  inner_->Add(x, y);
+}
+void ProfilingBackend::KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
+                               const AttentionBatch& batch) {
+  Mark("KvWrite");
+  inner_->KvWrite(k, v, cache, batch);
+}
+void ProfilingBackend::Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                                 float scale, const TensorView& out) {
+  Mark("Attention D" + std::to_string(q.dim(2)) + (out.dim(2) != q.dim(2) ? "/" + std::to_string(out.dim(2)) : ""));
+  inner_->Attention(q, cache, batch, scale, out);
+}
+void ProfilingBackend::MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
+                                const TensorView& topk_ids, const TensorView& topk_weights) {
+  Mark("MoeRoute");
+  inner_->MoeRoute(router_logits, routing, topk_ids, topk_weights);
+}
+void ProfilingBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                                  const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) {
+  Mark("MoeExperts");
+  inner_->MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
+}
+void ProfilingBackend::SigmoidMul(const TensorView& x, const TensorView& gate) {
+  Mark("SigmoidMul");
+  inner_->SigmoidMul(x, gate);
+}
+void ProfilingBackend::CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                                    const TensorView& state_slots, const AttentionBatch& batch,
+                                    const TensorView& out) {
+  Mark("CausalConv1d");
+  inner_->CausalConv1d(x, weight, conv_state, state_slots, batch, out);
+}
+void ProfilingBackend::GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& a, const TensorView& b, const TensorView& a_log,
+                                      const TensorView& dt_bias, const TensorView& state,
+                                      const TensorView& state_slots, const AttentionBatch& batch,
+                                      const TensorView& out) {
+  Mark("GatedDeltaRule");
+  inner_->GatedDeltaRule(q, k, v, a, b, a_log, dt_bias, state, state_slots, batch, out);
+}
+void ProfilingBackend::GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
+                                    const TensorView& out) {
+  Mark("GatedRmsNorm");
+  inner_->GatedRmsNorm(x, z, w, eps, out);
+}
+void ProfilingBackend::Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
+                              int32_t* out_ids) {
+  Mark("Sample");
+  inner_->Sample(logits, params, steps, out_ids);
+}
+
+std::vector<OpTime> AggregateOpTimes(const std::vector<std::string>& labels, const std::vector<double>& ms) {
+  std::map<std::string, OpTime> by_label;
+  for (size_t i = 0; i < labels.size() && i < ms.size(); ++i) {
+    OpTime& row = by_label[labels[i]];
+    row.label = labels[i];
+    ++row.calls;
+    row.total_ms += ms[i];
+  }
+  std::vector<OpTime> rows;
+  for (auto& [label, row] : by_label) rows.push_back(row);
+  std::sort(rows.begin(), rows.end(), [](const OpTime& a, const OpTime& b) { return a.total_ms > b.total_ms; });
+  return rows;
+}
+
+}  // namespace corolla

@@ -1,0 +1,105 @@
+// ProfilingBackend: a Backend that forwards every call to another one and, while recording,
+// marks the boundary before each op on an OpClock. The time between two consecutive marks is
+// the first op's; `bench decode|prefill --breakdown` aggregates them by label into a per-op
+// table of one forward. Labels name the op and, where one op serves several roles (Linear),
+// its shape, so the rows of different layers add up.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace corolla {
+
+// Boundaries between ops on the device's timeline. Times between marks must be what the
+// device spent, not host gaps: the CUDA clock records events (as graph nodes when the forward
+// is captured and replayed); the host clock reads a steady clock after synchronising.
+class OpClock {
+ public:
+  virtual ~OpClock() = default;
+  virtual void Reset() = 0;  // forget earlier marks
+  virtual void Mark() = 0;   // a boundary at this point of the stream
+  // Milliseconds between consecutive marks of the last completed run (waits for the device).
+  virtual std::vector<double> IntervalsMs() = 0;
+};
+
+// Host steady clock after Synchronize() at each mark: exact for the CPU backend, whose ops
+// run on the calling thread.
+std::unique_ptr<OpClock> MakeHostOpClock(Backend& backend);
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  Backend& inner() { return *inner_; }
+
+  // Marks before each op (and once more at StopRecording) on `clock` until StopRecording.
+  void StartRecording(OpClock* clock);
+  // The labels of the recorded ops, one per interval of the clock.
+  std::vector<std::string> StopRecording();
+
+  Device device() const override { return inner_->device(); }
+  std::string name() const override { return inner_->name(); }
+  DType activation_dtype() const override { return inner_->activation_dtype(); }
+  Tensor Empty(DType dtype, Shape shape) override { return inner_->Empty(dtype, shape); }
+  Tensor LoadWeight(const TensorView& src) override { return inner_->LoadWeight(src); }
+  Tensor LoadWeightConcat(const std::vector<TensorView>& srcs) override { return inner_->LoadWeightConcat(srcs); }
+  void CopyToHost(const TensorView& src, void* dst) override { inner_->CopyToHost(src, dst); }
+  void CopyFromHost(const void* src, const TensorView& dst) override;
+  void Synchronize() override { inner_->Synchronize(); }
+  Result<MemoryInfo> QueryMemory() override { return inner_->QueryMemory(); }
+
+  void Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) override;
+  void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
+               const TensorView* residual) override;
+  void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) override;
+  void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
+            const RopeParams& params) override;
+  void Linear(const TensorView& x, const TensorView& w, const TensorView& out) override;
+  void SiluMul(const TensorView& gate_up, const TensorView& out) override;
+  void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) override;
+  void Copy(const TensorView& src, const TensorView& dst) override;
+  void Add(const TensorView& x, const TensorView& y) override;
+  void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
+               const AttentionBatch& batch) override;
+  void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                 const TensorView& out) override;
+  void MoeRoute(const TensorView& router_logits, const MoeRouting& routing, const TensorView& topk_ids,
+                const TensorView& topk_weights) override;
+  void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                  const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) override;
+  bool supports_linear_attention() const override { return inner_->supports_linear_attention(); }
+  void SigmoidMul(const TensorView& x, const TensorView& gate) override;
+  void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
+                    const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override;
+  void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
+                      const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
+                      const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
+                      const TensorView& out) override;
+  void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
+                    const TensorView& out) override;
+  bool supports_graphs() const override { return inner_->supports_graphs(); }
+  Result<std::unique_ptr<Graph>> CaptureGraph(const std::function<void()>& fn) override {
+    return inner_->CaptureGraph(fn);
+  }
+  void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
+              int32_t* out_ids) override;
+
+ private:
+  void Mark(std::string label);
+
+  std::unique_ptr<Backend> inner_;
+  OpClock* clock_ = nullptr;
+  std::vector<std::string> labels_;
+};
+
+// One row per label: calls, total and share of the summed time, sorted by total.
+struct OpTime {
+  std::string label;
+  int calls = 0;
+  double total_ms = 0;
+};
+std::vector<OpTime> AggregateOpTimes(const std::vector<std::string>& labels, const std::vector<double>& ms);
+
+}  // namespace corolla
