@@ -46,6 +46,7 @@ struct Options {
   ModelOptions model;  // --in-process only
   int64_t max_num_seqs = 64, max_batch_tokens = 2048, kv_cache_memory = 256 << 20;
   double gpu_memory_utilization = 0;
+  std::string async_scheduling;  // on|off; unset: on for cuda
 };
 
 struct PlannedRun {
@@ -82,8 +83,10 @@ Status Run(Options& o) {
   std::unique_ptr<Engine> engine;
   std::string model_name = b.model;
   if (o.in_process) {
-    ASSIGN_OR_RETURN(loaded, LoadModelFromOptions(o.model));
     EngineOptions eo;
+    ASSIGN_OR_RETURN(eo.async_scheduling,
+                     ParseOnOff("async-scheduling", o.async_scheduling, o.model.device == "cuda"));
+    ASSIGN_OR_RETURN(loaded, LoadModelFromOptions(o.model));
     eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
     eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
     ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
@@ -150,6 +153,7 @@ int BenchServeMain(int argc, char** argv) {
   flags.Int("kv-cache-memory", &o.kv_cache_memory, "--in-process: bytes of KV cache (as serve)");
   flags.Float("gpu-memory-utilization", &o.gpu_memory_utilization,
               "--in-process: size the KV cache from this fraction of the device's memory (as serve)");
+  flags.String("async-scheduling", &o.async_scheduling, "--in-process: on|off (as serve: default on for cuda)");
   bool help = false;
   Status s = flags.Parse(argc, argv, 3, &help);
   if (help) return 0;

@@ -126,6 +126,13 @@ std::string Flags::Help() const {
   return s.str();
 }
 
+Result<bool> ParseOnOff(const std::string& name, const std::string& value, bool unset) {
+  if (value.empty()) return unset;
+  if (value == "on") return true;
+  if (value == "off") return false;
+  return InvalidArgument("--" + name + " must be on or off, not '" + value + "'");
+}
+
 Result<std::vector<int32_t>> ParseIdList(const std::string& text) {
   std::vector<int32_t> ids;
   std::stringstream ss(text);

@@ -45,6 +45,8 @@ class Flags {
 
 // "1,2,3" -> {1,2,3}; whitespace around items allowed.
 Result<std::vector<int32_t>> ParseIdList(const std::string& text);
+// "on" -> true, "off" -> false, "" -> `unset`; anything else is an error naming --`name`.
+Result<bool> ParseOnOff(const std::string& name, const std::string& value, bool unset);
 
 // Runs a subcommand body: prints a failed Status as "corolla CMD: error: ..." and returns 1.
 int ReportStatus(const std::string& command, const Status& status);

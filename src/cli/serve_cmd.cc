@@ -94,12 +94,17 @@ struct ServeOptions {
   int64_t max_body_bytes = 8 << 20;
   int64_t drain_seconds = 30;
   bool prefix_caching = true;
+  std::string async_scheduling;  // on|off; unset: on for cuda
 };
 
 Status Run(const ServeOptions& o) {
   if (o.port < 0 || o.port > 65535) return InvalidArgument("--port must be in [0, 65535]");
   if (o.max_num_seqs <= 0 || o.max_batch_tokens <= 0) return InvalidArgument("--max-num-seqs and --max-batch-tokens must be positive");
   if (o.kv_cache_memory <= 0) return InvalidArgument("--kv-cache-memory must be positive");
+  // On the CPU the forward runs inside the launch: overlap buys nothing there, and taking a
+  // step's tokens after launching the next would delay every output by that step.
+  ASSIGN_OR_RETURN(const bool async_scheduling,
+                   ParseOnOff("async-scheduling", o.async_scheduling, o.model.device == "cuda"));
   // SIGTERM/SIGINT are taken by sigwait below; block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
@@ -138,6 +143,7 @@ Status Run(const ServeOptions& o) {
                                                           o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
   eo.max_model_len = static_cast<int>(o.max_model_len);
   eo.enable_prefix_caching = o.prefix_caching;
+  eo.async_scheduling = async_scheduling;
   AsyncEngineOptions ao;
   ao.max_waiting = static_cast<int>(o.max_waiting);
   ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> served,
@@ -183,6 +189,10 @@ int ServeMain(int argc, char** argv) {
   flags.Int("max-body-bytes", &o.max_body_bytes, "largest request body accepted (413 above)");
   flags.Int("drain-seconds", &o.drain_seconds, "on SIGTERM, how long in-flight requests may still run");
   flags.Bool("prefix-caching", &o.prefix_caching, "reuse the KV cache of shared prompt prefixes");
+  flags.String("async-scheduling", &o.async_scheduling,
+               "on|off: prepare and launch step N+1 while the device runs step N (requests with "
+               "penalties or logprobs still step synchronously); default on with --device cuda, off on "
+               "the CPU, where it would delay each token by a step");
   bool help = false;
   Status s = flags.Parse(argc, argv, 2, &help);
   if (help) return 0;

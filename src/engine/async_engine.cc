@@ -229,7 +229,7 @@ void AsyncEngine::Loop() {
       engine_->DiscardFinished();
       {
         std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.num_steps;
+        stats_.num_steps = engine_->num_steps();
       }
     }
     PublishStats(0);

@@ -4,6 +4,8 @@
 // its new tokens as they are produced. Every accepted request gets exactly one final output
 // (finish_reason != kNone: stop, length, or abort after Cancel/Shutdown) unless its callback
 // ended it first by returning false, so none is lost.
+// With async scheduling (EngineOptions) the step thread takes step N's tokens while the device
+// runs step N+1, so outputs trail the device by one step and cost it no idle time.
 // Callbacks run on an output thread of their own, one at a time and each request's in order,
 // so what they do (detokenizing, formatting, writing to sockets) overlaps the next step instead
 // of delaying it. They must not call back into Submit/Shutdown (Cancel is fine). A callback that
@@ -52,7 +54,7 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0;  // tokens
   int64_t prefix_cache_hits = 0;     // tokens
   int64_t num_preemptions = 0;
-  int64_t num_steps = 0;
+  int64_t num_steps = 0;  // batches launched
   double kv_usage() const { return num_kv_blocks ? static_cast<double>(num_used_kv_blocks) / num_kv_blocks : 0.0; }
 };
 

@@ -179,6 +179,51 @@ TEST_F(AsyncEngineTest, SlowCallbacksOverlapTheSteps) {
   EXPECT_EQ(c->reason, FinishReason::kLength);
 }
 
+// Async and synchronous steps deliver the same tokens, exactly up to each request's end: its
+// max_tokens, a stop token, or a callback that ends it (as a stop string does on the server).
+TEST_F(AsyncEngineTest, AsyncAndSyncStepsDeliverTheSameTokens) {
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 8; ++i) requests.push_back(Request(13 * i + 2, 6 + 5 * i, 5 + 3 * i));
+  auto generate = [&](const std::vector<GenerationRequest>& rs) {
+    return Engine::Create(*model_, *backend_, {}).value()->Generate(rs).value();
+  };
+  requests[3].stop_token_ids = {generate({requests[3]})[0].first[2]};
+  auto expected = generate(requests);
+  constexpr int kEnded = 5, kEndAfter = 3;  // request kEnded's callback ends it at its 3rd token
+  for (bool async : {false, true}) {
+    EngineOptions o;
+    o.async_scheduling = async;
+    auto engine = Make(o);
+    std::vector<std::shared_ptr<Collected>> got;
+    std::vector<int32_t> ended_tokens;
+    for (int i = 0; i < static_cast<int>(requests.size()); ++i) {
+      got.push_back(std::make_shared<Collected>());
+      OutputCallback callback = Collect(got.back());
+      if (i == kEnded) {
+        callback = [&ended_tokens](const RequestOutput& out) {
+          ended_tokens.insert(ended_tokens.end(), out.tokens.begin(), out.tokens.end());
+          return static_cast<int>(ended_tokens.size()) < kEndAfter;
+        };
+      }
+      ASSERT_TRUE(engine->Submit(requests[i], callback).ok());
+    }
+    for (int i = 0; i < static_cast<int>(requests.size()); ++i) {
+      if (i == kEnded) continue;
+      got[i]->done.get_future().wait();
+      std::lock_guard<std::mutex> lock(got[i]->mu);
+      EXPECT_EQ(got[i]->tokens, expected[i].first) << "request " << i << (async ? " async" : " sync");
+      EXPECT_EQ(got[i]->reason, expected[i].second) << "request " << i;
+    }
+    engine->Shutdown(std::chrono::seconds(10));
+    EXPECT_EQ(ended_tokens, std::vector<int32_t>(expected[kEnded].first.begin(),
+                                                 expected[kEnded].first.begin() + kEndAfter));
+    EXPECT_EQ(engine->Stats().num_used_kv_blocks, 0);
+    for (int i = 0; i < static_cast<int>(requests.size()); ++i)
+      if (i != kEnded) EXPECT_EQ(got[i]->num_finals, 1);
+  }
+  EXPECT_EQ(expected[3].second, FinishReason::kStop);
+}
+
 // SubmitAll (n choices of one prompt): the first computes the prompt, the others join once it is
 // cached; each gives what it would alone, and a cancelled follower ends with abort.
 TEST_F(AsyncEngineTest, SubmitAllComputesTheSharedPromptOnce) {

@@ -6,10 +6,12 @@
 
 namespace corolla {
 
-DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, bool capture)
+DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, TensorView sampled_ids,
+                           bool capture)
     : model_(model),
       backend_(backend),
       kv_cache_(kv_cache),
+      sampled_ids_(sampled_ids),
       capture_(capture),
       max_blocks_per_seq_(static_cast<int>(std::min<int64_t>(
           kv_cache.num_blocks(),
@@ -26,7 +28,7 @@ bool DecodeGraphs::CanRun(std::span<const ScheduledChunk> chunks, bool all_logit
   for (const auto& c : chunks) {
     const Sequence& s = *c.seq;
     if (c.num_tokens != 1 || static_cast<int>(s.block_table.size()) > max_blocks_per_seq_) return false;
-    if (!all_logits && s.num_computed_tokens + 1 != s.num_tokens()) return false;
+    if (!all_logits && s.num_computed_tokens + 1 != s.length()) return false;
   }
   return true;
 }
@@ -35,8 +37,8 @@ DecodeGraphs::Bucket& DecodeGraphs::GetBucket(int rows) {
   auto it = buckets_.find(rows);
   if (it != buckets_.end()) return it->second;
   Bucket& b = buckets_[rows];
-  b.layout = {rows, max_blocks_per_seq_};
-  b.host.assign(b.layout.size(), 0);
+  b.layout = {rows, max_blocks_per_seq_, sampled_ids_.numel()};
+  b.host.assign(b.layout.upload_size(), 0);
   for (int i = 0; i <= rows; ++i) b.host[b.layout.query_start() + i] = i;
   for (int i = 0; i < rows; ++i) b.host[b.layout.logits_rows() + i] = i;
   b.meta = backend_.Empty(DType::kI32, {b.layout.size()});
@@ -51,15 +53,20 @@ void DecodeGraphs::Upload(Bucket& bucket, std::span<const ScheduledChunk> chunks
   for (int64_t b = 0; b < l.rows; ++b) {
     if (b < static_cast<int64_t>(chunks.size())) {
       const Sequence& s = *chunks[b].seq;
-      const int p = s.num_computed_tokens;
-      h[l.tokens() + b] = s.tokens[p];
+      const int p = s.num_computed_tokens, row = chunks[b].sampled_row;
+      COROLLA_CHECK(row < 0 ? p < s.num_tokens() : p == s.num_tokens() && row < l.num_sampled)
+          << "sequence " << s.id << ": decode at " << p << " of " << s.num_tokens() << " host tokens, sampled row "
+          << row;
+      h[l.host_tokens() + b] = row < 0 ? s.tokens[p] : 0;
+      h[l.token_source() + b] = static_cast<int32_t>(row < 0 ? b : l.rows + row);
       h[l.positions() + b] = p;
       h[l.seq_lens() + b] = p + 1;
       h[l.slots() + b] = s.block_table[p / bs] * bs + p % bs;
       h[l.state_slots() + b] = s.state_slot;
       std::copy(s.block_table.begin(), s.block_table.end(), h + l.tables() + b * l.max_blocks);
     } else {
-      h[l.tokens() + b] = 0;
+      h[l.host_tokens() + b] = 0;
+      h[l.token_source() + b] = static_cast<int32_t>(b);
       h[l.positions() + b] = 0;
       h[l.seq_lens() + b] = 1;
       h[l.slots() + b] = -1;
@@ -67,13 +74,19 @@ void DecodeGraphs::Upload(Bucket& bucket, std::span<const ScheduledChunk> chunks
       h[l.tables() + b * l.max_blocks] = 0;
     }
   }
-  backend_.CopyFromHost(h, bucket.meta);
+  backend_.CopyFromHost(h, bucket.meta.view().Slice(0, l.upload_size()));
 }
 
 void DecodeGraphs::Forward(Bucket& bucket, int max_seq_len) {
   const Layout& l = bucket.layout;
   const TensorView meta = bucket.meta;
   auto part = [&](int64_t offset, int64_t n) { return meta.Slice(offset, offset + n); };
+  // Input ids: [host ids | previous step's sampled ids] gathered by token_source.
+  const int64_t num_sources = l.rows + l.num_sampled;
+  backend_.Copy(sampled_ids_.Reshape({l.num_sampled, 1}),
+                part(l.sampled(), l.num_sampled).Reshape({l.num_sampled, 1}));
+  backend_.GatherRows(part(l.host_tokens(), num_sources).Reshape({num_sources, 1}), part(l.token_source(), l.rows),
+                      part(l.tokens(), l.rows).Reshape({l.rows, 1}));
   ForwardBatch batch;
   batch.token_ids = part(l.tokens(), l.rows);
   batch.positions = part(l.positions(), l.rows);

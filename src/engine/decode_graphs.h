@@ -5,7 +5,10 @@
 // metadata there and replays. Rows past the real batch are padding: token 0 at position 0,
 // cache slot -1 (no KV write), state slot -1 (no state update), one key read from block 0;
 // their logits are ignored. Context buckets (powers of two) fix the attention's host-side plan
-// (max_seq_len) that a graph bakes in. Owned by a ModelRunner; not thread-safe.
+// (max_seq_len) that a graph bakes in. A graph begins by gathering its input ids from the
+// uploaded host ids and the runner's sampled-ids buffer (the previous step's tokens, which the
+// host may not have yet), so async scheduling replays graphs too. Owned by a ModelRunner; not
+// thread-safe.
 #pragma once
 
 #include <map>
@@ -32,8 +35,10 @@ class DecodeGraphs {
   static constexpr int kMaxBatch = 16;
   static constexpr int kMinContext = 256;  // smallest context bucket (tokens)
 
-  // capture false: the same padded buckets and buffers, run eagerly (the replay's reference).
-  DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, bool capture);
+  // sampled_ids: the runner's device buffer of the last step's sampled ids, which must keep its
+  // address. capture false: the same padded buckets and buffers, run eagerly (the replay's
+  // reference).
+  DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, TensorView sampled_ids, bool capture);
 
   // Whether a step of these chunks is pure decode that fits a bucket: every chunk one token
   // that ends its sequence (or all_logits), at most kMaxBatch chunks, block tables that fit.
@@ -46,18 +51,24 @@ class DecodeGraphs {
   static int BatchBucket(int batch);
 
  private:
-  // Offsets (i32 elements) into a bucket's one metadata buffer of `rows` rows.
+  // Offsets (i32 elements) into a bucket's one metadata buffer of `rows` rows. The host uploads
+  // everything before sampled(); the graph fills sampled() and tokens().
   struct Layout {
-    int64_t rows, max_blocks;
-    int64_t tokens() const { return 0; }
+    int64_t rows, max_blocks, num_sampled;
+    int64_t tokens() const { return 0; }  // gathered input ids
     int64_t positions() const { return rows; }
     int64_t query_start() const { return 2 * rows; }  // rows + 1
     int64_t seq_lens() const { return 3 * rows + 1; }
     int64_t slots() const { return 4 * rows + 1; }
     int64_t logits_rows() const { return 5 * rows + 1; }
     int64_t state_slots() const { return 6 * rows + 1; }
-    int64_t tables() const { return 7 * rows + 1; }  // [rows, max_blocks]
-    int64_t size() const { return tables() + rows * max_blocks; }
+    // Row b's id is [host_tokens() | sampled()][token_source()[b]].
+    int64_t token_source() const { return 7 * rows + 1; }
+    int64_t tables() const { return 8 * rows + 1; }  // [rows, max_blocks]
+    int64_t host_tokens() const { return tables() + rows * max_blocks; }
+    int64_t sampled() const { return host_tokens() + rows; }  // right behind host_tokens()
+    int64_t upload_size() const { return sampled(); }
+    int64_t size() const { return sampled() + num_sampled; }
   };
   struct Bucket {
     Layout layout;
@@ -74,6 +85,7 @@ class DecodeGraphs {
   Model& model_;
   Backend& backend_;
   KvCache& kv_cache_;
+  const TensorView sampled_ids_;
   const bool capture_;
   const int max_blocks_per_seq_;
   std::map<int, Bucket> buckets_;  // rows -> bucket (node-based: addresses stay)

@@ -54,9 +54,13 @@ Engine::Engine(Model& model, Backend& backend, EngineOptions options, int num_bl
                 model.state_spec().num_layers > 0 ? options.max_num_seqs + 1 + NumSnapshots(options) : 0),
       pool_(num_blocks, options.enable_prefix_caching &&
                             (model.state_spec().num_layers == 0 || NumSnapshots(options) > 0)),
-      runner_(model, backend, kv_cache_) {
+      runner_(model, backend, kv_cache_, DecodeGraphMode::kAuto, options.max_num_seqs) {
   if (kv_cache_.has_state() && pool_.prefix_caching())
     snapshots_ = std::make_unique<StateSnapshots>(backend, kv_cache_, NumSnapshots(options));
+}
+
+Engine::~Engine() {
+  if (in_flight_) runner_.Collect(in_flight_->launched);  // its copies land before buffers go
 }
 
 int Engine::NumSnapshots(const EngineOptions& options) {
@@ -70,9 +74,9 @@ int Engine::ChunkSize(const Sequence& s, int budget) const {
   // Hybrid prefix caching snapshots states where a step ends on a block boundary: end chunks
   // there, and stop at the last boundary a later identical prompt can hit.
   const int bs = options_.block_size, start = s.num_computed_tokens;
-  const int last_hit_boundary = (s.num_tokens() - 1) / bs * bs;
+  const int last_hit_boundary = (s.length() - 1) / bs * bs;
   if (start < last_hit_boundary && start + n > last_hit_boundary) return last_hit_boundary - start;
-  if (start + n < s.num_tokens()) {
+  if (start + n < s.length()) {
     int aligned = (start + n) / bs * bs - start;
     if (aligned > 0) return aligned;
   }
@@ -99,7 +103,7 @@ Status Engine::Validate(const GenerationRequest& request) const {
 
 Result<int64_t> Engine::AddRequest(GenerationRequest request) {
   RETURN_IF_ERROR(Validate(request));
-  auto s = std::make_unique<Sequence>();
+  auto s = std::make_shared<Sequence>();
   s->id = next_id_++;
   s->tokens = std::move(request.prompt);
   s->num_prompt_tokens = s->num_tokens();
@@ -110,6 +114,7 @@ Result<int64_t> Engine::AddRequest(GenerationRequest request) {
   s->penalties = request.penalties;
   s->num_logprobs = request.num_logprobs;
   int64_t id = s->id;
+  num_host_sampling_ += SamplesOnHost(*s);
   waiting_.push_back(std::move(s));
   return id;
 }
@@ -122,15 +127,24 @@ const Sequence* Engine::Find(int64_t seq_id) const {
 }
 
 void Engine::Abort(int64_t seq_id) {
-  auto match = [&](const std::unique_ptr<Sequence>& s) { return s->id == seq_id; };
+  auto match = [&](const std::shared_ptr<Sequence>& s) { return s->id == seq_id; };
+  auto end = [&](Sequence& s) {
+    Release(s);
+    s.finish_reason = FinishReason::kAbort;  // a step in flight drops its token
+    num_host_sampling_ -= SamplesOnHost(s);
+  };
   if (auto it = std::find_if(running_.begin(), running_.end(), match); it != running_.end()) {
-    Release(**it);
+    end(**it);
     running_.erase(it);
   }
   if (auto it = std::find_if(waiting_.begin(), waiting_.end(), match); it != waiting_.end()) {
-    Release(**it);
+    end(**it);
     waiting_.erase(it);
   }
+}
+
+bool Engine::ReachesLengthLimit(const Sequence& s) const {
+  return s.num_pending > 0 && (s.num_generated() + s.num_pending >= s.max_tokens || s.length() >= max_model_len_);
 }
 
 int Engine::BlocksNeeded(const Sequence& s, int num_new_tokens) const {
@@ -197,7 +211,10 @@ int Engine::MatchPrefix(Sequence& s) {
 void Engine::CommitFullBlocks(Sequence& s) {
   if (!pool_.prefix_caching()) return;
   const int bs = options_.block_size;
-  const int num_full = s.num_computed_tokens / bs;
+  // Blocks whose K/V is computed (or enqueued: later readers are ordered after it) and whose
+  // tokens the host knows; none after Release.
+  const int num_full = std::min(std::min(s.num_computed_tokens, s.num_tokens()) / bs,
+                                static_cast<int>(s.block_table.size()));
   for (int i = s.num_committed_blocks; i < num_full; ++i) {
     uint64_t parent = i > 0 ? BlockHashOf(s, i - 1) : 0;
     pool_.Register(s.block_table[i], BlockHashOf(s, i), parent,
@@ -214,14 +231,23 @@ void Engine::Preempt(Sequence& s) {
   ++num_preemptions_;
 }
 
-std::vector<ScheduledChunk> Engine::Schedule() {
-  std::vector<ScheduledChunk> chunks;
+Engine::Batch Engine::Schedule() {
+  Batch batch;
   int budget = options_.max_batch_tokens;
+  auto add = [&](const std::shared_ptr<Sequence>& s, int n) {
+    ScheduledChunk chunk{s.get(), n};
+    if (s->num_pending > 0) chunk.sampled_row = s->last_sampled_row;  // its input is on the device
+    batch.chunks.push_back(chunk);
+    batch.seqs.push_back(s);
+    budget -= n;
+  };
 
   // 1. Running sequences, oldest first: decodes take one token, unfinished prefills a chunk.
-  //    When blocks run out, the newest running sequence goes back to the waiting queue.
+  //    When blocks run out, the newest running sequence goes back to the waiting queue. One
+  //    whose token in flight ends it by length needs no further batch.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence& s = *running_[i];
+    if (ReachesLengthLimit(s)) continue;
     int n = ChunkSize(s, budget);
     while (!Reserve(s, n)) {
       Sequence& victim = *running_.back();
@@ -231,14 +257,14 @@ std::vector<ScheduledChunk> Engine::Schedule() {
       if (&victim == &s) break;
     }
     if (i >= running_.size()) break;  // s itself was preempted
-    chunks.push_back({&s, n});
-    budget -= n;
+    add(running_[i], n);
   }
 
   // 2. Waiting sequences in arrival order while the budget, sequence and block limits allow.
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Sequence& s = *waiting_.front();
+    if (s.num_pending > 0) break;  // preempted while its last token was in flight: next batch
     if (kv_cache_.has_state() && s.state_slot < 0) s.state_slot = kv_cache_.AllocateStateSlot();
     if (kv_cache_.has_state() && s.state_slot < 0) break;
     int cached = MatchPrefix(s);
@@ -251,12 +277,80 @@ std::vector<ScheduledChunk> Engine::Schedule() {
     prefix_cache_queries_ += s.num_tokens();
     prefix_cache_hits_ += cached;
     if (s.num_generated() == 0) s.num_cached_prompt_tokens = cached;
-    chunks.push_back({&s, n});
-    budget -= n;
+    add(waiting_.front(), n);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
-  return chunks;
+  return batch;
+}
+
+void Engine::Launch(Batch& batch) {
+  batch.launched = runner_.Launch(batch.chunks);
+  ++num_steps_;
+  const int bs = options_.block_size;
+  for (size_t i = 0; i < batch.chunks.size(); ++i) {
+    Sequence& s = *batch.chunks[i].seq;
+    s.num_computed_tokens += batch.chunks[i].num_tokens;
+    batch.ends.push_back(s.num_computed_tokens);
+    if (const int row = batch.launched.row_of_chunk[i]; row >= 0) {
+      ++s.num_pending;
+      s.last_sampled_row = row;
+    }
+    // Hybrid prefix caching: the states at a block boundary, copied before the next batch moves
+    // them on; filed under the block's hash now, or when its last token reaches the host.
+    int captured = -1;
+    if (snapshots_ && s.num_computed_tokens % bs == 0) {
+      if (s.num_computed_tokens <= s.num_tokens())
+        snapshots_->Save(BlockHashOf(s, s.num_computed_tokens / bs - 1), s.state_slot);
+      else
+        captured = snapshots_->Capture(s.state_slot);
+    }
+    batch.snapshot_slots.push_back(captured);
+  }
+}
+
+std::vector<StepOutput> Engine::Finish(Batch& batch) {
+  std::vector<SampledToken> sampled = runner_.Collect(batch.launched);
+  std::vector<StepOutput> outputs;
+  const int bs = options_.block_size;
+  for (size_t i = 0; i < batch.chunks.size(); ++i) {
+    Sequence& s = *batch.chunks[i].seq;
+    if (batch.launched.row_of_chunk[i] >= 0) {
+      --s.num_pending;
+      // A sequence that ended after this batch was launched (stopped by the batch before, or
+      // aborted) drops the token.
+      if (!s.finished()) {
+        s.tokens.push_back(sampled[i].token);
+        CheckStop(s);
+        outputs.push_back({s.id, sampled[i].token, s.finish_reason, sampled[i].logprob,
+                           std::move(sampled[i].top_logprobs)});
+      }
+    }
+    CommitFullBlocks(s);
+    if (const int captured = batch.snapshot_slots[i]; captured >= 0) {
+      if (batch.ends[i] <= s.num_tokens())
+        snapshots_->Publish(captured, BlockHashOf(s, batch.ends[i] / bs - 1));
+      else
+        snapshots_->Discard(captured);  // its last token was dropped
+    }
+  }
+  // Move finished sequences out, freeing their blocks; one preempted while its last token was
+  // in flight may finish in the waiting queue.
+  auto retire = [&](auto& queue) {
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (!(*it)->finished()) {
+        ++it;
+        continue;
+      }
+      Release(**it);
+      num_host_sampling_ -= SamplesOnHost(**it);
+      finished_.push_back(std::move(*it));
+      it = queue.erase(it);
+    }
+  };
+  retire(running_);
+  retire(waiting_);
+  return outputs;
 }
 
 void Engine::CheckStop(Sequence& s) {
@@ -271,31 +365,35 @@ void Engine::CheckStop(Sequence& s) {
 
 std::vector<StepOutput> Engine::Step() {
   std::vector<StepOutput> outputs;
-  std::vector<ScheduledChunk> chunks = Schedule();
-  if (chunks.empty()) return outputs;
-  std::vector<SampledToken> sampled = runner_.ExecuteAndSample(chunks);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Sequence& s = *chunks[i].seq;
-    s.num_computed_tokens += chunks[i].num_tokens;
-    CommitFullBlocks(s);
-    if (snapshots_ && s.num_computed_tokens % options_.block_size == 0)
-      snapshots_->Save(BlockHashOf(s, s.num_computed_tokens / options_.block_size - 1), s.state_slot);
-    if (sampled[i].token < 0) continue;
-    s.tokens.push_back(sampled[i].token);
-    CheckStop(s);
-    outputs.push_back({s.id, sampled[i].token, s.finish_reason, sampled[i].logprob,
-                       std::move(sampled[i].top_logprobs)});
+  auto finish = [&](Batch& batch) {
+    std::vector<StepOutput> more = Finish(batch);
+    outputs.insert(outputs.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  };
+  auto take_in_flight = [&] {
+    Batch previous = std::move(*in_flight_);
+    in_flight_.reset();
+    finish(previous);
+  };
+  // Synchronous steps: when asked for, and while a request samples on the host (penalties read
+  // every earlier token; the logits go to the host anyway).
+  const bool sync = !options_.async_scheduling || num_host_sampling_ > 0;
+  if (sync && in_flight_) take_in_flight();
+  Batch batch = Schedule();
+  if (batch.chunks.empty()) {
+    if (in_flight_) take_in_flight();
+    return outputs;
   }
-  // Move finished sequences out, freeing their blocks.
-  for (auto it = running_.begin(); it != running_.end();) {
-    if ((*it)->finished()) {
-      Release(**it);
-      finished_.push_back(std::move(*it));
-      it = running_.erase(it);
-    } else {
-      ++it;
-    }
+  Launch(batch);
+  if (sync) {
+    finish(batch);
+    return outputs;
   }
+  // This batch runs on the device while the host takes the previous batch's tokens.
+  if (in_flight_) {
+    ++num_async_steps_;
+    take_in_flight();
+  }
+  in_flight_ = std::move(batch);
   return outputs;
 }
 

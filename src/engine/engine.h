@@ -1,7 +1,9 @@
 // Engine: requests in, tokens out. Continuous batching over a paged KV cache: each Step runs
 // one flat batch in which running sequences decode first and prefill chunks fill the rest of
 // the token budget; when blocks run out, the newest running sequence is preempted and later
-// recomputed. Not thread-safe: one thread (the step loop) owns an Engine.
+// recomputed. With async scheduling a Step launches its batch, then takes the previous batch's
+// tokens from the host side while the device runs the new one (the new batch reads those tokens
+// on the device); see Step. Not thread-safe: one thread (the step loop) owns an Engine.
 #pragma once
 
 #include <deque>
@@ -28,6 +30,12 @@ struct EngineOptions {
   // Hybrid models: linear-attention states kept at block boundaries for prefix-cache hits
   // (-1: two per sequence slot; 0 turns prefix caching off for them).
   int num_state_snapshots = -1;
+  // Launch step N+1 before taking step N's tokens on the host (overlapping the host's work with
+  // the device's). Steps stay synchronous while a request with penalties or logprobs is in the
+  // engine (they sample on the host from every earlier token). On the CPU backend, whose launch
+  // runs the forward, it buys nothing and outputs trail by a step (`corolla serve` turns it off
+  // there unless asked); it stays on by default so that every test exercises it.
+  bool async_scheduling = true;
 };
 
 struct GenerationRequest {
@@ -52,16 +60,24 @@ struct StepOutput {
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> Create(Model& model, Backend& backend, EngineOptions options);
+  ~Engine();  // waits for a step still in flight
 
   // Checks a request against the model and limits without queueing it. Reads only immutable
   // state, so any thread may call it while the step thread runs.
   Status Validate(const GenerationRequest& request) const;
   // Validates and queues a request; returns its sequence id.
   Result<int64_t> AddRequest(GenerationRequest request);
-  // Removes a request wherever it is and frees its blocks.
+  // Removes a request wherever it is and frees its blocks (a step in flight that computes it is
+  // ordered before any later use of them on the device); its pending token is dropped.
   void Abort(int64_t seq_id);
+  // False once every request has ended, though a launched step may still compute their last
+  // (dropped) tokens: the next Step or the destructor takes it.
   bool HasUnfinished() const { return !waiting_.empty() || !running_.empty(); }
-  // Schedules and runs one batch; returns the tokens it produced.
+  // Schedules and launches one batch and returns the tokens that the host has taken since the
+  // last Step: synchronously, this batch's; with async scheduling, the previous batch's (taken
+  // while this one runs), and a Step with nothing new to launch takes the last batch's. A
+  // sequence that ends at batch N has been scheduled into N+1 already: that step's token for
+  // it is dropped, never output. Sequences stopped by length are not scheduled again.
   std::vector<StepOutput> Step();
 
   // Runs requests to completion together; returns each one's generated ids and finish reason.
@@ -81,19 +97,38 @@ class Engine {
   int64_t prefix_cache_hits() const { return prefix_cache_hits_; }
   // Forgets finished sequences that Generate would collect (the async loop does not need them).
   void DiscardFinished() { finished_.clear(); }
+  int64_t num_steps() const { return num_steps_; }              // batches launched
+  int64_t num_async_steps() const { return num_async_steps_; }  // launched before the last was taken
   const Sequence* Find(int64_t seq_id) const;
 
  private:
+  // One batch: scheduled, then launched, then in flight until Finish takes its tokens.
+  struct Batch {
+    std::vector<ScheduledChunk> chunks;
+    std::vector<std::shared_ptr<Sequence>> seqs;  // the chunks' sequences, alive even if aborted
+    std::vector<int> ends;            // each chunk's end (tokens computed after it)
+    std::vector<int> snapshot_slots;  // hybrid prefix caching: states captured at a chunk's end
+    LaunchedStep launched;
+  };
+
   Engine(Model& model, Backend& backend, EngineOptions options, int num_blocks, int max_model_len);
 
   static int NumSnapshots(const EngineOptions& options);
+  static bool SamplesOnHost(const Sequence& s) { return s.penalties.enabled() || s.num_logprobs >= 0; }
+  // A sequence whose tokens in flight already reach max_tokens or the context limit.
+  bool ReachesLengthLimit(const Sequence& s) const;
   // Tokens of `s` to compute this step within `budget`.
   int ChunkSize(const Sequence& s, int budget) const;
   int BlocksNeeded(const Sequence& s, int num_new_tokens) const;
   bool Reserve(Sequence& s, int num_new_tokens);  // allocates blocks if possible
   void Preempt(Sequence& s);
   void Release(Sequence& s);
-  std::vector<ScheduledChunk> Schedule();
+  // The next batch: its chunks and their sequences.
+  Batch Schedule();
+  // Launches a scheduled batch: advances num_computed_tokens, counts its pending tokens.
+  void Launch(Batch& batch);
+  // Takes a launched batch's tokens: appends them, checks stops, moves finished sequences out.
+  std::vector<StepOutput> Finish(Batch& batch);
   void CheckStop(Sequence& s);
   // Prefix cache: shares the cached blocks of s's leading full blocks (leaving at least one
   // token to compute); returns the number of tokens they hold.
@@ -114,9 +149,14 @@ class Engine {
   int64_t num_preemptions_ = 0;
   int64_t prefix_cache_queries_ = 0;
   int64_t prefix_cache_hits_ = 0;
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
-  std::vector<std::unique_ptr<Sequence>> finished_;  // until collected by Generate
+  int64_t num_steps_ = 0;
+  int64_t num_async_steps_ = 0;
+  int num_host_sampling_ = 0;  // unfinished sequences with penalties or logprobs
+  // Shared with in_flight_, which keeps a sequence alive until its last step is taken.
+  std::deque<std::shared_ptr<Sequence>> waiting_;
+  std::vector<std::shared_ptr<Sequence>> running_;   // admission order
+  std::vector<std::shared_ptr<Sequence>> finished_;  // until collected by Generate
+  std::optional<Batch> in_flight_;
 };
 
 }  // namespace corolla

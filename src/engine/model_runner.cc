@@ -12,17 +12,21 @@
 
 namespace corolla {
 
-ModelRunner::ModelRunner(Model& model, Backend& backend, KvCache& kv_cache, DecodeGraphMode graph_mode)
-    : model_(model), backend_(backend), kv_cache_(kv_cache) {
-  bool on = graph_mode != DecodeGraphMode::kOff && backend.supports_graphs() &&
+ModelRunner::ModelRunner(Model& model, Backend& backend, KvCache& kv_cache, DecodeGraphMode graph_mode,
+                         int max_num_seqs)
+    : model_(model),
+      backend_(backend),
+      kv_cache_(kv_cache),
+      sampled_ids_(backend.Empty(DType::kI32, {std::max(1, max_num_seqs)})) {
+  const bool capture = graph_mode != DecodeGraphMode::kBucketsEager;
+  bool on = graph_mode != DecodeGraphMode::kOff && (backend.supports_graphs() || !capture) &&
             model.config().mla.kv_lora_rank == 0;
   if (graph_mode == DecodeGraphMode::kAuto) {
     const char* env = std::getenv("COROLLA_CUDA_GRAPHS");
     on = on && !(env != nullptr && std::strcmp(env, "0") == 0);
   }
   if (on)
-    graphs_ = std::make_unique<DecodeGraphs>(model, backend, kv_cache,
-                                             /*capture=*/graph_mode != DecodeGraphMode::kBucketsEager);
+    graphs_ = std::make_unique<DecodeGraphs>(model, backend, kv_cache, sampled_ids_, capture);
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -33,6 +37,21 @@ Tensor ModelRunner::ToDevice(const std::vector<int32_t>& host, Shape shape) {
   return t;
 }
 
+Tensor ModelRunner::InputIds(const std::vector<int32_t>& host, const std::vector<int32_t>& source,
+                             int num_sampled) {
+  const int64_t n = static_cast<int64_t>(host.size());
+  if (num_sampled == 0) return ToDevice(host, {n});
+  // [n + num_sampled, 1]: the host's ids, then the previous step's sampled ids behind them.
+  Tensor all = backend_.Empty(DType::kI32, {n + num_sampled, 1});
+  backend_.CopyFromHost(host.data(), all.view().Slice(0, n));
+  backend_.Copy(sampled_ids_.view().Slice(0, num_sampled).Reshape({num_sampled, 1}),
+                all.view().Slice(n, n + num_sampled));
+  Tensor d_source = ToDevice(source, {n});
+  Tensor ids = backend_.Empty(DType::kI32, {n, 1});
+  backend_.GatherRows(all, d_source, ids);
+  return ids.Reshaped({n});
+}
+
 Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_logits) {
   if (graphs_ && graphs_->CanRun(chunks, all_logits)) return graphs_->Run(chunks);
   const int bs = kv_cache_.block_size();
@@ -40,20 +59,34 @@ Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_log
   int max_blocks = 1, max_q_len = 0, max_seq_len = 0;
   for (const auto& c : chunks) max_blocks = std::max(max_blocks, static_cast<int>(c.seq->block_table.size()));
 
-  std::vector<int32_t> token_ids, positions, slot_mapping, logits_rows;
+  std::vector<int32_t> token_ids, id_source, positions, slot_mapping, logits_rows;
   std::vector<int32_t> query_start{0}, seq_lens, block_tables(static_cast<size_t>(num_seqs) * max_blocks, 0);
+  int num_sampled = 0;  // rows of the previous step's ids that this step reads
   for (int b = 0; b < num_seqs; ++b) {
     const Sequence& s = *chunks[b].seq;
     const int begin = s.num_computed_tokens, end = begin + chunks[b].num_tokens;
-    COROLLA_CHECK(chunks[b].num_tokens > 0 && end <= s.num_tokens() &&
+    COROLLA_CHECK(chunks[b].num_tokens > 0 && end <= s.length() &&
                   static_cast<int>(s.block_table.size()) * bs >= end)
         << "sequence " << s.id << ": chunk [" << begin << ", " << end << ") with "
         << s.block_table.size() << " blocks";
+    const int row = chunks[b].sampled_row;
+    COROLLA_CHECK(row < 0 ? end <= s.num_tokens()
+                          : chunks[b].num_tokens == 1 && begin == s.num_tokens() &&
+                                row < sampled_ids_.dim(0))
+        << "sequence " << s.id << ": chunk [" << begin << ", " << end << ") of " << s.num_tokens()
+        << " host tokens, sampled row " << row;
     for (int p = begin; p < end; ++p) {
-      token_ids.push_back(s.tokens[p]);
+      if (row < 0) {
+        token_ids.push_back(s.tokens[p]);
+        id_source.push_back(static_cast<int32_t>(id_source.size()));
+      } else {  // the previous step's token: gathered on the device below
+        token_ids.push_back(0);
+        id_source.push_back(-1 - row);
+        num_sampled = std::max(num_sampled, row + 1);
+      }
       positions.push_back(p);
       slot_mapping.push_back(s.block_table[p / bs] * bs + p % bs);
-      if (all_logits || (p == end - 1 && end == s.num_tokens()))
+      if (all_logits || (p == end - 1 && end == s.length()))
         logits_rows.push_back(static_cast<int32_t>(token_ids.size()) - 1);
     }
     query_start.push_back(static_cast<int32_t>(token_ids.size()));
@@ -65,7 +98,9 @@ Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_log
   const int64_t num_tokens = static_cast<int64_t>(token_ids.size());
   const int64_t num_rows = static_cast<int64_t>(logits_rows.size());
 
-  Tensor d_tokens = ToDevice(token_ids, {num_tokens});
+  for (int32_t& src : id_source)
+    if (src < 0) src = static_cast<int32_t>(num_tokens) - 1 - src;  // row r -> num_tokens + r
+  Tensor d_tokens = InputIds(token_ids, id_source, num_sampled);
   Tensor d_positions = ToDevice(positions, {num_tokens});
   Tensor d_query_start = ToDevice(query_start, {num_seqs + 1});
   Tensor d_seq_lens = ToDevice(seq_lens, {num_seqs});
@@ -125,52 +160,72 @@ std::vector<TokenLogprob> TopLogprobs(const float* logprobs, int64_t vocab, int 
   return top;
 }
 
-std::vector<SampledToken> ModelRunner::ExecuteAndSample(std::span<const ScheduledChunk> chunks) {
+LaunchedStep ModelRunner::Launch(std::span<const ScheduledChunk> chunks) {
   Tensor logits = Execute(chunks, /*all_logits=*/false);
+  LaunchedStep step;
+  step.row_of_chunk.assign(chunks.size(), -1);
   std::vector<SamplingParams> params;
   std::vector<uint64_t> steps;
   std::vector<int> chunk_of_row;
   bool needs_host = false;
   for (int i = 0; i < static_cast<int>(chunks.size()); ++i) {
     const Sequence& s = *chunks[i].seq;
-    if (s.num_computed_tokens + chunks[i].num_tokens != s.num_tokens()) continue;
+    if (s.num_computed_tokens + chunks[i].num_tokens != s.length()) continue;
+    step.row_of_chunk[i] = static_cast<int>(params.size());
     params.push_back(s.sampling);
-    steps.push_back(static_cast<uint64_t>(s.num_generated()));
+    // The request's draw counter: tokens generated before this one, pending ones included.
+    steps.push_back(static_cast<uint64_t>(s.num_generated() + s.num_pending));
     chunk_of_row.push_back(i);
     needs_host |= s.penalties.enabled() || s.num_logprobs >= 0;
   }
   const int64_t num_rows = static_cast<int64_t>(params.size());
-  std::vector<int32_t> sampled(num_rows);
-  std::vector<SampledToken> out(chunks.size());
-  if (num_rows == 0) return out;
+  if (num_rows == 0) return step;
+  COROLLA_CHECK(num_rows <= sampled_ids_.dim(0))
+      << num_rows << " sequences sample in one step; the runner holds ids for " << sampled_ids_.dim(0);
+  const TensorView ids = sampled_ids_.view().Slice(0, num_rows);
   if (!needs_host) {
-    backend_.Sample(logits, params.data(), steps.data(), sampled.data());
-  } else {
-    // Penalties and logprobs run on the host; the CPU sampler is the CUDA sampler's twin, so a
-    // row's token does not depend on which path it took.
-    const int64_t vocab = model_.config().vocab_size;
-    Tensor host = LogitsToHost(backend_, logits);
-    float* rows = host.ptr<float>();
-    std::vector<std::vector<float>> logprobs(num_rows);
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const Sequence& s = *chunks[chunk_of_row[r]].seq;
-      float* row = rows + r * vocab;
-      if (s.num_logprobs >= 0) {  // of the raw logits, as vLLM reports by default
-        logprobs[r].resize(vocab);
-        cpu::LogSoftmax(row, vocab, logprobs[r].data());
-      }
-      ApplyPenalties(s, row, vocab);
-    }
-    cpu::SampleBatch(rows, num_rows, vocab, params.data(), steps.data(), sampled.data());
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const Sequence& s = *chunks[chunk_of_row[r]].seq;
-      if (s.num_logprobs < 0) continue;
-      SampledToken& st = out[chunk_of_row[r]];
-      st.logprob = logprobs[r][sampled[r]];
-      if (s.num_logprobs > 0) st.top_logprobs = TopLogprobs(logprobs[r].data(), vocab, s.num_logprobs);
-    }
+    step.ids = backend_.SampleAsync(logits, params.data(), steps.data(), ids);
+    return step;
   }
-  for (int64_t r = 0; r < num_rows; ++r) out[chunk_of_row[r]].token = sampled[r];
+  // Penalties and logprobs run on the host; the CPU sampler is the CUDA sampler's twin, so a
+  // row's token does not depend on which path it took.
+  std::vector<int32_t> sampled(num_rows);
+  step.host_sampled.resize(chunks.size());
+  const int64_t vocab = model_.config().vocab_size;
+  Tensor host = LogitsToHost(backend_, logits);
+  float* rows = host.ptr<float>();
+  std::vector<std::vector<float>> logprobs(num_rows);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const Sequence& s = *chunks[chunk_of_row[r]].seq;
+    COROLLA_CHECK(s.num_pending == 0 || !s.penalties.enabled())
+        << "sequence " << s.id << ": penalties need its last token on the host";
+    float* row = rows + r * vocab;
+    if (s.num_logprobs >= 0) {  // of the raw logits, as vLLM reports by default
+      logprobs[r].resize(vocab);
+      cpu::LogSoftmax(row, vocab, logprobs[r].data());
+    }
+    ApplyPenalties(s, row, vocab);
+  }
+  cpu::SampleBatch(rows, num_rows, vocab, params.data(), steps.data(), sampled.data());
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const Sequence& s = *chunks[chunk_of_row[r]].seq;
+    SampledToken& st = step.host_sampled[chunk_of_row[r]];
+    st.token = sampled[r];
+    if (s.num_logprobs < 0) continue;
+    st.logprob = logprobs[r][sampled[r]];
+    if (s.num_logprobs > 0) st.top_logprobs = TopLogprobs(logprobs[r].data(), vocab, s.num_logprobs);
+  }
+  backend_.CopyFromHost(sampled.data(), ids);  // where a next step's chunks would read them
+  return step;
+}
+
+std::vector<SampledToken> ModelRunner::Collect(LaunchedStep& step) {
+  if (!step.host_sampled.empty()) return std::move(step.host_sampled);
+  std::vector<SampledToken> out(step.row_of_chunk.size());
+  if (!step.ids) return out;  // nothing sampled
+  const int32_t* ids = step.ids->Wait();
+  for (size_t i = 0; i < out.size(); ++i)
+    if (step.row_of_chunk[i] >= 0) out[i].token = ids[step.row_of_chunk[i]];
   return out;
 }
 

@@ -1,7 +1,10 @@
 // ModelRunner: turns the scheduler's chunks into one flat batch (token ids, positions, block
 // tables, slot mapping), runs the model, and samples. Plan on the host, run on the device: the
 // metadata is built in host memory and copied to the backend in one place. Pure-decode steps
-// may instead replay graphs captured per batch-size bucket (DecodeGraphs). Not thread-safe.
+// may instead replay graphs captured per batch-size bucket (DecodeGraphs). Launch returns
+// before the sampled ids reach the host; they stay in a device buffer of the runner, from which
+// the next step's chunks may take their input token without the host knowing it. Not
+// thread-safe.
 #pragma once
 
 #include <memory>
@@ -20,6 +23,9 @@ namespace corolla {
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int num_tokens = 0;
+  // >= 0: the chunk is the one token that the previously launched step sampled for this
+  // sequence, in this row of its ids, and that is not on the host yet (seq->num_pending > 0).
+  int sampled_row = -1;
 };
 
 // The token sampled for one chunk, with its logprob and the top alternatives when asked for.
@@ -29,6 +35,13 @@ struct SampledToken {
   std::vector<TokenLogprob> top_logprobs;  // most likely first, ties by lowest id
 };
 
+// A step that ModelRunner::Launch has enqueued; Collect gives its tokens.
+struct LaunchedStep {
+  std::vector<int> row_of_chunk;             // row of each chunk in the sampled ids; -1 mid-prefill
+  std::unique_ptr<Backend::PendingIds> ids;  // sampled on the device, on their way to the host
+  std::vector<SampledToken> host_sampled;    // or sampled on the host already: one per chunk
+};
+
 // Applies s.penalties to one row of logits[vocab] in place (see PenaltyParams).
 void ApplyPenalties(const Sequence& s, float* logits, int64_t vocab);
 // The k most likely tokens of a log-softmax row, most likely first (ties by lowest id).
@@ -36,14 +49,15 @@ std::vector<TokenLogprob> TopLogprobs(const float* logprobs, int64_t vocab, int 
 
 // Decode steps through graphs: kAuto is on where the backend captures graphs (CUDA) unless
 // COROLLA_CUDA_GRAPHS=0, and off for MLA models (their decompressed attention path reads
-// metadata on the host). kBucketsEager runs the padded buckets without capturing, the
-// replay's bit-for-bit reference in tests.
+// metadata on the host). kBucketsEager runs the padded buckets without capturing (on any
+// backend), the replay's bit-for-bit reference in tests.
 enum class DecodeGraphMode { kAuto, kOff, kOn, kBucketsEager };
 
 class ModelRunner {
  public:
+  // max_num_seqs: the most chunks one step may sample (rows of the sampled-ids buffer).
   ModelRunner(Model& model, Backend& backend, KvCache& kv_cache,
-              DecodeGraphMode graph_mode = DecodeGraphMode::kAuto);
+              DecodeGraphMode graph_mode = DecodeGraphMode::kAuto, int max_num_seqs = 256);
   ~ModelRunner();
 
   // Runs the chunks and returns float32 logits (backend memory): one row per token of
@@ -52,20 +66,32 @@ class ModelRunner {
   // before the next Execute: a replayed step's live in a buffer the next one reuses.
   Tensor Execute(std::span<const ScheduledChunk> chunks, bool all_logits);
 
-  // Execute, then sample one token for every chunk that reaches the end of its sequence,
-  // applying the sequence's penalties and computing its logprobs when it asks for them.
-  // Returns one result per chunk; token -1 for chunks in the middle of a prefill.
-  std::vector<SampledToken> ExecuteAndSample(std::span<const ScheduledChunk> chunks);
+  // Execute, then sample one token for every chunk that reaches the end of its sequence (its
+  // length, pending tokens included), without waiting for the device when no row needs the
+  // host: penalties and logprobs are computed there, from the logits and from every earlier
+  // token, so such a row requires seq->num_pending == 0 and makes the step synchronous.
+  // The sampled ids replace the previous step's in the runner's device buffer.
+  LaunchedStep Launch(std::span<const ScheduledChunk> chunks);
+  // Waits for a launched step's tokens: one result per chunk, token -1 mid-prefill.
+  std::vector<SampledToken> Collect(LaunchedStep& step);
+  std::vector<SampledToken> ExecuteAndSample(std::span<const ScheduledChunk> chunks) {
+    LaunchedStep step = Launch(chunks);
+    return Collect(step);
+  }
 
   // Null when decode graphs are off.
   const DecodeGraphs* decode_graphs() const { return graphs_.get(); }
 
  private:
   Tensor ToDevice(const std::vector<int32_t>& host, Shape shape);
+  // Input ids [T] on the device: host ids, with the chunks whose token is still on the device
+  // gathered from sampled_ids_ (source[t] = T + row for those, else t).
+  Tensor InputIds(const std::vector<int32_t>& host, const std::vector<int32_t>& source, int num_sampled);
 
   Model& model_;
   Backend& backend_;
   KvCache& kv_cache_;
+  Tensor sampled_ids_;  // [max_num_seqs] i32 on the device: the last launched step's ids
   std::unique_ptr<DecodeGraphs> graphs_;
 };
 

@@ -1,7 +1,10 @@
 // Sequence: one request's tokens and its place in the KV cache. Its tokens are the prompt then
 // what was generated; the first num_computed_tokens of them have K/V in the cache (in the blocks
-// of block_table). A step computes the rest, or a chunk of it; when a step reaches the end, the
-// logits of the last token give the next token. Owned and mutated by the engine's step thread.
+// of block_table), or are being computed by a launched step. A step computes the rest, or a chunk
+// of it; when a step reaches the end, the logits of the last token give the next token. Under
+// async scheduling that token may still be on the device (num_pending) when the next step is
+// launched: the sequence's length counts it, `tokens` does not yet. Owned and mutated by the
+// engine's step thread.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +41,11 @@ struct Sequence {
   std::vector<int32_t> tokens;
   int num_prompt_tokens = 0;
   int num_computed_tokens = 0;
+  // Tokens sampled by launched steps that the host has not appended to `tokens` yet (async
+  // scheduling: 0 or 1 between steps, 2 for a moment inside one); the last launched step
+  // sampled the newest in row last_sampled_row of its ids.
+  int num_pending = 0;
+  int last_sampled_row = -1;
   std::vector<int32_t> block_table;
   int state_slot = -1;  // hybrid models: the slot of its linear-attention states
 
@@ -55,9 +63,10 @@ struct Sequence {
   int num_committed_blocks = 0;
   int num_cached_prompt_tokens = 0;  // prompt tokens served by the prefix cache at admission
 
-  int num_tokens() const { return static_cast<int>(tokens.size()); }
+  int num_tokens() const { return static_cast<int>(tokens.size()); }  // on the host
+  int length() const { return num_tokens() + num_pending; }            // including pending tokens
   int num_generated() const { return num_tokens() - num_prompt_tokens; }
-  int num_uncomputed() const { return num_tokens() - num_computed_tokens; }
+  int num_uncomputed() const { return length() - num_computed_tokens; }
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };
 

@@ -28,8 +28,19 @@ class StateSnapshots {
   // Copies the snapshot of `hash` into `slot`; false when there is none.
   bool Restore(uint64_t hash, int slot);
 
+  // Save in two halves, for async scheduling, where a step's states must be copied before the
+  // next step changes them but the block's last token (so its hash) reaches the host later.
+  // Capture copies the states of `slot` into a snapshot slot that no lookup sees yet (evicting
+  // the least recently used snapshot when none is free) and returns it, or -1 when every
+  // snapshot slot is held by captures. Publish files it under `hash` (dropping it if the hash
+  // is saved already); Discard frees it.
+  int Capture(int slot);
+  void Publish(int captured, uint64_t hash);
+  void Discard(int captured);
+
  private:
   void CopySlot(int from, int to);
+  int TakeSlot();  // a free snapshot slot, else the least recently used one; -1 if none
 
   Backend& backend_;
   KvCache& kv_cache_;

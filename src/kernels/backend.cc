@@ -1,5 +1,6 @@
 // Defaults of the optional Backend operations: a backend that lacks them says so through
 // supports_*() before a model uses them; reaching one of these is a bug in that check.
+// SampleAsync's default is complete, only synchronous: it serves the CPU backend.
 #include "kernels/backend.h"
 
 namespace corolla {
@@ -8,7 +9,27 @@ namespace {
   COROLLA_CHECK(false) << op << " is not implemented on the " << backend.name() << " backend";
   __builtin_unreachable();
 }
+
+// Ids that were on the host before SampleAsync returned.
+class ReadyIds final : public Backend::PendingIds {
+ public:
+  explicit ReadyIds(std::vector<int32_t> ids) : ids_(std::move(ids)) {}
+  const int32_t* Wait() override { return ids_.data(); }
+
+ private:
+  std::vector<int32_t> ids_;
+};
 }  // namespace
+
+std::unique_ptr<Backend::PendingIds> Backend::SampleAsync(const TensorView& logits, const SamplingParams* params,
+                                                          const uint64_t* steps, const TensorView& ids) {
+  COROLLA_CHECK(ids.dtype == DType::kI32 && ids.numel() == logits.dim(0) && ids.is_contiguous())
+      << "sample ids " << ids.ToString() << " for logits " << logits.ToString();
+  std::vector<int32_t> host(logits.dim(0));
+  Sample(logits, params, steps, host.data());
+  CopyFromHost(host.data(), ids);
+  return std::make_unique<ReadyIds>(std::move(host));
+}
 
 void Backend::SigmoidMul(const TensorView&, const TensorView&) { Missing(*this, "SigmoidMul"); }
 void Backend::CausalConv1d(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

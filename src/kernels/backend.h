@@ -117,7 +117,8 @@ class Backend {
   virtual void Linear(const TensorView& x, const TensorView& w, const TensorView& out) = 0;
   // out = silu(gate) * up, gate_up [T, 2I] (gate first), out [T, I].
   virtual void SiluMul(const TensorView& gate_up, const TensorView& out) = 0;
-  // out[i] = x[rows[i]]. x [T, H], rows [N] i32, out [N, H].
+  // out[i] = x[rows[i]]. x [T, H], rows [N] i32, out [N, H]; x and out of the activation
+  // dtype, or i32 (token ids, as [T, 1]: the engine gathers a step's input ids on the device).
   virtual void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) = 0;
   // dst = src, same shape (rank <= 3), any strides with a contiguous innermost dimension.
   virtual void Copy(const TensorView& src, const TensorView& dst) = 0;
@@ -190,6 +191,20 @@ class Backend {
   // counters for the per-request random stream. out_ids [B] i32 (host memory).
   virtual void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
                       int32_t* out_ids) = 0;
+
+  // --- asynchronous sampling (the engine's overlapped steps) -----------------------------
+  // Sampled ids on their way to the host.
+  class PendingIds {
+   public:
+    virtual ~PendingIds() = default;  // implementations wait for the copy to land first
+    // Blocks until the ids are on the host; returns them ([B] i32, valid while this lives).
+    virtual const int32_t* Wait() = 0;
+  };
+  // Sample without waiting for the device: the ids go to `ids` ([B] i32, this backend's
+  // memory, where later work may read them, e.g. the next step's input ids) and a copy of
+  // them starts towards the host. The default samples through Sample (synchronously: the CPU).
+  virtual std::unique_ptr<PendingIds> SampleAsync(const TensorView& logits, const SamplingParams* params,
+                                                  const uint64_t* steps, const TensorView& ids);
 };
 
 std::unique_ptr<Backend> MakeCpuBackend();

@@ -147,6 +147,13 @@ void ProfilingBackend::Sample(const TensorView& logits, const SamplingParams* pa
   inner_->Sample(logits, params, steps, out_ids);
 }
 
+std::unique_ptr<Backend::PendingIds> ProfilingBackend::SampleAsync(const TensorView& logits,
+                                                                    const SamplingParams* params,
+                                                                    const uint64_t* steps, const TensorView& ids) {
+  Mark("Sample");
+  return inner_->SampleAsync(logits, params, steps, ids);
+}
+
 std::vector<OpTime> AggregateOpTimes(const std::vector<std::string>& labels, const std::vector<double>& ms) {
   std::map<std::string, OpTime> by_label;
   for (size_t i = 0; i < labels.size() && i < ms.size(); ++i) {

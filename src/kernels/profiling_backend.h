@@ -85,6 +85,8 @@ class ProfilingBackend final : public Backend {
   }
   void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
               int32_t* out_ids) override;
+  std::unique_ptr<PendingIds> SampleAsync(const TensorView& logits, const SamplingParams* params,
+                                          const uint64_t* steps, const TensorView& ids) override;
 
  private:
   void Mark(std::string label);

@@ -91,6 +91,7 @@ class CpuBackend final : public Backend {
     cpu::SiluMul(gate_up, out);
   }
   void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) override {
+    if (x.dtype == DType::kI32) return cpu::GatherIds(x, rows, out);
     cpu::GatherRows(x, rows, out);
   }
   void Copy(const TensorView& src, const TensorView& dst) override { cpu::Copy(src, dst); }

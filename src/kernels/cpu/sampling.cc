@@ -311,4 +311,16 @@ void SampleBatch(const float* logits, int64_t batch, int64_t vocab, const Sampli
   });
 }
 
+void GatherIds(const TensorView& x, const TensorView& rows, const TensorView& out) {
+  COROLLA_CHECK(x.dtype == DType::kI32 && out.dtype == DType::kI32 && rows.dtype == DType::kI32 &&
+                x.rank() == 2 && out.rank() == 2 && x.dim(1) == 1 && out.dim(1) == 1 &&
+                rows.numel() == out.dim(0) && rows.is_contiguous())
+      << "gather ids x " << x.ToString() << " rows " << rows.ToString() << " out " << out.ToString();
+  for (int64_t i = 0; i < out.dim(0); ++i) {
+    const int32_t r = rows.ptr<int32_t>()[i];
+    COROLLA_CHECK(r >= 0 && r < x.dim(0)) << "gather ids: row " << r << " of " << x.dim(0);
+    out.ptr<int32_t>()[i * out.strides[0]] = x.ptr<int32_t>()[r * x.strides[0]];
+  }
+}
+
 }  // namespace corolla::cpu

@@ -48,4 +48,8 @@ void LogSoftmax(const float* logits, int64_t vocab, float* out);
 void SampleBatch(const float* logits, int64_t batch, int64_t vocab, const SamplingParams* params,
                  const uint64_t* steps, int32_t* out);
 
+// GatherRows for token ids: out[i] = x[rows[i]], x [T, 1] i32, rows [N] i32, out [N, 1] i32. The
+// engine builds a step's input ids from the ids the previous step sampled this way.
+void GatherIds(const TensorView& x, const TensorView& rows, const TensorView& out);
+
 }  // namespace corolla::cpu

@@ -43,7 +43,8 @@ CudaBackend::CudaBackend(int device_idx, cudaStream_t stream)
     : device_idx_(device_idx),
       stream_(stream),
       alloc_(std::make_shared<CachingAllocator>(device_idx)),
-      linear_(std::make_unique<LtLinear>(*alloc_)) {}
+      linear_(std::make_unique<LtLinear>(*alloc_)),
+      host_ids_(std::make_shared<HostIdsPool>()) {}
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
@@ -100,8 +101,7 @@ void CudaBackend::CopyToHost(const TensorView& src, void* dst) {
 
 void CudaBackend::CopyFromHost(const void* src, const TensorView& dst) {
   COROLLA_CHECK(dst.is_contiguous() && dst.device == Device::kCuda) << "copy from host " << dst.ToString();
-  if (dst.nbytes() == 0) return;
-  COROLLA_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+  staging_.CopyToDevice(dst.data, src, dst.nbytes(), stream_);
 }
 
 void CudaBackend::Synchronize() { COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -186,6 +186,7 @@ void CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
   cuda::SiluMul(gate_up, out, stream_);
 }
 void CudaBackend::GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) {
+  if (x.dtype == DType::kI32) return cuda::GatherIds(x, rows, out, stream_);
   cuda::GatherRows(x, rows, out, stream_);
 }
 void CudaBackend::Copy(const TensorView& src, const TensorView& dst) { cuda::Copy(src, dst, stream_); }
@@ -225,6 +226,10 @@ void CudaBackend::GatedRmsNorm(const TensorView& x, const TensorView& z, const T
 void CudaBackend::Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
                          int32_t* out_ids) {
   cuda::Sample(logits, params, steps, out_ids, *alloc_, stream_);
+}
+std::unique_ptr<Backend::PendingIds> CudaBackend::SampleAsync(const TensorView& logits, const SamplingParams* params,
+                                                              const uint64_t* steps, const TensorView& ids) {
+  return cuda::SampleAsync(logits, params, steps, ids, *alloc_, staging_, host_ids_, stream_);
 }
 
 }  // namespace cuda

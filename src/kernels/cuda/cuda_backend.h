@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/pinned_host.h"
 
 namespace corolla::cuda {
 
@@ -28,7 +29,8 @@ class CudaBackend final : public Backend {
   Tensor LoadWeight(const TensorView& host_src) override { return LoadWeightConcat({host_src}); }
   Tensor LoadWeightConcat(const std::vector<TensorView>& host_srcs) override;
   void CopyToHost(const TensorView& src, void* dst) override;
-  // Copies from pageable host memory (the source may be reused once this returns).
+  // The source may be reused once this returns. Small copies go through pinned staging, so
+  // the host does not wait for the stream (pageable ones may).
   void CopyFromHost(const void* src, const TensorView& dst) override;
   void Synchronize() override;
   // cudaMemGetInfo: memory held in the allocator's cache counts as used.
@@ -65,6 +67,9 @@ class CudaBackend final : public Backend {
                     const TensorView& out) override;
   void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
               int32_t* out_ids) override;
+  // Ids copied to pinned memory behind an event: nothing here waits for the device.
+  std::unique_ptr<PendingIds> SampleAsync(const TensorView& logits, const SamplingParams* params,
+                                          const uint64_t* steps, const TensorView& ids) override;
 
   bool supports_graphs() const override { return true; }
   // Warm-up and capture with the allocator's graph pool on (relaxed capture mode).
@@ -81,6 +86,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CachingAllocator> alloc_;
   std::unique_ptr<LtLinear> linear_;
   std::map<std::vector<float>, Tensor> rope_freqs_;  // RopeInvFreq(params) -> device copy
+  HostStaging staging_;                              // pinned ring for CopyFromHost
+  std::shared_ptr<HostIdsPool> host_ids_;            // SampleAsync's pinned buffers
 };
 
 }  // namespace corolla::cuda

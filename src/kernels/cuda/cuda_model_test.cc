@@ -313,6 +313,89 @@ TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecodeGraphTest,
                          ::testing::Values("qwen3-dense", "qwen3-moe", "qwen3.5-moe-hybrid"));
 
+// ---- async scheduling -------------------------------------------------------------------
+
+// Greedy ids of `requests` through an Engine with async scheduling on or off; also the wall
+// time of Generate and how many steps were launched before the previous one was taken.
+std::vector<std::vector<int32_t>> AsyncIds(Model& model, Backend& backend, const std::vector<GenerationRequest>& requests,
+                                           bool async, double* secs = nullptr, int64_t* async_steps = nullptr) {
+  EngineOptions o;
+  o.async_scheduling = async;
+  auto engine = Engine::Create(model, backend, o);
+  EXPECT_TRUE(engine.ok());
+  auto t0 = std::chrono::steady_clock::now();
+  auto out = (*engine)->Generate(requests);
+  if (secs) *secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (async_steps) *async_steps = (*engine)->num_async_steps();
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ((*engine)->num_used_blocks(), 0);
+  std::vector<std::vector<int32_t>> ids;
+  for (auto& [tokens, reason] : *out) ids.push_back(tokens);
+  return ids;
+}
+
+// The demo model's golden chats with async scheduling on equal it off: the next step's input
+// ids gathered on the device (in the decode graphs too) are the ones the host would upload.
+TEST(CudaAsyncScheduling, DemoChatsOnEqualsOff) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = MakeCudaBackend(0);
+  ASSERT_TRUE(backend.ok());
+  const std::string dir = "models/corolla-demo";
+  auto model = LoadModel(dir, **backend);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto chats = LoadDemoChats(dir, (*model)->config());
+  ASSERT_TRUE(chats.ok()) << chats.status().ToString();
+  const std::vector<GenerationRequest>& requests = chats->requests;
+  int64_t async_steps = 0;
+  auto on = AsyncIds(**model, **backend, requests, true, nullptr, &async_steps);
+  auto off = AsyncIds(**model, **backend, requests, false);
+  EXPECT_GT(async_steps, 0);
+  int same = 0, golden_same = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    same += on[i] == off[i];
+    golden_same += on[i] == chats->expected[i];
+    EXPECT_EQ(on[i], off[i]) << "chat " << i;
+  }
+  std::printf("demo chats with async scheduling: %d/%zu equal it off, %d/%zu equal golden (%lld async steps)\n",
+              same, requests.size(), golden_same, requests.size(), static_cast<long long>(async_steps));
+  Record("Async.demo_chats", std::to_string(requests.size()) + " chats on != off", requests.size() - same, 0);
+}
+
+class CudaAsyncSchedulingTest : public ::testing::TestWithParam<std::string> {};
+
+// Requests finishing at different steps (decode graphs across buckets; MLA eagerly): async on
+// equals off. Then one request decoding alone, the time per token with and without overlap.
+TEST_P(CudaAsyncSchedulingTest, MixedGreedyOnEqualsOff) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string name = GetParam();
+  auto gpu = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = LoadModel("tests/data/models/" + name, **gpu);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const auto requests = MixedRequests();
+  AsyncIds(**model, **gpu, requests, true);  // first captures: not compared for time
+  auto on = AsyncIds(**model, **gpu, requests, true);
+  auto off = AsyncIds(**model, **gpu, requests, false);
+  int same = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    same += on[i] == off[i];
+    EXPECT_EQ(on[i], off[i]) << name << " request " << i;
+  }
+  Record("Async." + name, "greedy on == off (13 requests)", requests.size() - same, 0);
+  GenerationRequest alone = requests.back();
+  alone.max_tokens = 200;
+  double t_on = 0, t_off = 0;
+  auto one_on = AsyncIds(**model, **gpu, {alone}, true, &t_on);
+  auto one_off = AsyncIds(**model, **gpu, {alone}, false, &t_off);
+  EXPECT_EQ(one_on, one_off) << name;
+  std::printf("async scheduling %s: %d/%zu requests equal it off; batch 1, %d tokens: %.1f us/token on, "
+              "%.1f us/token off (%.2fx)\n", name.c_str(), same, requests.size(), alone.max_tokens,
+              1e6 * t_on / alone.max_tokens, 1e6 * t_off / alone.max_tokens, t_off / t_on);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaAsyncSchedulingTest,
+                         ::testing::Values("qwen3-moe", "qwen3.5-moe-hybrid", "deepseek-v3"));
+
 // A replayed decode step's logits equal the same padded batch run eagerly bit for bit, and the
 // unpadded eager step within bf16 tolerance; then the step time with and without graphs.
 TEST(CudaDecodeGraph, ReplayedLogitsEqualEager) {

@@ -36,8 +36,12 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant_
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rows[r] = p.w + static_cast<int64_t>(min(n0 + r, p.n - 1)) * p.k;
   float acc[kM][kRows] = {};
+  // With one or two rows of x, their chunks are loaded with the weights' (before any use);
+  // more rows are read at their use (registers).
+  constexpr bool kPrefetchX = kM <= 2;
   for (int c0 = lane * 8; c0 < p.k; c0 += kUnroll * 32 * 8) {
     Bf16x8 wv[kUnroll][kRows];
+    Bf16x8 xv[kUnroll][kPrefetchX ? kM : 1];
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
       const int c = c0 + j * 32 * 8;
@@ -47,6 +51,10 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant_
         const uint4 u = __ldcs(reinterpret_cast<const uint4*>(rows[r] + c));  // read once: stream past the caches
         memcpy(&wv[j][r], &u, sizeof(u));
       }
+      if constexpr (kPrefetchX)
+#pragma unroll
+        for (int m = 0; m < kM; ++m)
+          if (m < p.m) xv[j][m] = *reinterpret_cast<const Bf16x8*>(p.x + m * p.x_stride + c);
     }
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
@@ -59,7 +67,8 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant_
       for (int m = 0; m < kM; ++m) {
         if (m >= p.m) break;
         float xf[8];
-        Unpack8(*reinterpret_cast<const Bf16x8*>(p.x + m * p.x_stride + c), xf);
+        if constexpr (kPrefetchX) Unpack8(xv[j][m], xf);
+        else Unpack8(*reinterpret_cast<const Bf16x8*>(p.x + m * p.x_stride + c), xf);
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
 #pragma unroll

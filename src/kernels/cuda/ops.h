@@ -6,8 +6,11 @@
 
 #include <cuda_runtime.h>
 
+#include <memory>
+
 #include "kernels/backend.h"
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/pinned_host.h"
 
 namespace corolla::cuda {
 
@@ -102,5 +105,13 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
 // Synchronises the stream (the ids are needed on the host).
 void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
             int32_t* out_ids, CachingAllocator& alloc, cudaStream_t s);
+// Sample's ids into `ids` (device [B] i32), then on to a pinned slot of `pool`, without
+// synchronising (the row parameters go up through `staging`); the result waits for them.
+std::unique_ptr<Backend::PendingIds> SampleAsync(const TensorView& logits, const SamplingParams* params,
+                                                 const uint64_t* steps, const TensorView& ids,
+                                                 CachingAllocator& alloc, HostStaging& staging,
+                                                 const std::shared_ptr<HostIdsPool>& pool, cudaStream_t s);
+// GatherRows for token ids: x [T, 1] i32, rows [N] i32, out [N, 1] i32; an invalid row gives -1.
+void GatherIds(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);
 
 }  // namespace corolla::cuda

@@ -6,8 +6,12 @@
 // kernels/sampling.cc. Known deviations: expf may differ from the host's exp by an ulp, and
 // prefix sums (double) associate differently, so a draw that lands within ~1e-7 of a bucket
 // edge can pick the neighbouring token; greedy is exact.
+// SampleAsync leaves the ids on the device (for the next step's input, through GatherIds) and
+// copies them to pinned memory behind an event instead of synchronising.
 #include <cub/cub.cuh>
 
+#include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -262,16 +266,35 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const __grid_constant__
   if (threadIdx.x == 0) p.out[b] = ids[pick];
 }
 
-}  // namespace
+// Token ids through an index: the next step's input ids from [host ids | sampled ids].
+struct GatherIdsParams {
+  const int32_t* x;
+  int64_t x_stride, num_x;
+  const int32_t* rows;
+  int32_t* out;
+  int64_t out_stride, n;
+};
 
-void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
-            int32_t* out_ids, CachingAllocator& alloc, cudaStream_t s) {
+__global__ void GatherIdsKernel(const __grid_constant__ GatherIdsParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= p.n) return;
+  const int32_t r = p.rows[i];
+  // An invalid row gives id -1, which the embedding turns into NaN: visible, not a wild read.
+  p.out[i * p.out_stride] = r >= 0 && r < p.num_x ? p.x[r * p.x_stride] : -1;
+}
+
+void CheckLogits(const TensorView& logits) {
   COROLLA_CHECK((logits.dtype == DType::kF32 || logits.dtype == DType::kBF16) &&
                 logits.device == Device::kCuda && logits.rank() == 2 && logits.is_contiguous())
       << "sample logits " << logits.ToString();
+  COROLLA_CHECK(logits.dim(0) * logits.dim(1) < (int64_t{1} << 31)) << "sample: batch * vocab exceeds int32";
+}
+
+// Enqueues the sampling of every row of logits into d_out (device [batch] i32); the row
+// parameters go up through `staging` when given, else from pageable memory.
+void SampleInto(const TensorView& logits, const SamplingParams* params, const uint64_t* steps, int32_t* d_out,
+                CachingAllocator& alloc, HostStaging* staging, cudaStream_t s) {
   const int64_t batch = logits.dim(0), vocab = logits.dim(1);
-  if (batch == 0) return;
-  COROLLA_CHECK(batch * vocab < (int64_t{1} << 31)) << "sample: batch * vocab exceeds int32";
   std::vector<RowParams> rows(batch);
   bool any_random = false;
   for (int64_t b = 0; b < batch; ++b) {
@@ -280,12 +303,14 @@ void Sample(const TensorView& logits, const SamplingParams* params, const uint64
     any_random |= params[b].temperature > 0.f;
   }
   const bool is_bf16 = logits.dtype == DType::kBF16;
-  ScratchBuffer meta(alloc, sizeof(RowParams) * batch + sizeof(int32_t) * (2 * batch + 1));
+  ScratchBuffer meta(alloc, sizeof(RowParams) * batch + sizeof(int32_t) * (batch + 1));
   RowParams* d_rows = meta.as<RowParams>();
-  int32_t* d_out = reinterpret_cast<int32_t*>(d_rows + batch);
-  int32_t* d_offsets = d_out + batch;
-  COROLLA_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), sizeof(RowParams) * batch,
-                                     cudaMemcpyHostToDevice, s));
+  int32_t* d_offsets = reinterpret_cast<int32_t*>(d_rows + batch);
+  if (staging) {
+    staging->CopyToDevice(d_rows, rows.data(), sizeof(RowParams) * batch, s);
+  } else {
+    COROLLA_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), sizeof(RowParams) * batch, cudaMemcpyHostToDevice, s));
+  }
   SampleParams sp{logits.data, is_bf16, vocab, d_rows, nullptr, nullptr, d_out};
   const int64_t n = batch * vocab;
   // Sort buffers (only when some row samples): keys in/out f32, ids in/out i32, cub temp.
@@ -314,8 +339,73 @@ void Sample(const TensorView& logits, const SamplingParams* params, const uint64
   }
   SampleKernel<<<batch, kThreads, 0, s>>>(sp);
   COROLLA_CUDA_CHECK_LAUNCH();
-  COROLLA_CUDA_CHECK(cudaMemcpyAsync(out_ids, d_out, sizeof(int32_t) * batch, cudaMemcpyDeviceToHost, s));
+}
+
+// Ids on their way to pinned host memory; the slot goes back to the pool once they landed.
+class PendingIdsCuda final : public Backend::PendingIds {
+ public:
+  PendingIdsCuda(std::shared_ptr<HostIdsPool> pool, HostIdsPool::Slot slot)
+      : pool_(std::move(pool)), slot_(slot) {}
+  ~PendingIdsCuda() override {
+    Wait();  // the copy must not land in a slot someone else holds
+    pool_->Release(slot_);
+  }
+  const int32_t* Wait() override {
+    if (!landed_) COROLLA_CUDA_CHECK(cudaEventSynchronize(slot_.done));
+    landed_ = true;
+    return slot_.host;
+  }
+
+ private:
+  std::shared_ptr<HostIdsPool> pool_;
+  HostIdsPool::Slot slot_;
+  bool landed_ = false;
+};
+
+}  // namespace
+
+void Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,
+            int32_t* out_ids, CachingAllocator& alloc, cudaStream_t s) {
+  CheckLogits(logits);
+  const int64_t batch = logits.dim(0);
+  if (batch == 0) return;
+  ScratchBuffer d_out(alloc, sizeof(int32_t) * batch);
+  SampleInto(logits, params, steps, d_out.as<int32_t>(), alloc, nullptr, s);
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(out_ids, d_out.as<int32_t>(), sizeof(int32_t) * batch,
+                                     cudaMemcpyDeviceToHost, s));
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+std::unique_ptr<Backend::PendingIds> SampleAsync(const TensorView& logits, const SamplingParams* params,
+                                                 const uint64_t* steps, const TensorView& ids,
+                                                 CachingAllocator& alloc, HostStaging& staging,
+                                                 const std::shared_ptr<HostIdsPool>& pool, cudaStream_t s) {
+  CheckLogits(logits);
+  const int64_t batch = logits.dim(0);
+  COROLLA_CHECK(ids.dtype == DType::kI32 && ids.device == Device::kCuda && ids.is_contiguous() &&
+                ids.numel() == batch)
+      << "sample ids " << ids.ToString() << " for logits " << logits.ToString();
+  HostIdsPool::Slot slot = pool->Acquire(batch);
+  if (batch > 0) {
+    SampleInto(logits, params, steps, ids.ptr<int32_t>(), alloc, &staging, s);
+    COROLLA_CUDA_CHECK(cudaMemcpyAsync(slot.host, ids.data, sizeof(int32_t) * batch, cudaMemcpyDeviceToHost, s));
+  }
+  COROLLA_CUDA_CHECK(cudaEventRecord(slot.done, s));
+  return std::make_unique<PendingIdsCuda>(pool, slot);
+}
+
+void GatherIds(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s) {
+  COROLLA_CHECK(x.dtype == DType::kI32 && out.dtype == DType::kI32 && rows.dtype == DType::kI32 &&
+                x.device == Device::kCuda && out.device == Device::kCuda && rows.device == Device::kCuda &&
+                x.rank() == 2 && out.rank() == 2 && x.dim(1) == 1 && out.dim(1) == 1 &&
+                rows.numel() == out.dim(0) && rows.is_contiguous())
+      << "gather ids x " << x.ToString() << " rows " << rows.ToString() << " out " << out.ToString();
+  const int64_t n = out.dim(0);
+  if (n == 0) return;
+  GatherIdsParams p{x.ptr<int32_t>(), x.strides[0], x.dim(0), rows.ptr<int32_t>(), out.ptr<int32_t>(),
+                    out.strides[0], n};
+  GatherIdsKernel<<<(n + 255) / 256, 256, 0, s>>>(p);
+  COROLLA_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace corolla::cuda
