@@ -45,6 +45,8 @@ struct BenchOptions {
   bool breakdown = false;
   int64_t dp = 1, ep = 0;     // decode: data-parallel ranks, each with --batch sequences; expert-parallel ranks
   int64_t ep_capacity = -1;   // DP-EP fixed exchange rows per rank (-1: the largest --batch; 0: sized per layer)
+  std::string linear_state_dtype = "f32";
+  DType state_dtype = DType::kF32;  // parsed --linear-state-dtype
   std::vector<int32_t> batches, contexts;  // parsed --batch, --context
 };
 
@@ -193,7 +195,7 @@ struct ModelBytes {
   double state_per_seq = 0;            // hybrids: linear-attention states read and written per step
 };
 
-ModelBytes CountBytes(const ModelConfig& c) {
+ModelBytes CountBytes(const ModelConfig& c, DType state_dtype) {
   ModelBytes b;
   const double h = c.hidden_size, two = 2.0;
   const LinearAttentionConfig& la = c.linear;
@@ -204,8 +206,8 @@ ModelBytes CountBytes(const ModelConfig& c) {
     if (linear) {  // Gated DeltaNet: in_proj (q|k|v|z|b|a), conv, out_proj, norm
       b.dense_per_layer_total += two * ((la.conv_channels() + la.value_dim() + 2.0 * la.num_value_heads) * h +
                                         la.conv_channels() * la.conv_kernel + h * la.value_dim() + la.value_head_dim);
-      b.state_per_seq += 4.0 * 2.0 * la.num_value_heads * la.key_head_dim * la.value_head_dim +  // f32, read + write
-                         4.0 * 2.0 * la.conv_channels() * (la.conv_kernel - 1);
+      b.state_per_seq += DTypeSize(state_dtype) * 2.0 * la.num_value_heads * la.key_head_dim * la.value_head_dim +
+                         4.0 * 2.0 * la.conv_channels() * (la.conv_kernel - 1);  // read + write; conv state f32
     } else if (mla) {  // q_a, q_b (or q), kv_a, kv_b (as W_UK / W_UV), o
       const double heads = c.num_attention_heads;
       const double q = m.q_lora_rank > 0 ? m.q_lora_rank * h + heads * m.qk_head_dim() * m.q_lora_rank
@@ -263,13 +265,15 @@ Tensor Ints(Backend& backend, const std::vector<int32_t>& v, Shape shape) {
   return t;
 }
 
-StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int prefix, int len, uint64_t seed) {
+StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int prefix, int len, uint64_t seed,
+                        DType state_dtype) {
   const ModelConfig& c = model.config();
   constexpr int kBlockSize = 16;
   const int blocks_per_seq = (prefix + len + kBlockSize - 1) / kBlockSize;
   StepBatch s;
   s.kv = std::make_unique<KvCache>(backend, model.kv_cache_spec(), num_seqs * blocks_per_seq, kBlockSize,
-                                   model.state_spec(), model.state_spec().num_layers > 0 ? num_seqs : 0);
+                                   model.state_spec().WithRecurrentDtype(state_dtype),
+                                   model.state_spec().num_layers > 0 ? num_seqs : 0);
   // Random K/V everywhere: one random layer's worth on the device, copied into every layer
   // (a truncated hybrid may have no attention layer at all).
   if (!s.kv->views().empty()) {
@@ -340,6 +344,8 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   flags.Bool("graph", &o->graph, "decode on CUDA: also replay each step as a CUDA graph");
   flags.Bool("breakdown", &o->breakdown,
              "also print the time of each op kind in one step (decode on CUDA: from a graph replay)");
+  flags.String("linear-state-dtype", &o->linear_state_dtype,
+               "hybrid models: storage of the Gated DeltaNet recurrent state, f32 or bf16");
   if (std::string(name) == "decode") {
     flags.Int("dp", &o->dp, "data-parallel ranks, one process per GPU, each running --batch sequences");
     flags.Int("ep", &o->ep, "expert-parallel ranks: 1 (replicas) or --dp (DP-EP: experts split, tokens exchanged)");
@@ -349,6 +355,7 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   }
   RETURN_IF_ERROR(flags.Parse(argc, argv, argc > 1 && std::string(argv[1]) == "bench" ? 3 : 2, help));
   if (*help) return Status::Ok();
+  ASSIGN_OR_RETURN(o->state_dtype, ParseLinearStateDtype(o->linear_state_dtype));
   ASSIGN_OR_RETURN(o->batches, ParseIdList(o->batch));
   ASSIGN_OR_RETURN(o->contexts, ParseIdList(o->context));
   auto positive = [](const std::vector<int32_t>& v) {
@@ -431,7 +438,8 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   Model& model = *l.model;
   const ModelConfig& c = model.config();
   // DP ranks decode different tokens (so they route to different experts).
-  StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed) + 7919 * l.shard.dp_rank);
+  StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed) + 7919 * l.shard.dp_rank,
+                              o.state_dtype);
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
   // DP-EP exchanges sized per layer read the sizes on the host, which a graph cannot capture.
   const bool dp_ep = l.shard.dp_ep(), graph = o.graph && !(dp_ep && l.shard.ep_capacity == 0);
@@ -455,7 +463,7 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   }
 #endif
 
-  const ModelBytes mb = CountBytes(c);
+  const ModelBytes mb = CountBytes(c, o.state_dtype);
   // Distinct experts a step reads per MoE layer, expected under uniform routing of B tokens
   // (DP-EP: of all ranks' tokens, over this rank's share of the experts).
   const double e = c.num_experts, k = c.num_experts_per_token;
@@ -465,8 +473,9 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
                               mb.lm_head + 2.0 * c.hidden_size * num_seqs;
   const double kv_bytes = mb.kv_per_token_all_layers * num_seqs * ctx + mb.state_per_seq * num_seqs;
   const double bytes = weight_bytes + kv_bytes;
-  std::printf("decode: %s, %d layers, batch %d, context %d, %s\n", c.model_type.c_str(), c.num_layers,
-              num_seqs, ctx, backend.name().c_str());
+  std::printf("decode: %s, %d layers, batch %d, context %d, %s%s\n", c.model_type.c_str(), c.num_layers,
+              num_seqs, ctx, backend.name().c_str(),
+              c.num_linear_layers() > 0 && o.state_dtype == DType::kBF16 ? ", bf16 linear state" : "");
   if (l.shard.dp_size > 1)
     std::printf("  dp %d x ep %d: batch %d on each rank, %d in all; experts %s; per-rank bytes and times below\n",
                 l.shard.dp_size, l.shard.ep_size, num_seqs, num_seqs * l.shard.dp_size,
@@ -506,7 +515,7 @@ void PrefillOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double pea
   Backend& backend = *l.device;
   Model& model = *l.model;
   const ModelConfig& c = model.config();
-  StepBatch s = MakeStepBatch(backend, model, num_seqs, 0, len, static_cast<uint64_t>(o.seed));
+  StepBatch s = MakeStepBatch(backend, model, num_seqs, 0, len, static_cast<uint64_t>(o.seed), o.state_dtype);
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
   step();
   backend.Synchronize();

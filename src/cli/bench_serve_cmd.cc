@@ -89,6 +89,7 @@ Status Run(Options& o) {
     ASSIGN_OR_RETURN(loaded, LoadModelFromOptions(o.model));
     eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
     eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
+    ASSIGN_OR_RETURN(eo.linear_state_dtype, o.model.LinearStateDtype());
     ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
                                                             o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
     ASSIGN_OR_RETURN(engine, Engine::Create(*loaded.model, *loaded.backend, eo));

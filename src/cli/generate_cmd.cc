@@ -126,7 +126,9 @@ Status Run(const GenerateOptions& o) {
   // whose capture warms up with forwards of its own.
   if (IsDpEp(m)) setenv("COROLLA_CUDA_GRAPHS", "0", 1);
   CountingModel counted(*m.model);
-  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(counted, *m.backend, EngineOptions{}));
+  EngineOptions eo;
+  ASSIGN_OR_RETURN(eo.linear_state_dtype, o.model.LinearStateDtype());
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(counted, *m.backend, eo));
   const std::vector<int> mine = SequencesOfThisRank(static_cast<int>(prompts.size()), m);
   std::vector<int64_t> seq_ids;
   for (int i : mine) {

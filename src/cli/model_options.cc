@@ -29,6 +29,15 @@ void ModelOptions::Declare(Flags& flags) {
   flags.Int("ep", &ep,
             "expert-parallel ranks: --tp (default; TP-EP) or --dp x --tp (DP-EP: each rank holds 1/ep of "
             "the experts and tokens travel to them by all-to-all)");
+  flags.String("linear-state-dtype", &linear_state_dtype,
+               "hybrid models (Gated DeltaNet): storage of the recurrent state, f32 or bf16 (half the memory; "
+               "math stays f32; accuracy cost in BENCHMARKS.md)");
+}
+
+Result<DType> ParseLinearStateDtype(const std::string& name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  return InvalidArgument("--linear-state-dtype " + name + ": expected f32 or bf16");
 }
 
 void ModelOptions::DeclareRandomWeights(Flags& flags) {

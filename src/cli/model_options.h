@@ -1,7 +1,7 @@
 // Options shared by the commands that load a model (--model, --device, --threads, --tp, --dp,
-// --ep; serve and bench serve also --config/--random-weights/--layers), and the lookup of the
-// built-in default model. With --tp N --dp D the process is one rank of N x D (RANK etc. in the
-// environment, from parallel/launcher.h or an outside launcher).
+// --ep, --linear-state-dtype; serve and bench serve also --config/--random-weights/--layers),
+// and the lookup of the built-in default model. With --tp N --dp D the process is one rank of
+// N x D (RANK etc. in the environment, from parallel/launcher.h or an outside launcher).
 #pragma once
 
 #include <memory>
@@ -14,6 +14,9 @@
 
 namespace corolla::cli {
 
+// "f32" or "bf16" (the values of --linear-state-dtype).
+Result<DType> ParseLinearStateDtype(const std::string& name);
+
 struct ModelOptions {
   std::string model;  // empty: the built-in default model
   std::string device = "cpu";
@@ -21,6 +24,7 @@ struct ModelOptions {
   int64_t tp = 1;  // tensor parallel ranks (experts expert-parallel over the same ranks)
   int64_t dp = 1;  // data-parallel ranks: each owns its share of the sequences and its KV cache
   int64_t ep = 0;  // expert-parallel ranks: 0 or tp (TP-EP), or dp x tp (DP-EP: tokens move to experts)
+  std::string linear_state_dtype = "f32";  // hybrids: storage of the recurrent state, f32 or bf16
   // Random weights of a real shape, no checkpoint needed (model/random_weights.h): the shape
   // from `config` (else --model's config.json), truncated to `layers` (0: all). Without --model
   // there is no tokenizer: the server then takes token-id prompts only.
@@ -34,6 +38,8 @@ struct ModelOptions {
     return {static_cast<int>(tp), static_cast<int>(ep), static_cast<int>(dp)};
   }
   int world_size() const { return static_cast<int>(tp * dp); }
+  // --linear-state-dtype as a DType (an error names the flag unless it is f32 or bf16).
+  Result<DType> LinearStateDtype() const { return ParseLinearStateDtype(linear_state_dtype); }
   void DeclareRandomWeights(Flags& flags);  // --random-weights, --config, --layers, --weight-seed
   // The model directory to load: --model, or the built-in demo model beside the binary or in
   // the source tree.

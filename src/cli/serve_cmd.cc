@@ -144,6 +144,7 @@ Status Run(const ServeOptions& o) {
   eo.max_model_len = static_cast<int>(o.max_model_len);
   eo.enable_prefix_caching = o.prefix_caching;
   eo.async_scheduling = async_scheduling;
+  ASSIGN_OR_RETURN(eo.linear_state_dtype, o.model.LinearStateDtype());
   AsyncEngineOptions ao;
   ao.max_waiting = static_cast<int>(o.max_waiting);
   ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> served,

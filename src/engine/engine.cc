@@ -23,6 +23,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(Model& model, Backend& backend, E
                            " exceeds the model's max_position_embeddings (" +
                            std::to_string(config.max_position_embeddings) + ")");
   if (options.block_size <= 0) return InvalidArgument("block size must be positive");
+  if (options.linear_state_dtype != DType::kF32 && options.linear_state_dtype != DType::kBF16)
+    return InvalidArgument(std::string("linear-attention state dtype ") + DTypeName(options.linear_state_dtype) +
+                           ": f32 or bf16");
   int num_blocks = options.num_kv_blocks;
   if (num_blocks <= 0) {
     int64_t per_block = KvCache::BytesPerBlock(model.kv_cache_spec(), options.block_size,
@@ -50,7 +53,8 @@ Engine::Engine(Model& model, Backend& backend, EngineOptions options, int num_bl
       max_model_len_(max_model_len),
       // Hybrid models keep one state slot per running sequence (+1 spare), and for the prefix
       // cache, snapshots of the states at block boundaries.
-      kv_cache_(backend, model.kv_cache_spec(), num_blocks, options.block_size, model.state_spec(),
+      kv_cache_(backend, model.kv_cache_spec(), num_blocks, options.block_size,
+                model.state_spec().WithRecurrentDtype(options.linear_state_dtype),
                 model.state_spec().num_layers > 0 ? options.max_num_seqs + 1 + NumSnapshots(options) : 0),
       pool_(num_blocks, options.enable_prefix_caching &&
                             (model.state_spec().num_layers == 0 || NumSnapshots(options) > 0)),

@@ -30,6 +30,9 @@ struct EngineOptions {
   // Hybrid models: linear-attention states kept at block boundaries for prefix-cache hits
   // (-1: two per sequence slot; 0 turns prefix caching off for them).
   int num_state_snapshots = -1;
+  // Hybrid models: storage of the linear-attention recurrent state, f32 or bf16 (half the memory
+  // and traffic; its accuracy cost is in BENCHMARKS.md). The math stays f32.
+  DType linear_state_dtype = DType::kF32;
   // Launch step N+1 before taking step N's tokens on the host (overlapping the host's work with
   // the device's). Steps stay synchronous while a request with penalties or logprobs is in the
   // engine (they sample on the host from every earlier token). On the CPU backend, whose launch

@@ -7,14 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "engine/demo_chats.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/config.h"
 #include "model/deepseek_v3.h"
+#include "model/qwen3_next_fixture.h"
 #include "model/safetensors.h"
 
 namespace corolla {
@@ -212,52 +211,8 @@ TEST(Qwen3Next, FusedProjectionLayoutEqualsQwen35) {
   const fs::path dir = fs::temp_directory_path() / ("corolla_qwen3_next_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  nlohmann::json config = nlohmann::json::parse(ReadFile(src + "/config.json").value());
-  config["model_type"] = "qwen3_next";
-  std::ofstream(dir / "config.json") << config.dump();
-  const int64_t hk = config["linear_num_key_heads"], hv = config["linear_num_value_heads"];
-  const int64_t dk = config["linear_key_head_dim"], dv = config["linear_value_head_dim"];
-  const int64_t hidden = config["hidden_size"], r = hv / hk, kd = hk * dk, vd = hv * dv;
-
-  auto file = SafetensorsFile::Open(src + "/model.safetensors").value();
-  std::vector<Tensor> keep;
-  std::vector<std::pair<std::string, TensorView>> out;
-  auto row_bytes = hidden * 2;  // bf16
-  for (const auto& e : file->entries()) {
-    const std::string& name = e.name;
-    auto pos = name.find("linear_attn.in_proj_");
-    if (pos == std::string::npos) {
-      out.emplace_back(name, file->View(e));
-      continue;
-    }
-    std::string prefix = name.substr(0, pos + 12);  // "...linear_attn."
-    if (name != prefix + "in_proj_qkv.weight") continue;  // z, b, a are folded in below
-    auto rows = [&](const std::string& n) { return static_cast<const char*>(file->View(*file->Find(prefix + n)).data); };
-    const char *qkv = rows("in_proj_qkv.weight"), *z = rows("in_proj_z.weight");
-    const char *b = rows("in_proj_b.weight"), *a = rows("in_proj_a.weight");
-    Tensor qkvz = Tensor::Empty(DType::kBF16, {2 * kd + 2 * vd, hidden});
-    Tensor ba = Tensor::Empty(DType::kBF16, {2 * hv, hidden});
-    char* dst = static_cast<char*>(qkvz.view().data);
-    char* dst_ba = static_cast<char*>(ba.view().data);
-    for (int64_t g = 0; g < hk; ++g) {
-      auto put = [&](const char* from, int64_t row, int64_t n) {
-        std::memcpy(dst, from + row * row_bytes, n * row_bytes);
-        dst += n * row_bytes;
-      };
-      put(qkv, g * dk, dk);
-      put(qkv, kd + g * dk, dk);
-      put(qkv, 2 * kd + g * r * dv, r * dv);
-      put(z, g * r * dv, r * dv);
-      std::memcpy(dst_ba, b + g * r * row_bytes, r * row_bytes);
-      std::memcpy(dst_ba + r * row_bytes, a + g * r * row_bytes, r * row_bytes);
-      dst_ba += 2 * r * row_bytes;
-    }
-    keep.push_back(qkvz);
-    keep.push_back(ba);
-    out.emplace_back(prefix + "in_proj_qkvz.weight", qkvz.view());
-    out.emplace_back(prefix + "in_proj_ba.weight", ba.view());
-  }
-  ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), out).ok());
+  Status written = WriteQwen3NextFixture(src, dir.string());
+  ASSERT_TRUE(written.ok()) << written.ToString();
 
   auto backend = MakeCpuBackend();
   auto qwen35 = LoadModel(src, *backend).value();

@@ -16,9 +16,11 @@ KvCache::KvCache(Backend& backend, const KvCacheSpec& spec, int num_blocks, int 
   if (state_spec.num_layers > 0) {
     COROLLA_CHECK(num_state_slots > 0) << "a hybrid model needs state slots";
     const StateSpec& st = state_spec;
+    COROLLA_CHECK(st.recurrent_dtype == DType::kF32 || st.recurrent_dtype == DType::kBF16)
+        << "linear-attention state dtype " << DTypeName(st.recurrent_dtype);
     for (int l = 0; l < st.num_layers; ++l) {
       Tensor conv = backend.Empty(DType::kF32, {num_state_slots, st.conv_channels, st.conv_history});
-      Tensor rec = backend.Empty(DType::kF32, {num_state_slots, st.num_heads, st.key_dim, st.value_dim});
+      Tensor rec = backend.Empty(st.recurrent_dtype, {num_state_slots, st.num_heads, st.key_dim, st.value_dim});
       state_views_.push_back({conv.view(), rec.view()});
       state_tensors_.push_back(std::move(conv));
       state_tensors_.push_back(std::move(rec));

@@ -1,6 +1,7 @@
 // KvCache: the paged K/V tensors of every attention layer, one [num_blocks, Hk, block_size, D]
 // pair per layer in the backend's activation dtype, and for hybrid models the per-sequence
-// states of the linear-attention layers in `num_state_slots` slots (f32). Block indices come
+// states of the linear-attention layers in `num_state_slots` slots (conv f32; recurrent f32 or
+// bf16 as StateSpec::recurrent_dtype says). Block indices come
 // from a BlockPool; state slots from this class's own free list. Not thread-safe.
 #pragma once
 

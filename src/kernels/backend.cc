@@ -45,4 +45,14 @@ void Backend::GatedRmsNorm(const TensorView&, const TensorView&, const TensorVie
   Missing(*this, "GatedRmsNorm");
 }
 
+void Backend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
+                                const AttentionBatch& batch) {
+  HeadRmsNorm(q, q_norm_w, eps);
+  HeadRmsNorm(k, k_norm_w, eps);
+  Rope(q, k, positions, rope);
+  KvWrite(k, v, cache, batch);
+}
+
 }  // namespace corolla

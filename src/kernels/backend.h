@@ -159,7 +159,9 @@ class Backend {
   // with g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b):
   //   S = exp(g) S;  S += k (beta (v - S^T k))^T;  out = S^T q.
   // q, k [T, Hk, Dk] (value head h reads q/k head h / (Hv/Hk)); v [T, Hv, Dv]; a, b [T, Hv];
-  // A_log, dt_bias [Hv] f32; state [slots, Hv, Dk, Dv] f32; out [T, Hv, Dv].
+  // A_log, dt_bias [Hv] f32; state [slots, Hv, Dk, Dv] f32 or bf16; out [T, Hv, Dv]. The math is
+  // f32; a bf16 state is widened at the start of each sequence's chunk and rounded (nearest
+  // even) when written back at its end.
   virtual void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& a, const TensorView& b, const TensorView& a_log,
                               const TensorView& dt_bias, const TensorView& state,
@@ -205,6 +207,16 @@ class Backend {
   // them starts towards the host. The default samples through Sample (synchronously: the CPU).
   virtual std::unique_ptr<PendingIds> SampleAsync(const TensorView& logits, const SamplingParams* params,
                                                   const uint64_t* steps, const TensorView& ids);
+
+  // --- fused attention prologue (last in the class: new virtuals go at the end) ---------
+  // What Qwen3's attention runs between its qkv projection and Attention: HeadRmsNorm of q
+  // [T, Hq, D] with q_norm_w and of k [T, Hk, D] with k_norm_w, Rope of both, then KvWrite of
+  // k and v [T, Hk, D]. The default runs those four ops; a backend may fuse them (CUDA does for
+  // whole-head neox rotary), keeping the normalised values in f32 into the rotation.
+  virtual void QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                 const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
+                                 const AttentionBatch& batch);
 };
 
 std::unique_ptr<Backend> MakeCpuBackend();

@@ -77,6 +77,13 @@ void ProfilingBackend::Rope(const TensorView& q, const TensorView& k, const Tens
   Mark("Rope");
   inner_->Rope(q, k, positions, params);
 }
+void ProfilingBackend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v,
+                                         const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                         const TensorView& positions, const RopeParams& rope,
+                                         const KvCacheView& cache, const AttentionBatch& batch) {
+  Mark("QkNormRopeKvWrite");
+  inner_->QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
+}
 void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // Weight shape [N, K] names the projection; rows of every layer add up under one label.
   Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype));

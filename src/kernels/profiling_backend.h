@@ -56,6 +56,9 @@ class ProfilingBackend final : public Backend {
   void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) override;
   void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
             const RopeParams& params) override;
+  void QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                         const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                         const KvCacheView& cache, const AttentionBatch& batch) override;
   void Linear(const TensorView& x, const TensorView& w, const TensorView& out) override;
   void SiluMul(const TensorView& gate_up, const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) override;

@@ -5,24 +5,28 @@
 
 #include "model/residual_stream.h"
 #include "model/weights.h"
+#include "parallel/communicator.h"
+#include "parallel/expert_parallel.h"
 
 namespace corolla {
 namespace {
 
+// Hl: this rank's heads (all Hq on one rank). The latent projections (q_a, kv_a and their
+// norms) are whole on every rank: every head reads the same latent.
 struct MlaWeights {
-  Tensor in_proj;     // [q_in + kv_lora + rope, H]: (q_a_proj | q_proj) then kv_a_proj_with_mqa
+  Tensor in_proj;     // [q_in + kv_lora + rope, H]: (q_a_proj | q_proj rows of the Hl heads) then kv_a_proj_with_mqa
   Tensor q_a_norm;    // [q_lora] (with a query bottleneck)
-  Tensor q_b;         // [Hq * qk_head, q_lora]
+  Tensor q_b;         // [Hl * qk_head, q_lora]: rows of the Hl heads
   Tensor kv_a_norm;   // [kv_lora]
-  Tensor kv_b;        // [Hq * (nope + v), kv_lora]: decompression of the latent
-  std::vector<Tensor> uk_t;  // Hq x [kv_lora, nope]: W_UK^T per head, absorbed into the query
-  std::vector<Tensor> uv;    // Hq x [v, kv_lora]: W_UV per head, applied after attention
-  Tensor o;           // [H, Hq * v]
+  Tensor kv_b;        // [Hl * (nope + v), kv_lora]: decompression of the latent, rows of the Hl heads
+  std::vector<Tensor> uk_t;  // Hl x [kv_lora, nope]: W_UK^T per head, absorbed into the query
+  std::vector<Tensor> uv;    // Hl x [v, kv_lora]: W_UV per head, applied after attention
+  Tensor o;           // [H, Hl * v]: columns of the Hl heads (row-parallel, partial sums)
 };
 
-struct FfnWeights {     // SwiGLU: dense layers and shared experts
-  Tensor gate_up;       // [2I, H]
-  Tensor down;          // [H, I]
+struct FfnWeights {     // SwiGLU: dense layers and shared experts; Il = I / tp
+  Tensor gate_up;       // [2 Il, H]: this rank's gate rows, then its up rows
+  Tensor down;          // [H, Il]: the matching columns (row-parallel, partial sums)
 };
 
 struct LayerWeights {
@@ -30,9 +34,9 @@ struct LayerWeights {
   MlaWeights attn;
   bool is_moe = false;
   FfnWeights dense;     // when !is_moe
-  Tensor router;        // [E, H]
+  Tensor router;        // [E, H] (every rank routes every token)
   Tensor router_bias;   // [E] f32 (e_score_correction_bias)
-  Tensor experts_gate_up, experts_down;
+  Tensor experts_gate_up, experts_down;  // [El, 2I, H], [El, H, I]: this rank's experts
   FfnWeights shared;    // when num_shared_experts > 0
 };
 
@@ -47,13 +51,15 @@ struct MtpWeights {
 
 class DeepseekV3Model final : public Model {
  public:
-  DeepseekV3Model(ModelConfig config, Backend& backend) : config_(std::move(config)), backend_(backend) {}
+  DeepseekV3Model(ModelConfig config, Backend& backend, const ModelShard& shard)
+      : config_(std::move(config)), backend_(backend), shard_(shard) {}
 
   Status Load(const Checkpoint& checkpoint);
   void set_mode(MlaMode mode) { mode_ = mode; }
   int num_mtp_modules() const { return static_cast<int>(mtp_.size()); }
 
   const ModelConfig& config() const override { return config_; }
+  // One latent per token: all heads read it, so under TP every rank holds the same whole cache.
   KvCacheSpec kv_cache_spec() const override {
     return {config_.num_layers, 1, config_.mla.kv_lora_rank + config_.mla.qk_rope_head_dim, true};
   }
@@ -61,6 +67,8 @@ class DeepseekV3Model final : public Model {
                const TensorView& logits) override;
 
  private:
+  // Splits heads, MLP columns and experts over the shard's ranks (all of them for one rank).
+  Status PlanShard();
   Status LoadFfn(WeightLoader& w, const std::string& prefix, int64_t inter, FfnWeights* out);
   Status LoadLayer(WeightLoader& w, const std::string& prefix, bool is_moe, LayerWeights* out);
   void Ffn(const FfnWeights& f, const TensorView& x, const TensorView& out);
@@ -71,9 +79,17 @@ class DeepseekV3Model final : public Model {
   void DecompressedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
                              const KvCacheView& cache, const TensorView& out);
   void Moe(const LayerWeights& lw, const TensorView& x, const TensorView& out);
+  // Sums a row-parallel output over `comm`'s ranks (nothing without one).
+  void AllReduce(Communicator* comm, const TensorView& x) {
+    if (comm != nullptr) comm->AllReduceSum(x);
+  }
 
   ModelConfig config_;
   Backend& backend_;
+  ModelShard shard_;
+  // This rank's part: heads [first_head_, + num_heads_), experts [first_expert_, + num_local_experts_).
+  int num_heads_ = 0, first_head_ = 0;
+  int num_local_experts_ = 0, first_expert_ = 0;
   MlaMode mode_ = MlaMode::kAuto;
   RopeParams rope_;
   float attention_scale_ = 1.0f;
@@ -99,41 +115,73 @@ TensorView Heads(const TensorView& x, int64_t heads, int64_t stride, int64_t beg
   return v;
 }
 
+Status DeepseekV3Model::PlanShard() {
+  const ModelConfig& c = config_;
+  const int tp = shard_.tp_size;
+  auto fail = [&](const std::string& why) {
+    return InvalidArgument(c.model_type + " does not split over --tp " + std::to_string(tp) + " / --ep " +
+                           std::to_string(shard_.ep_size) + ": " + why);
+  };
+  if (shard_.dp_ep()) return Unsupported(c.model_type + ": DP-EP (--dp with --ep > --tp) is not implemented for MLA yet");
+  if (shard_.ep_size != tp) return fail("the experts must be split over the TP ranks (--ep = --tp)");
+  if (tp > 1 && shard_.tp == nullptr) return Internal("--tp " + std::to_string(tp) + " without a TP communicator");
+  if (c.num_attention_heads % tp != 0) return fail(std::to_string(c.num_attention_heads) + " attention heads");
+  num_heads_ = c.num_attention_heads / tp;
+  first_head_ = shard_.tp_rank * num_heads_;
+  for (int l = 0; l < c.num_layers; ++l)
+    if (!c.is_moe_layer(l) && c.intermediate_size % tp != 0)
+      return fail("intermediate size " + std::to_string(c.intermediate_size));
+  if (int64_t{c.moe_intermediate_size} * c.num_shared_experts % tp != 0)
+    return fail("shared experts' intermediate size " + std::to_string(c.moe_intermediate_size * c.num_shared_experts));
+  if (c.num_experts % shard_.ep_size != 0) return fail(std::to_string(c.num_experts) + " routed experts");
+  num_local_experts_ = c.num_experts / shard_.ep_size;
+  first_expert_ = shard_.ep_rank * num_local_experts_;
+  return Status::Ok();
+}
+
+// Column-parallel gate|up (rows [r I/tp, (r+1) I/tp) of each), row-parallel down (the matching
+// columns). A shard may cut an FP8 scale block; the loader dequantises with the whole tensor's.
 Status DeepseekV3Model::LoadFfn(WeightLoader& w, const std::string& p, int64_t inter, FfnWeights* out) {
   const int64_t hidden = config_.hidden_size;
+  const int tp = shard_.tp_size, tp_rank = shard_.tp_rank;
+  const Shard rows = Shard::Part(0, inter, tp_rank, tp), cols = Shard::Part(1, inter, tp_rank, tp);
   ASSIGN_OR_RETURN(out->gate_up, w.LoadConcat({p + "gate_proj.weight", p + "up_proj.weight"},
-                                              {{inter, hidden}, {inter, hidden}}));
-  ASSIGN_OR_RETURN(out->down, w.Load(p + "down_proj.weight", {hidden, inter}));
+                                              {{inter, hidden}, {inter, hidden}}, {rows, rows}));
+  ASSIGN_OR_RETURN(out->down, w.Load(p + "down_proj.weight", {hidden, inter}, cols));
   return Status::Ok();
 }
 
 Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is_moe, LayerWeights* out) {
   const ModelConfig& c = config_;
   const MlaConfig& m = c.mla;
-  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;  // heads: all of them (the checkpoint's)
   const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, vdim = m.v_head_dim;
   const int64_t kv_lora = m.kv_lora_rank, qk_head = m.qk_head_dim();
+  const int64_t first = first_head_, local = num_heads_;  // this rank's heads
   const std::string a = p + "self_attn.";
   LayerWeights& lw = *out;
   ASSIGN_OR_RETURN(lw.input_norm, w.Load(p + "input_layernorm.weight", {hidden}));
   ASSIGN_OR_RETURN(lw.post_attention_norm, w.Load(p + "post_attention_layernorm.weight", {hidden}));
   // One projection for the query path and the latent path (q_a and kv_a share their input).
+  // Query rows are per head ([nope | rope] each), so a head's rows are contiguous.
   const Shape kv_a_shape{kv_lora + rope, hidden};
+  const Shard q_rows = Shard::Rows(first * qk_head, (first + local) * qk_head);
   if (m.q_lora_rank > 0) {
     ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
                                                    {{m.q_lora_rank, hidden}, kv_a_shape}));
     ASSIGN_OR_RETURN(lw.attn.q_a_norm, w.Load(a + "q_a_layernorm.weight", {m.q_lora_rank}));
-    ASSIGN_OR_RETURN(lw.attn.q_b, w.Load(a + "q_b_proj.weight", {heads * qk_head, m.q_lora_rank}));
+    ASSIGN_OR_RETURN(lw.attn.q_b, w.Load(a + "q_b_proj.weight", {heads * qk_head, m.q_lora_rank}, q_rows));
   } else {
     ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
-                                                   {{heads * qk_head, hidden}, kv_a_shape}));
+                                                   {{heads * qk_head, hidden}, kv_a_shape}, {q_rows, Shard{}}));
   }
   ASSIGN_OR_RETURN(lw.attn.kv_a_norm, w.Load(a + "kv_a_layernorm.weight", {kv_lora}));
-  ASSIGN_OR_RETURN(Tensor kv_b, w.LoadHost(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora}));
+  ASSIGN_OR_RETURN(Tensor kv_b, w.LoadHost(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora},
+                                           Shard::Rows(first * (nope + vdim), (first + local) * (nope + vdim))));
   lw.attn.kv_b = backend_.LoadWeight(kv_b);
-  // Per head h, rows [h*(nope+v), +nope) of kv_b are W_UK[h] [nope, kv_lora], the next v rows
-  // W_UV[h] [v, kv_lora].
-  for (int64_t h = 0; h < heads; ++h) {
+  // Per local head h, rows [h*(nope+v), +nope) of kv_b are W_UK[h] [nope, kv_lora], the next v
+  // rows W_UV[h] [v, kv_lora].
+  for (int64_t h = 0; h < local; ++h) {
     const float* uk = kv_b.ptr<float>() + h * (nope + vdim) * kv_lora;
     Tensor uk_t = Tensor::Empty(DType::kF32, {kv_lora, nope});
     for (int64_t i = 0; i < nope; ++i)
@@ -142,7 +190,8 @@ Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is
     lw.attn.uv.push_back(backend_.LoadWeight(
         TensorView(const_cast<float*>(uk + nope * kv_lora), DType::kF32, {vdim, kv_lora})));
   }
-  ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, heads * vdim}));
+  ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, heads * vdim},
+                                     Shard::Cols(first * vdim, (first + local) * vdim)));
 
   const std::string f = p + "mlp.";
   lw.is_moe = is_moe;
@@ -154,8 +203,10 @@ Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is
     lw.router_bias = backend_.Empty(DType::kF32, {e});
     backend_.CopyFromHost(bias.view().data, lw.router_bias);
   }
-  ASSIGN_OR_RETURN(lw.experts_gate_up, w.LoadExpertsGateUp(f + "experts.", e, inter, c.hidden_size));
-  ASSIGN_OR_RETURN(lw.experts_down, w.LoadExpertsDown(f + "experts.", e, inter, c.hidden_size));
+  ASSIGN_OR_RETURN(lw.experts_gate_up, w.LoadExpertsGateUp(f + "experts.", e, inter, c.hidden_size, first_expert_,
+                                                           num_local_experts_));
+  ASSIGN_OR_RETURN(lw.experts_down, w.LoadExpertsDown(f + "experts.", e, inter, c.hidden_size, first_expert_,
+                                                      num_local_experts_));
   if (c.num_shared_experts > 0)
     RETURN_IF_ERROR(LoadFfn(w, f + "shared_experts.", static_cast<int64_t>(inter) * c.num_shared_experts, &lw.shared));
   return Status::Ok();
@@ -165,6 +216,7 @@ Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
   const ModelConfig& c = config_;
   const MlaConfig& m = c.mla;
   const int64_t hidden = c.hidden_size, rope = m.qk_rope_head_dim, qk_head = m.qk_head_dim();
+  RETURN_IF_ERROR(PlanShard());
   WeightLoader w(checkpoint, backend_);
   w.set_fp8_block(c.quant.block_rows, c.quant.block_cols);
 
@@ -181,8 +233,8 @@ Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
   for (int l = 0; l < c.num_layers; ++l)
     RETURN_IF_ERROR(LoadLayer(w, root + "layers." + std::to_string(l) + ".", c.is_moe_layer(l), &layers_[l]));
   // Multi-token-prediction modules (model.layers.<num_hidden_layers + i>.*), kept for
-  // speculative decoding. transformers' save_pretrained drops them; published checkpoints
-  // carry them.
+  // speculative decoding, split over the ranks like the decoder layers. transformers'
+  // save_pretrained drops them; published checkpoints carry them.
   for (int i = 0; i < c.num_nextn_predict_layers; ++i) {
     const std::string p = root + "layers." + std::to_string(c.num_layers + i) + ".";
     if (!w.Has(p + "eh_proj.weight")) break;
@@ -255,12 +307,15 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
   routing.scaling_factor = static_cast<float>(c.routed_scaling_factor);
   routing.correction_bias = lw.router_bias.view();
   backend_.MoeRoute(router_logits, routing, topk_ids, topk_weights);
+  // TP-EP: every rank routes all tokens and runs the pairs of its own experts.
+  if (shard_.ep_size > 1) ToLocalExpertIds(backend_, topk_ids, first_expert_);
   backend_.MoeExperts(x, topk_ids, topk_weights, lw.experts_gate_up, lw.experts_down, out);
   if (c.num_shared_experts > 0) {
     Tensor shared = backend_.Empty(backend_.activation_dtype(), {tokens, c.hidden_size});
-    Ffn(lw.shared, x, shared);
+    Ffn(lw.shared, x, shared);  // this rank's columns of the shared experts
     backend_.Add(out, shared);
   }
+  AllReduce(shard_.ep, out);  // local experts + shared-expert slice of every rank
 }
 
 // Scores against the latent: q_latent[h] = q_nope[h] W_UK[h] (kv_lora dims) joined with q_rope,
@@ -268,11 +323,11 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
 void DeepseekV3Model::AbsorbedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
                                         const KvCacheView& cache, const TensorView& out) {
   const MlaConfig& m = config_.mla;
-  const int64_t tokens = q.dim(0), heads = config_.num_attention_heads;
+  const int64_t tokens = q.dim(0), heads = num_heads_;
   const int64_t kv_lora = m.kv_lora_rank, latent = kv_lora + m.qk_rope_head_dim, qk_head = m.qk_head_dim();
   const DType act = backend_.activation_dtype();
-  Tensor q_lat = backend_.Empty(act, {tokens, heads, latent});  // [T, Hq, kv_lora + rope]
-  Tensor o_lat = backend_.Empty(act, {tokens, heads, kv_lora});  // [T, Hq, kv_lora]
+  Tensor q_lat = backend_.Empty(act, {tokens, heads, latent});  // [T, Hl, kv_lora + rope]
+  Tensor o_lat = backend_.Empty(act, {tokens, heads, kv_lora});  // [T, Hl, kv_lora]
   TensorView q2d = q.Reshape({tokens, heads * qk_head});
   TensorView q_lat2d = q_lat.view().Reshape({tokens, heads * latent});
   for (int64_t h = 0; h < heads; ++h) {
@@ -291,7 +346,7 @@ void DeepseekV3Model::AbsorbedAttention(const MlaWeights& w, const TensorView& q
 void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
                                             const KvCacheView& cache, const TensorView& out) {
   const MlaConfig& m = config_.mla;
-  const int64_t heads = config_.num_attention_heads, kv_lora = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const int64_t heads = num_heads_, kv_lora = m.kv_lora_rank, rope = m.qk_rope_head_dim;
   const int64_t nope = m.qk_nope_head_dim, vdim = m.v_head_dim, qk_head = m.qk_head_dim();
   const DType act = backend_.activation_dtype();
   const AttentionBatch& ab = batch.attention;
@@ -301,7 +356,6 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
   backend_.CopyToHost(ab.seq_lens, seq_lens.data());
   backend_.CopyToHost(ab.block_tables, tables.data());
   const int bs = cache.block_size();
-  TensorView q2d = q.Reshape({q.dim(0), heads * qk_head});
 
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t ctx = seq_lens[b], q_len = qstart[b + 1] - qstart[b];
@@ -312,15 +366,15 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
       TensorView block = cache.k.Index(tables[b * table_width + j / bs]).Index(0).Slice(0, n);  // [n, D]
       backend_.Copy(block, lat.view().Slice(j, j + n));
     }
-    Tensor kv = backend_.Empty(act, {ctx, heads * (nope + vdim)});  // [ctx, Hq * (nope + v)]
+    Tensor kv = backend_.Empty(act, {ctx, heads * (nope + vdim)});  // [ctx, Hl * (nope + v)]
     backend_.Linear(Columns(lat, 0, kv_lora), w.kv_b, kv);
-    Tensor k = backend_.Empty(act, {ctx, heads, qk_head});  // [ctx, Hq, nope + rope]
+    Tensor k = backend_.Empty(act, {ctx, heads, qk_head});  // [ctx, Hl, nope + rope]
     TensorView k2d = k.view().Reshape({ctx, heads * qk_head});
     for (int64_t h = 0; h < heads; ++h) {
       backend_.Copy(Columns(kv, h * (nope + vdim), nope), Columns(k2d, h * qk_head, nope));
       backend_.Copy(Columns(lat, kv_lora, rope), Columns(k2d, h * qk_head + nope, rope));
     }
-    TensorView v = Heads(kv, heads, nope + vdim, nope, vdim);  // [ctx, Hq, v]
+    TensorView v = Heads(kv, heads, nope + vdim, nope, vdim);  // [ctx, Hl, v]
     // A cache of one block holding exactly this context, in slot order.
     Tensor k_cache = backend_.Empty(act, {1, heads, ctx, qk_head});
     Tensor v_cache = backend_.Empty(act, {1, heads, ctx, vdim});
@@ -349,7 +403,7 @@ void DeepseekV3Model::Attention(int layer, const TensorView& x, const ForwardBat
   const ModelConfig& c = config_;
   const MlaConfig& m = c.mla;
   const MlaWeights& w = layers_[layer].attn;
-  const int64_t tokens = x.dim(0), heads = c.num_attention_heads, qk_head = m.qk_head_dim();
+  const int64_t tokens = x.dim(0), heads = num_heads_, qk_head = m.qk_head_dim();  // this rank's heads
   const int64_t kv_lora = m.kv_lora_rank, rope = m.qk_rope_head_dim;
   const int64_t q_in = m.q_lora_rank > 0 ? m.q_lora_rank : heads * qk_head;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -358,7 +412,7 @@ void DeepseekV3Model::Attention(int layer, const TensorView& x, const ForwardBat
   Tensor a = backend_.Empty(act, {tokens, q_in + kv_lora + rope});  // [T, q_in | kv_lora | rope]
   backend_.Linear(x, w.in_proj, a);
   Tensor q_buf;
-  TensorView q;  // [T, Hq, nope + rope]
+  TensorView q;  // [T, Hl, nope + rope]
   if (m.q_lora_rank > 0) {
     Tensor q_c = backend_.Empty(act, {tokens, q_in});
     backend_.RmsNorm(Columns(a, 0, q_in), w.q_a_norm, eps, q_c, nullptr);
@@ -379,13 +433,14 @@ void DeepseekV3Model::Attention(int layer, const TensorView& x, const ForwardBat
                 Heads(a, 1, kv_lora + rope, q_in + kv_lora, rope), batch.positions, rope_);
   backend_.KvWrite(latent, latent, cache, batch.attention);
 
-  Tensor attn = backend_.Empty(act, {tokens, heads * m.v_head_dim});  // [T, Hq * v]
+  Tensor attn = backend_.Empty(act, {tokens, heads * m.v_head_dim});  // [T, Hl * v]
   if (absorbed) {
     AbsorbedAttention(w, q, batch, cache, attn);
   } else {
     DecompressedAttention(w, q, batch, cache, attn);
   }
-  backend_.Linear(attn, w.o, out);
+  backend_.Linear(attn, w.o, out);  // [T, H], this rank's partial sum
+  AllReduce(shard_.tp, out);
 }
 
 void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
@@ -404,7 +459,8 @@ void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCache
     if (lw.is_moe) {
       Moe(lw, stream.x(), stream.y());
     } else {
-      Ffn(lw.dense, stream.x(), stream.y());
+      Ffn(lw.dense, stream.x(), stream.y());  // [T, H], this rank's partial sum
+      AllReduce(shard_.tp, stream.y());
     }
     stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);
   }
@@ -414,8 +470,8 @@ void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCache
 }  // namespace
 
 Result<std::unique_ptr<Model>> LoadDeepseekV3(const ModelConfig& config, const Checkpoint& checkpoint,
-                                              Backend& backend) {
-  auto model = std::make_unique<DeepseekV3Model>(config, backend);
+                                              Backend& backend, const ModelShard& shard) {
+  auto model = std::make_unique<DeepseekV3Model>(config, backend, shard);
   RETURN_IF_ERROR(model->Load(checkpoint));
   return std::unique_ptr<Model>(std::move(model));
 }

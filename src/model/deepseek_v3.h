@@ -2,6 +2,11 @@
 // experts, after `first_k_dense_replace` dense layers. The KV cache holds one latent per token
 // (kv_lora_rank normed dims + the roped key dims); prefill attends in the decompressed
 // multi-head form, decode with the up-projections absorbed into the query and the output.
+// Tensor parallelism (ModelShard): each rank runs its share of the attention heads (q_b, kv_b
+// and o_proj split by head, the o_proj outputs all-reduced) over the whole latent, which all
+// heads share, so the latent projections and the KV cache are the same on every rank; dense
+// MLPs and shared experts are split by intermediate column, routed experts over the same ranks
+// (TP-EP), one all-reduce per MLP/MoE block.
 #pragma once
 
 #include <memory>
@@ -15,8 +20,9 @@ namespace corolla {
 // decode batches; the other two force one form (tests compare them).
 enum class MlaMode { kAuto, kDecompressed, kAbsorbed };
 
+// With a shard, only this rank's part of each weight is read (see model/model.h).
 Result<std::unique_ptr<Model>> LoadDeepseekV3(const ModelConfig& config, const Checkpoint& checkpoint,
-                                              Backend& backend);
+                                              Backend& backend, const ModelShard& shard = {});
 // Multi-token-prediction modules loaded with the model (0 for other models).
 int NumMtpModules(const Model& model);
 // Forces the attention form of a model loaded by LoadDeepseekV3.

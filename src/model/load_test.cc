@@ -10,6 +10,7 @@
 #include "model/deepseek_v3.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "parallel/communicator.h"
 
 namespace corolla {
 namespace {
@@ -296,12 +297,12 @@ class DeepseekMtp : public ::testing::Test {
     tensors_.emplace_back("model.layers.3.shared_head.head.weight", Tensor::Zeros(DType::kBF16, {1024, h}));
   }
   void TearDown() override { fs::remove_all(dir_); }
-  Result<std::unique_ptr<Model>> Load() {
+  Result<std::unique_ptr<Model>> Load(const ModelShard& shard = {}) {
     std::vector<std::pair<std::string, TensorView>> views;
     for (auto& [n, t] : tensors_) views.emplace_back(n, t.view());
     Status s = WriteSafetensors((dir_ / "model.safetensors").string(), views);
     if (!s.ok()) return s;
-    return LoadModel(dir_.string(), *backend_);
+    return LoadModel(dir_.string(), *backend_, shard);
   }
 
   fs::path dir_;
@@ -315,6 +316,34 @@ TEST_F(DeepseekMtp, LoadsTheModule) {
   EXPECT_EQ(NumMtpModules(**model), 1);
   auto plain = LoadModel("tests/data/models/deepseek-v3", *backend_).value();
   EXPECT_EQ(NumMtpModules(*plain), 0);
+}
+
+// Loading needs a communicator per group; no forward runs, so it is never called.
+class UnusedCommunicator final : public Communicator {
+ public:
+  explicit UnusedCommunicator(int rank) : rank_(rank) {}
+  int size() const override { return 2; }
+  int rank() const override { return rank_; }
+  std::string name() const override { return "unused"; }
+  void AllReduceSum(const TensorView&) override { ADD_FAILURE() << "all-reduce at load"; }
+  void AllToAllV(const TensorView&, std::span<const int64_t>, const TensorView&, std::span<const int64_t>) override {
+    ADD_FAILURE() << "all-to-all at load";
+  }
+
+ private:
+  int rank_;
+};
+
+TEST_F(DeepseekMtp, LoadsTheModuleOnEachTensorParallelRank) {
+  // The MTP layer is split like the decoder layers: each rank takes its heads and experts, and
+  // every tensor counts as used (the other rank's parts included).
+  for (int rank = 0; rank < 2; ++rank) {
+    UnusedCommunicator comm(rank);
+    ModelShard shard{.tp_size = 2, .tp_rank = rank, .tp = &comm, .ep_size = 2, .ep_rank = rank, .ep = &comm};
+    auto model = Load(shard);
+    ASSERT_TRUE(model.ok()) << "rank " << rank << ": " << model.status().ToString();
+    EXPECT_EQ(NumMtpModules(**model), 1);
+  }
 }
 
 TEST_F(DeepseekMtp, NamesAMisshapenTensor) {

@@ -17,11 +17,7 @@ Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backen
       model = LoadQwen3(config, *checkpoint, backend, shard);
       break;
     case ModelFamily::kDeepseekV3:
-      if (shard.tp_size > 1 || shard.ep_size > 1) {
-        model = Unsupported(config.model_type + ": tensor/expert parallelism is not implemented for MLA yet");
-        break;
-      }
-      model = LoadDeepseekV3(config, *checkpoint, backend);
+      model = LoadDeepseekV3(config, *checkpoint, backend, shard);
       break;
   }
   if (!model.ok()) return model.status().WithContext(dir);

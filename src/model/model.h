@@ -33,10 +33,11 @@ struct ModelShard {
   bool dp_ep() const { return dp_size > 1 && ep_size > tp_size; }
 };
 
-// The per-sequence state of one linear-attention layer, indexed by state slot.
+// The per-sequence state of one linear-attention layer, indexed by state slot (under tensor
+// parallelism, of this rank's channels and heads only).
 struct LinearStateView {
   TensorView conv;       // [slots, C, K-1] f32: the last K-1 inputs of the causal conv
-  TensorView recurrent;  // [slots, Hv, Dk, Dv] f32: the delta-rule state
+  TensorView recurrent;  // [slots, Hv, Dk, Dv] f32 or bf16 (StateSpec::recurrent_dtype): the delta-rule state
 };
 
 // One step's inputs, all on the backend's device.
@@ -59,7 +60,8 @@ struct KvCacheSpec {
   bool shared_kv = false;
 };
 
-// What the engine must allocate for the model's per-sequence linear-attention states.
+// What the engine must allocate for the model's per-sequence linear-attention states (this
+// rank's part under tensor parallelism).
 struct StateSpec {
   int num_layers = 0;  // linear-attention layers (0: none)
   int conv_channels = 0;
@@ -67,6 +69,15 @@ struct StateSpec {
   int num_heads = 0;     // value heads
   int key_dim = 0;
   int value_dim = 0;
+  // The delta-rule state's storage; the math stays f32. bf16 halves the state's memory and
+  // traffic at an accuracy cost (BENCHMARKS.md); models ask for f32, the engine's user chooses
+  // (--linear-state-dtype). The conv state is always f32.
+  DType recurrent_dtype = DType::kF32;
+  StateSpec WithRecurrentDtype(DType dtype) const {
+    StateSpec spec = *this;
+    spec.recurrent_dtype = dtype;
+    return spec;
+  }
 };
 
 class Model {

@@ -146,12 +146,10 @@ Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backen
   }
   std::unique_ptr<Checkpoint> checkpoint = Checkpoint::FromViews("<random weights>", views);
   if (deepseek) {
-    if (shard.tp_size > 1 || shard.ep_size > 1)
-      return Unsupported(config.model_type + ": tensor/expert parallelism is not implemented for MLA yet");
     ModelConfig c = config;
     c.num_nextn_predict_layers = 0;  // no MTP weights here
     c.quant = QuantConfig{};         // bf16 weights (what the CUDA path holds after dequantising)
-    return LoadDeepseekV3(c, *checkpoint, backend);
+    return LoadDeepseekV3(c, *checkpoint, backend, shard);
   }
   return LoadQwen3(config, *checkpoint, backend, shard);
 }

@@ -13,7 +13,7 @@ namespace corolla {
 
 // Loads a model of `config`'s architecture (Qwen3 / Qwen3-MoE / Qwen3.5 and Qwen3-Next hybrids /
 // DeepSeek-V3, the last in bf16) with random weights onto `backend`. The weights depend on the
-// seed only, so the ranks of a shard (Qwen3 families) load parts of one and the same model.
+// seed only, so the ranks of a shard load parts of one and the same model.
 Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed,
                                                const ModelShard& shard = {});
 

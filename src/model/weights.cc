@@ -11,7 +11,7 @@ bool IsFloat(DType t) { return t == DType::kBF16 || t == DType::kF16 || t == DTy
 
 }  // namespace
 
-Result<TensorView> WeightLoader::Find(const std::string& name, const Shape& expected) {
+Result<TensorView> WeightLoader::FindShard(const std::string& name, const Shape& expected, const Shard& shard) {
   const SafetensorsEntry* entry = checkpoint_.Find(name);
   if (entry == nullptr)
     return NotFound("tensor " + name + ": missing from the checkpoint (expected " +
@@ -22,13 +22,29 @@ Result<TensorView> WeightLoader::Find(const std::string& name, const Shape& expe
     return InvalidArgument("tensor " + name + ": expected " + expected.ToString() +
                            " bf16/f16/f32/f8_e4m3, got " + view.ToString());
   used_.insert(name);
-  if (fp8) return DequantizeFp8(name, view);
-  return view;
+  if (shard.dim >= 0 && (shard.dim > 1 || view.rank() < shard.dim + 1 || shard.begin < 0 ||
+                         shard.begin > shard.end || shard.end > view.dim(shard.dim)))
+    return InvalidArgument("tensor " + name + ": shard [" + std::to_string(shard.begin) + ", " +
+                           std::to_string(shard.end) + ") of dim " + std::to_string(shard.dim) +
+                           " does not fit " + view.ToString());
+  if (fp8) return DequantizeFp8(name, view, shard);
+  if (shard.dim < 0) return view;
+  if (shard.dim == 0) return view.Slice(shard.begin, shard.end);
+  // Columns of a row-major [rows, cols] matrix: gathered row by row.
+  if (view.rank() != 2) return InvalidArgument("tensor " + name + ": column shards need a 2-D tensor, got " + view.ToString());
+  const int64_t rows = view.dim(0), width = shard.end - shard.begin, esize = DTypeSize(view.dtype);
+  Tensor part = Tensor::Empty(view.dtype, {rows, width});
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(part.view().data) + r * width * esize,
+                static_cast<const char*>(view.data) + (r * view.strides[0] + shard.begin) * esize, width * esize);
+  scratch_.push_back(part);
+  return part.view();
 }
 
-Result<TensorView> WeightLoader::DequantizeFp8(const std::string& name, const TensorView& w) {
+Result<TensorView> WeightLoader::DequantizeFp8(const std::string& name, const TensorView& w, const Shard& shard) {
   const std::string scale_name = name + "_scale_inv";
-  if (w.rank() != 2) return InvalidArgument("tensor " + name + ": fp8 weights must be 2-D, got " + w.ToString());
+  if (w.rank() != 2 || !w.is_contiguous())
+    return InvalidArgument("tensor " + name + ": fp8 weights must be 2-D, got " + w.ToString());
   const int64_t rows = w.dim(0), cols = w.dim(1);
   const int64_t br = fp8_block_rows_, bc = fp8_block_cols_;
   const Shape scale_shape{(rows + br - 1) / br, (cols + bc - 1) / bc};
@@ -40,36 +56,23 @@ Result<TensorView> WeightLoader::DequantizeFp8(const std::string& name, const Te
     return InvalidArgument("tensor " + scale_name + ": expected " + scale_shape.ToString() + " f32, got " +
                            scale.ToString());
   used_.insert(scale_name);
-  // w[i, j] * scale[i / br, j / bc]; the last blocks of each dimension may be partial.
-  Tensor out = Tensor::Empty(DType::kF32, w.shape);
+  // Rows [r0, r1) x columns [c0, c1) of the whole tensor; w[i, j] * scale[i / br, j / bc] with
+  // global i, j, so blocks cut by the shard (or partial at the tensor's end) keep their scale.
+  const int64_t r0 = shard.dim == 0 ? shard.begin : 0, r1 = shard.dim == 0 ? shard.end : rows;
+  const int64_t c0 = shard.dim == 1 ? shard.begin : 0, c1 = shard.dim == 1 ? shard.end : cols;
+  const int64_t width = c1 - c0;
+  Tensor out = Tensor::Empty(DType::kF32, {r1 - r0, width});
   const uint8_t* q = w.ptr<uint8_t>();
   const float* s = scale.ptr<float>();
   float lut[256];
   for (int b = 0; b < 256; ++b) lut[b] = ToFloat(fp8e4m3::FromBits(static_cast<uint8_t>(b)));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      out.ptr<float>()[i * cols + j] = lut[q[i * cols + j]] * s[(i / br) * scale_shape[1] + j / bc];
+  for (int64_t i = r0; i < r1; ++i) {
+    const float* block_scales = s + (i / br) * scale_shape[1];
+    float* dst = out.ptr<float>() + (i - r0) * width;
+    for (int64_t j = c0; j < c1; ++j) dst[j - c0] = lut[q[i * cols + j]] * block_scales[j / bc];
+  }
   scratch_.push_back(out);
   return out.view();
-}
-
-Result<TensorView> WeightLoader::FindShard(const std::string& name, const Shape& expected, const Shard& shard) {
-  ASSIGN_OR_RETURN(TensorView view, Find(name, expected));
-  if (shard.dim < 0) return view;
-  if (view.rank() < shard.dim + 1 || shard.begin < 0 || shard.begin > shard.end || shard.end > view.dim(shard.dim))
-    return InvalidArgument("tensor " + name + ": shard [" + std::to_string(shard.begin) + ", " +
-                           std::to_string(shard.end) + ") of dim " + std::to_string(shard.dim) +
-                           " does not fit " + view.ToString());
-  if (shard.dim == 0) return view.Slice(shard.begin, shard.end);
-  // Columns of a row-major [rows, cols] matrix: gathered row by row.
-  if (view.rank() != 2) return InvalidArgument("tensor " + name + ": column shards need a 2-D tensor, got " + view.ToString());
-  const int64_t rows = view.dim(0), width = shard.end - shard.begin, esize = DTypeSize(view.dtype);
-  Tensor part = Tensor::Empty(view.dtype, {rows, width});
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(static_cast<char*>(part.view().data) + r * width * esize,
-                static_cast<const char*>(view.data) + (r * view.strides[0] + shard.begin) * esize, width * esize);
-  scratch_.push_back(part);
-  return part.view();
 }
 
 void WeightLoader::MarkUsed(const std::string& name) {
@@ -84,8 +87,8 @@ Result<Tensor> WeightLoader::Load(const std::string& name, const Shape& expected
   return t;
 }
 
-Result<Tensor> WeightLoader::LoadHost(const std::string& name, const Shape& expected) {
-  ASSIGN_OR_RETURN(TensorView view, Find(name, expected));
+Result<Tensor> WeightLoader::LoadHost(const std::string& name, const Shape& expected, const Shard& shard) {
+  ASSIGN_OR_RETURN(TensorView view, FindShard(name, expected, shard));
   Tensor host = MakeCpuBackend()->LoadWeight(view);  // the CPU backend's format is host f32
   scratch_.clear();
   return host;

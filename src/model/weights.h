@@ -4,7 +4,9 @@
 // expected and what was found. Block-scaled FP8 weights (`X.weight` F8_E4M3 with
 // `X.weight_scale_inv`, one f32 scale per block) are dequantised on the host before upload.
 // Under tensor/expert parallelism each rank loads only its shard (Shard: a row or column range;
-// an expert range) straight from the mmapped file. Used by one thread during load.
+// an expert range) straight from the mmapped file; of an FP8 weight only the shard is
+// dequantised, each element with the scale of its block in the whole tensor, so a shard may
+// start or end inside a block. Used by one thread during load.
 #pragma once
 
 #include <functional>
@@ -43,8 +45,9 @@ class WeightLoader {
   // Loads `name`, which must have shape `expected` and a float dtype (bf16, f16, f32).
   // With a shard, `expected` is the whole tensor's shape and only the shard is uploaded.
   Result<Tensor> Load(const std::string& name, const Shape& expected, const Shard& shard = {});
-  // `name` as a host f32 tensor (widened or dequantised), for weights the model derives others from.
-  Result<Tensor> LoadHost(const std::string& name, const Shape& expected);
+  // `name` (or its shard) as a host f32 tensor (widened or dequantised), for weights the model
+  // derives others from.
+  Result<Tensor> LoadHost(const std::string& name, const Shape& expected, const Shard& shard = {});
   // Loads several tensors concatenated along dim 0 (fused projections such as q|k|v).
   // `shards`: one per name, or empty for whole tensors.
   Result<Tensor> LoadConcat(const std::vector<std::string>& names, const std::vector<Shape>& expected,
@@ -63,11 +66,13 @@ class WeightLoader {
   Status CheckAllUsed(const std::function<bool(const std::string&)>& ignore) const;
 
  private:
-  // The host view of `name`, dequantised to f32 into scratch_ when it is FP8.
-  Result<TensorView> Find(const std::string& name, const Shape& expected);
-  Result<TensorView> DequantizeFp8(const std::string& name, const TensorView& w);
-  // Find, then cut out `shard` (columns are copied into scratch_).
+  // The host view of `shard` of `name` (all of it without one): float rows straight from the
+  // file, float columns copied into scratch_, FP8 dequantised to f32 into scratch_.
   Result<TensorView> FindShard(const std::string& name, const Shape& expected, const Shard& shard);
+  Result<TensorView> Find(const std::string& name, const Shape& expected) { return FindShard(name, expected, {}); }
+  // `shard` of the 2-D FP8 weight w [rows, cols] as f32: element (i, j) of the whole tensor
+  // times the scale of block (i / block_rows, j / block_cols).
+  Result<TensorView> DequantizeFp8(const std::string& name, const TensorView& w, const Shard& shard);
   // Records `name` (and its fp8 scales) as used without reading it: another rank's shard.
   void MarkUsed(const std::string& name);
 

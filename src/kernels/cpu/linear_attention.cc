@@ -1,10 +1,14 @@
 // Gated DeltaNet on the CPU: causal conv1d with a rolling state, the gated delta rule in its
 // recurrent form (the reference every chunked kernel is checked against), the gated RMSNorm,
-// and the sigmoid gates of gated attention and the shared expert. float32 throughout.
+// and the sigmoid gates of gated attention and the shared expert. float32 math throughout. A bf16
+// recurrent state is stored as bf16 and widened on read: each sequence's chunk starts from the
+// widened state, runs in f32 and writes it back rounded to nearest even once at its end, as
+// the CUDA kernel does (so decoding rounds after every token, one prefill chunk once).
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "base/numeric.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/ops.h"
 
@@ -82,15 +86,23 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
   COROLLA_CHECK(hv % hk == 0 && k.dim(1) == hk && k.dim(2) == dk && state.dim(1) == hv && state.dim(2) == dk &&
                 state.dim(3) == dv && a.dim(1) == hv && b.dim(1) == hv && out.dim(1) == hv && out.dim(2) == dv)
       << "gated delta rule q " << q.ToString() << " v " << v.ToString() << " state " << state.ToString();
+  const bool bf16_state = state.dtype == DType::kBF16;
+  COROLLA_CHECK((state.dtype == DType::kF32 || bf16_state) && state.strides[2] == dv && state.strides[3] == 1)
+      << "gated delta rule state: expected f32 or bf16 with contiguous [Dk, Dv] heads, got " << state.ToString();
   const int64_t group = hv / hk;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   for (const SeqRange& s : Sequences(batch, state_slots)) {
     COROLLA_CHECK(s.slot >= 0 && s.slot < state.dim(0)) << "state slot " << s.slot;
     ThreadPool::Default().ParallelFor(hv, 1, [&](int64_t h0, int64_t h1) {
-      std::vector<float> qn(dk), kn(dk), kv(dv);
+      std::vector<float> qn(dk), kn(dk), kv(dv), widened(bf16_state ? dk * dv : 0);
       for (int64_t h = h0; h < h1; ++h) {
-        float* S = state.ptr<float>() + s.slot * state.strides[0] + h * state.strides[1];  // [Dk, Dv]
-        if (s.fresh) std::fill_n(S, dk * dv, 0.0f);
+        const int64_t offset = s.slot * state.strides[0] + h * state.strides[1];
+        float* S = bf16_state ? widened.data() : state.ptr<float>() + offset;  // [Dk, Dv]
+        if (s.fresh) {
+          std::fill_n(S, dk * dv, 0.0f);
+        } else if (bf16_state) {
+          for (int64_t i = 0; i < dk * dv; ++i) S[i] = ToFloat(state.ptr<bf16>()[offset + i]);
+        }
         const float decay_rate = -std::exp(a_log.ptr<float>()[h]);
         const float bias = dt_bias.ptr<float>()[h];
         for (int64_t t = s.begin; t < s.end; ++t) {
@@ -130,6 +142,8 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
             }
           }
         }
+        if (bf16_state)
+          for (int64_t i = 0; i < dk * dv; ++i) state.ptr<bf16>()[offset + i] = ToBf16(S[i]);
       }
     });
   }

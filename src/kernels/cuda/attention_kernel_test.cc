@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <numeric>
 
@@ -217,6 +218,67 @@ TEST_F(CudaKernelTest, AttentionDecodeBatch64Ctx8k) {
 // 4 Hq D flops per (query, visible key) pair, against the bf16 matmul rate measured here; decode
 // B 1/64/256 at context 1k and 8k, GB/s of KV read, against the measured HBM copy rate. Both
 // kernels; split-KV at its default.
+// The fused prologue (attention_prologue.cu) against the CPU backend's four ops, on q/k/v laid
+// out as Qwen3's forward has them: strided views into one [T, q | k | v] row (q heads 2D apart
+// when an output gate sits between them), norm weights in f32 and bf16, scattered cache slots.
+TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  struct Case { int64_t tokens, hq, hk, d; bool gate; DType w; };
+  for (Case c : {Case{1, 32, 4, 128, false, DType::kF32}, Case{7, 8, 8, 64, false, DType::kBF16},
+                 Case{130, 16, 2, 128, true, DType::kF32}, Case{5, 4, 2, 256, false, DType::kBF16},
+                 Case{33, 32, 4, 128, false, DType::kBF16}}) {
+    const int64_t t = c.tokens, d = c.d, q_cols = c.hq * d * (c.gate ? 2 : 1), width = q_cols + 2 * c.hk * d;
+    const int bs = 16, blocks = static_cast<int>((t + bs - 1) / bs) + 2;
+    auto qkv = RandomBf16(t * width, 2.f);
+    auto qw = RandomBf16(d, 1.f), kw = RandomBf16(d, 1.f);
+    auto kc = RandomBf16(int64_t{blocks} * c.hk * bs * d), vc = RandomBf16(int64_t{blocks} * c.hk * bs * d);
+    std::vector<int32_t> pos(t), slots(t);
+    for (int64_t i = 0; i < t; ++i) {
+      pos[i] = static_cast<int32_t>(std::uniform_int_distribution<int>(0, 40000)(Rng()));
+      slots[i] = static_cast<int32_t>((i * 7) % (blocks * bs));  // distinct: 7 is coprime to the slot count
+    }
+    const Shape cshape{blocks, c.hk, bs, d};
+    auto views = [&](const Tensor& row) {
+      auto heads = [&](int64_t first, int64_t n, int64_t stride) {
+        TensorView v = row.view();
+        v.data = static_cast<char*>(v.data) + first * DTypeSize(row.dtype());
+        v.shape = {t, n, d};
+        v.strides = {width, stride, 1, 0};
+        return v;
+      };
+      return std::array<TensorView, 3>{heads(0, c.hq, c.gate ? 2 * d : d), heads(q_cols, c.hk, d),
+                                       heads(q_cols + c.hk * d, c.hk, d)};
+    };
+    const RopeParams rope{static_cast<int>(d), 1e6f};
+    const std::string shape = "T" + std::to_string(t) + " Hq" + std::to_string(c.hq) + " Hk" + std::to_string(c.hk) +
+                              " D" + std::to_string(d) + (c.gate ? " gate" : "") + (c.w == DType::kF32 ? " w-f32" : " w-bf16");
+    // CPU: the four ops in f32.
+    Tensor cqkv = HostF32(qkv, {t, width}), ckc = HostF32(kc, cshape), cvc = HostF32(vc, cshape);
+    Tensor cqw = HostF32(qw, {d}), ckw = HostF32(kw, {d}), cpos = HostI32(pos, {t}), cslots = HostI32(slots, {t});
+    AttentionBatch cb{Tensor(), Tensor(), Tensor(), cslots, 1, 1};
+    auto [cq, ck, cv] = views(cqkv);
+    cpu->QkNormRopeKvWrite(cq, ck, cv, cqw, ckw, 1e-6f, cpos, rope, KvCacheView{ckc, cvc}, cb);
+    // GPU: the fused kernel.
+    Tensor gqkv = Upload(gpu(), qkv, {t, width}, DType::kBF16), gkc = Upload(gpu(), kc, cshape, DType::kBF16);
+    Tensor gvc = Upload(gpu(), vc, cshape, DType::kBF16);
+    Tensor gqw = Upload(gpu(), qw, {d}, c.w), gkw = Upload(gpu(), kw, {d}, c.w);
+    Tensor gpos = UploadI32(gpu(), pos, {t}), gslots = UploadI32(gpu(), slots, {t});
+    AttentionBatch gb{Tensor(), Tensor(), Tensor(), gslots, 1, 1};
+    auto [gq, gk, gv] = views(gqkv);
+    gpu().QkNormRopeKvWrite(gq, gk, gv, gqw, gkw, 1e-6f, gpos, rope, KvCacheView{gkc, gvc}, gb);
+    const double e_qkv = RelError(Download(gpu(), gqkv), std::vector<float>(cqkv.ptr<float>(), cqkv.ptr<float>() + t * width));
+    const int64_t cn = int64_t{blocks} * c.hk * bs * d;
+    const double e_k = RelError(Download(gpu(), gkc), std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cn));
+    const double e_v = RelError(Download(gpu(), gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + cn));
+    Record("QkNormRopeKvWrite.qkv", shape, e_qkv, kBf16Tol);
+    Record("QkNormRopeKvWrite.k_cache", shape, e_k, kBf16Tol);
+    Record("QkNormRopeKvWrite.v_cache", shape, e_v, 0);
+    EXPECT_LT(e_qkv, kBf16Tol) << shape;
+    EXPECT_LT(e_k, kBf16Tol) << shape;
+    EXPECT_EQ(e_v, 0.0) << shape;
+  }
+}
+
 TEST(CudaPerf, Attention) {
   Backend* gpu_ptr = Gpu();
   if (gpu_ptr == nullptr) GTEST_SKIP() << "no CUDA device";

@@ -164,10 +164,9 @@ void CudaBackend::RmsNorm(const TensorView& x, const TensorView& w, float eps, c
 void CudaBackend::HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) {
   cuda::HeadRmsNorm(x, w, eps, stream_);
 }
-void CudaBackend::Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
-                       const RopeParams& params) {
-  // Frequencies computed on the host exactly as the CPU twin does (YaRN included), uploaded once
-  // per distinct set: no pageable copy (a host synchronisation) inside a forward.
+// Frequencies computed on the host exactly as the CPU twin does (YaRN included), uploaded once
+// per distinct set: no pageable copy (a host synchronisation) inside a forward.
+const float* CudaBackend::RopeFreqs(const RopeParams& params) {
   std::vector<float> freqs = RopeInvFreq(params);
   auto it = rope_freqs_.find(freqs);
   if (it == rope_freqs_.end()) {
@@ -176,7 +175,20 @@ void CudaBackend::Rope(const TensorView& q, const TensorView& k, const TensorVie
                                   cudaMemcpyHostToDevice));
     it = rope_freqs_.emplace(std::move(freqs), std::move(t)).first;
   }
-  cuda::Rope(q, k, positions, params, it->second.ptr<float>(), stream_);
+  return it->second.ptr<float>();
+}
+void CudaBackend::Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
+                       const RopeParams& params) {
+  cuda::Rope(q, k, positions, params, RopeFreqs(params), stream_);
+}
+void CudaBackend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                    const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
+                                    const AttentionBatch& batch) {
+  // One launch for the layouts attention_prologue.cu covers, else the four ops.
+  if (!cuda::QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, RopeFreqs(rope), cache, batch,
+                               stream_))
+    Backend::QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // A few rows: our weight-streaming GEMV (gemv.cu); else, or when its layout rules out, cuBLASLt.

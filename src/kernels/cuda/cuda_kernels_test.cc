@@ -380,53 +380,66 @@ TEST_F(CudaKernelTest, CausalConv1d) {
     }
 }
 
+// The recurrent state in f32 and in bf16 (--linear-state-dtype bf16: read widened, written back
+// rounded once per chunk, on both backends). The bf16 state's bound is the bf16 one: where the
+// two backends' f32 sums differ in the last bits, a rounding may go the other way (one ulp).
 TEST_F(CudaKernelTest, GatedDeltaRule) {
   struct Heads { int64_t hk, hv, dk, dv; };
-  for (Heads h : {Heads{2, 4, 32, 32}, Heads{1, 1, 64, 64}, Heads{16, 64, 128, 128}, Heads{2, 2, 128, 96}})
-    for (const auto& [q_lens, prefixes] : LinearBatches()) {
-      const int64_t slots = 6;
-      LinearBatch lb(q_lens, prefixes, slots);
-      const int64_t t = lb.tokens();
-      // q | k | v columns of one mixed buffer, b | a columns of a projection of odd width.
-      const int64_t width = 2 * h.hk * h.dk + h.hv * h.dv, pw = 2 * h.hv + 3;
-      auto mixed = RandomBf16(t * width, 1.f), proj = RandomBf16(t * pw, 3.f);
-      auto alog = RandomBf16(h.hv, 1.f), dtb = RandomBf16(h.hv, 1.f), st = RandomBf16(slots * h.hv * h.dk * h.dv, 0.2f);
-      const Shape sshape{slots, h.hv, h.dk, h.dv};
-      Tensor cm = HostF32(mixed, {t, width}), cp = HostF32(proj, {t, pw});
-      Tensor cal = HostF32(alog, {h.hv}), cdt = HostF32(dtb, {h.hv}), cst = HostF32(st, sshape);
-      Tensor cqs = HostI32(lb.qstart, {lb.num_seqs() + 1}), csl = HostI32(lb.seq_lens, {lb.num_seqs()});
-      Tensor cslots = HostI32(lb.slots, {lb.num_seqs()});
-      Tensor cout = Tensor::Empty(DType::kF32, {t, h.hv, h.dv});
-      AttentionBatch cb{cqs, csl, TensorView(), TensorView(), lb.max_q, 0};
-      auto run = [&](Backend* be, const Tensor& m, const Tensor& p, const Tensor& al, const Tensor& dt, const Tensor& s,
-                     const Tensor& sl, const AttentionBatch& ab, const Tensor& out) {
-        TensorView q = HeadCols(m, width, 0, h.hk, h.dk), k = HeadCols(m, width, h.hk * h.dk, h.hk, h.dk);
-        TensorView v = HeadCols(m, width, 2 * h.hk * h.dk, h.hv, h.dv);
-        TensorView b = Cols(p, pw, 1, h.hv), a = Cols(p, pw, 1 + h.hv, h.hv);
-        if (be == nullptr)
-          cpu::GatedDeltaRule(q, k, v, a, b, al, dt, s, sl, ab, out);
-        else
-          be->GatedDeltaRule(q, k, v, a, b, al, dt, s, sl, ab, out);
-      };
-      run(nullptr, cm, cp, cal, cdt, cst, cslots, cb, cout);
-      Tensor gm = Upload(gpu(), mixed, {t, width}, DType::kBF16), gp = Upload(gpu(), proj, {t, pw}, DType::kBF16);
-      Tensor gal = Upload(gpu(), alog, {h.hv}, DType::kF32), gdt = Upload(gpu(), dtb, {h.hv}, DType::kF32);
-      Tensor gst = Upload(gpu(), st, sshape, DType::kF32);
-      Tensor gqs = UploadI32(gpu(), lb.qstart, {lb.num_seqs() + 1}), gsl = UploadI32(gpu(), lb.seq_lens, {lb.num_seqs()});
-      Tensor gslots = UploadI32(gpu(), lb.slots, {lb.num_seqs()});
-      Tensor gout = gpu().Empty(DType::kBF16, {t, h.hv, h.dv});
-      Poison(gpu(), gout);
-      AttentionBatch gb{gqs, gsl, TensorView(), TensorView(), lb.max_q, 0};
-      run(&gpu(), gm, gp, gal, gdt, gst, gslots, gb, gout);
-      const std::string shape = "Hk" + std::to_string(h.hk) + " Hv" + std::to_string(h.hv) + " Dk" + std::to_string(h.dk) +
-                                " Dv" + std::to_string(h.dv) + " " + lb.Name();
-      double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + cout.numel()));
-      double es = RelError(Download(gpu(), gst), std::vector<float>(cst.ptr<float>(), cst.ptr<float>() + cst.numel()));
-      Record("GatedDeltaRule", shape, e, kBf16Tol);
-      Record("GatedDeltaRule.state", shape, es, 1e-3);
-      EXPECT_LT(e, kBf16Tol) << shape;
-      EXPECT_LT(es, 1e-3) << shape;
-    }
+  for (DType state_dtype : {DType::kF32, DType::kBF16})
+    for (Heads h : {Heads{2, 4, 32, 32}, Heads{1, 1, 64, 64}, Heads{16, 64, 128, 128}, Heads{2, 2, 128, 96}})
+      for (const auto& [q_lens, prefixes] : LinearBatches()) {
+        const int64_t slots = 6;
+        LinearBatch lb(q_lens, prefixes, slots);
+        const int64_t t = lb.tokens();
+        // q | k | v columns of one mixed buffer, b | a columns of a projection of odd width.
+        const int64_t width = 2 * h.hk * h.dk + h.hv * h.dv, pw = 2 * h.hv + 3;
+        auto mixed = RandomBf16(t * width, 1.f), proj = RandomBf16(t * pw, 3.f);
+        auto alog = RandomBf16(h.hv, 1.f), dtb = RandomBf16(h.hv, 1.f), st = RandomBf16(slots * h.hv * h.dk * h.dv, 0.2f);
+        const Shape sshape{slots, h.hv, h.dk, h.dv};
+        const bool bf16_state = state_dtype == DType::kBF16;
+        Tensor cm = HostF32(mixed, {t, width}), cp = HostF32(proj, {t, pw});
+        Tensor cal = HostF32(alog, {h.hv}), cdt = HostF32(dtb, {h.hv}), cst = HostF32(st, sshape);
+        if (bf16_state) {  // the CPU twin's bf16 state (st is bf16-exact)
+          cst = Tensor::Empty(DType::kBF16, sshape);
+          for (size_t i = 0; i < st.size(); ++i) cst.ptr<bf16>()[i] = ToBf16(st[i]);
+        }
+        Tensor cqs = HostI32(lb.qstart, {lb.num_seqs() + 1}), csl = HostI32(lb.seq_lens, {lb.num_seqs()});
+        Tensor cslots = HostI32(lb.slots, {lb.num_seqs()});
+        Tensor cout = Tensor::Empty(DType::kF32, {t, h.hv, h.dv});
+        AttentionBatch cb{cqs, csl, TensorView(), TensorView(), lb.max_q, 0};
+        auto run = [&](Backend* be, const Tensor& m, const Tensor& p, const Tensor& al, const Tensor& dt, const Tensor& s,
+                       const Tensor& sl, const AttentionBatch& ab, const Tensor& out) {
+          TensorView q = HeadCols(m, width, 0, h.hk, h.dk), k = HeadCols(m, width, h.hk * h.dk, h.hk, h.dk);
+          TensorView v = HeadCols(m, width, 2 * h.hk * h.dk, h.hv, h.dv);
+          TensorView b = Cols(p, pw, 1, h.hv), a = Cols(p, pw, 1 + h.hv, h.hv);
+          if (be == nullptr)
+            cpu::GatedDeltaRule(q, k, v, a, b, al, dt, s, sl, ab, out);
+          else
+            be->GatedDeltaRule(q, k, v, a, b, al, dt, s, sl, ab, out);
+        };
+        run(nullptr, cm, cp, cal, cdt, cst, cslots, cb, cout);
+        Tensor gm = Upload(gpu(), mixed, {t, width}, DType::kBF16), gp = Upload(gpu(), proj, {t, pw}, DType::kBF16);
+        Tensor gal = Upload(gpu(), alog, {h.hv}, DType::kF32), gdt = Upload(gpu(), dtb, {h.hv}, DType::kF32);
+        Tensor gst = Upload(gpu(), st, sshape, state_dtype);
+        Tensor gqs = UploadI32(gpu(), lb.qstart, {lb.num_seqs() + 1}), gsl = UploadI32(gpu(), lb.seq_lens, {lb.num_seqs()});
+        Tensor gslots = UploadI32(gpu(), lb.slots, {lb.num_seqs()});
+        Tensor gout = gpu().Empty(DType::kBF16, {t, h.hv, h.dv});
+        Poison(gpu(), gout);
+        AttentionBatch gb{gqs, gsl, TensorView(), TensorView(), lb.max_q, 0};
+        run(&gpu(), gm, gp, gal, gdt, gst, gslots, gb, gout);
+        const std::string shape = "Hk" + std::to_string(h.hk) + " Hv" + std::to_string(h.hv) + " Dk" + std::to_string(h.dk) +
+                                  " Dv" + std::to_string(h.dv) + " " + lb.Name() + (bf16_state ? " bf16 state" : "");
+        std::vector<float> ref_state(cst.numel());
+        for (int64_t i = 0; i < cst.numel(); ++i)
+          ref_state[i] = bf16_state ? ToFloat(cst.ptr<bf16>()[i]) : cst.ptr<float>()[i];
+        double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + cout.numel()));
+        double es = RelError(Download(gpu(), gst), ref_state);
+        const double state_tol = bf16_state ? kBf16Tol : 1e-3;
+        Record("GatedDeltaRule", shape, e, kBf16Tol);
+        Record("GatedDeltaRule.state", shape, es, state_tol);
+        EXPECT_LT(e, kBf16Tol) << shape;
+        EXPECT_LT(es, state_tol) << shape;
+      }
 }
 
 TEST_F(CudaKernelTest, GatedRmsNorm) {

@@ -1,7 +1,9 @@
 // Gated DeltaNet on the GPU (Qwen3.5 / Qwen3-Next hybrids) and the sigmoid gates of gated
 // attention: SigmoidMul, CausalConv1d (conv + SiLU + rolling-state update in one kernel, prefill
 // chunks and decode alike), the gated delta rule in its recurrent form, GatedRmsNorm.
-// Activations bf16, states and all math f32. The CPU twins are kernels/cpu/linear_attention.cc.
+// Activations bf16, all math f32; the conv state is f32, the recurrent state f32 or bf16 (read
+// once per chunk into registers, written back rounded once at its end: a decode step rounds it
+// once). The CPU twins are kernels/cpu/linear_attention.cc.
 //
 // Recurrent delta rule: a value head's state S [Dk, Dv] splits by columns (each column j of S
 // evolves alone given q, k, beta, g), so one CTA owns (sequence, value head, 32 columns) and
@@ -142,7 +144,7 @@ struct DeltaRuleParams {
   int64_t b_stride;
   const float* a_log;
   const float* dt_bias;
-  float* state;  // [slots, Hv, Dk, Dv]
+  void* state;  // [slots, Hv, Dk, Dv] of StateT
   int64_t num_slots;
   const int32_t* slots;
   const int32_t* query_start;
@@ -156,7 +158,12 @@ struct DeltaRuleParams {
 constexpr int kDeltaWarps = 4;
 constexpr int kDeltaCols = 32;
 
-template <int kDk>
+__device__ __forceinline__ float StateLoad(const float* p) { return *p; }
+__device__ __forceinline__ float StateLoad(const bf16_t* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void StateStore(float* p, float v) { *p = v; }
+__device__ __forceinline__ void StateStore(bf16_t* p, float v) { *p = __float2bfloat16(v); }  // nearest even
+
+template <int kDk, typename StateT>
 __global__ void __launch_bounds__(kDeltaWarps * 32) GatedDeltaRuleKernel(const __grid_constant__ DeltaRuleParams p) {
   constexpr int kRows = kDk / kDeltaWarps;  // state rows per thread
   __shared__ float sq[kDk], sk[kDk];
@@ -170,11 +177,12 @@ __global__ void __launch_bounds__(kDeltaWarps * 32) GatedDeltaRuleKernel(const _
   const bool fresh = p.seq_lens[seq] - (end - begin) == 0;
   const int32_t slot = p.slots[seq];
   if (slot < 0 || slot >= p.num_slots) return;  // whole CTA: no barrier is skipped by part of it
-  float* S = p.state + ((static_cast<int64_t>(slot) * p.hv + h) * kDk) * p.dv;
+  StateT* S = static_cast<StateT*>(p.state) + ((static_cast<int64_t>(slot) * p.hv + h) * kDk) * p.dv;
   const int row0 = warp * kRows;
   float s[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) s[r] = (!fresh && col_ok) ? S[static_cast<int64_t>(row0 + r) * p.dv + col] : 0.0f;
+  for (int r = 0; r < kRows; ++r)
+    s[r] = (!fresh && col_ok) ? StateLoad(S + static_cast<int64_t>(row0 + r) * p.dv + col) : 0.0f;
   const float decay_rate = -expf(p.a_log[h]);
   const float bias = p.dt_bias[h];
   const int kh = h / p.group;
@@ -239,7 +247,7 @@ __global__ void __launch_bounds__(kDeltaWarps * 32) GatedDeltaRuleKernel(const _
   }
   if (col_ok) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) S[static_cast<int64_t>(row0 + r) * p.dv + col] = s[r];
+    for (int r = 0; r < kRows; ++r) StateStore(S + static_cast<int64_t>(row0 + r) * p.dv + col, s[r]);
   }
 }
 
@@ -339,7 +347,9 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
   for (const TensorView* t : {&q, &k, &v, &a, &b, &out}) CheckBf16Rows(*t, "gated delta rule input/output");
   CheckF32Dev(a_log, "A_log");
   CheckF32Dev(dt_bias, "dt_bias");
-  CheckF32Dev(state, "recurrent state");
+  COROLLA_CHECK((state.dtype == DType::kF32 || state.dtype == DType::kBF16) && state.device == Device::kCuda &&
+                state.is_contiguous())
+      << "recurrent state: expected a contiguous f32 or bf16 cuda tensor, got " << state.ToString();
   CheckI32Dev(state_slots, "state_slots");
   CheckI32Dev(batch.query_start, "query_start");
   CheckI32Dev(batch.seq_lens, "seq_lens");
@@ -356,14 +366,18 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
   if (tokens == 0 || num_seqs == 0) return;
   DeltaRuleParams p{q.ptr<bf16_t>(), q.strides[0], q.strides[1], k.ptr<bf16_t>(), k.strides[0], k.strides[1],
                     v.ptr<bf16_t>(), v.strides[0], v.strides[1], a.ptr<bf16_t>(), Stride0(a),
-                    b.ptr<bf16_t>(), Stride0(b), a_log.ptr<float>(), dt_bias.ptr<float>(), state.ptr<float>(),
+                    b.ptr<bf16_t>(), Stride0(b), a_log.ptr<float>(), dt_bias.ptr<float>(), state.data,
                     state.dim(0), state_slots.ptr<int32_t>(), batch.query_start.ptr<int32_t>(),
                     batch.seq_lens.ptr<int32_t>(), out.ptr<bf16_t>(), out.strides[0], out.strides[1],
                     static_cast<int>(hv), static_cast<int>(hv / hk), static_cast<int>(dv),
                     1.0f / std::sqrt(static_cast<float>(dk))};
   dim3 grid(CeilDiv(dv, kDeltaCols), static_cast<unsigned>(hv), static_cast<unsigned>(num_seqs));
+  const bool bf16_state = state.dtype == DType::kBF16;
   const bool ok = DispatchHeadDim(static_cast<int>(dk), [&](auto d) {
-    GatedDeltaRuleKernel<decltype(d)::value><<<grid, kDeltaWarps * 32, 0, s>>>(p);
+    if (bf16_state)
+      GatedDeltaRuleKernel<decltype(d)::value, bf16_t><<<grid, kDeltaWarps * 32, 0, s>>>(p);
+    else
+      GatedDeltaRuleKernel<decltype(d)::value, float><<<grid, kDeltaWarps * 32, 0, s>>>(p);
   });
   COROLLA_CHECK(ok) << "gated delta rule: key head dim " << dk << " is not in the supported table (32, 64, 128, 256)";
   COROLLA_CUDA_CHECK_LAUNCH();

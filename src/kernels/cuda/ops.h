@@ -90,6 +90,13 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
 void GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps, const TensorView& out,
                   cudaStream_t s);
 
+// attention_prologue.cu: Backend::QkNormRopeKvWrite in one launch when the layout is covered
+// (whole-head neox rotary, D 64/128/256, separate K/V caches); false (nothing launched) otherwise.
+// inv_freq: device [D / 2], RopeInvFreq(rope).
+bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                       const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                       const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, cudaStream_t s);
+
 // attention.cu
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);

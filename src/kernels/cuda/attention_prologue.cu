@@ -1,0 +1,141 @@
+// The ops between Qwen3's qkv projection and its attention in one launch (Backend::
+// QkNormRopeKvWrite): per-head RMSNorm of q and k, neox rotary embedding over the whole head,
+// and the paged KV write of k and v. One warp per (token, head) over the q, k and v heads of
+// the step; lane l holds elements [l D/32, (l + 1) D/32), so the rotary partner of an element
+// (i +- D/2) sits in lane l ^ 16. The normalised values stay in f32 into the rotation (the
+// separate ops round them to bf16 in between).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace corolla::cuda {
+namespace {
+
+struct PrologueParams {
+  bf16_t* q;
+  int64_t q_token_stride, q_head_stride;
+  bf16_t* k;
+  int64_t k_token_stride, k_head_stride;
+  const bf16_t* v;
+  int64_t v_token_stride, v_head_stride;
+  const void* q_w;
+  const void* k_w;
+  bool q_w_f32, k_w_f32;
+  float eps;
+  const int32_t* positions;
+  const float* inv_freq;  // [D / 2]
+  float attention_factor;
+  bf16_t* k_cache;  // [num_blocks, Hk, block_size, D]
+  bf16_t* v_cache;
+  const int32_t* slots;
+  int64_t num_slots;
+  int block_size;
+  int64_t tokens;
+  int hq, hk;
+};
+
+template <int kN>
+struct alignas(2 * kN) BfVec {
+  bf16_t v[kN];
+};
+
+__device__ __forceinline__ float WeightAt(const void* w, bool f32, int i) {
+  return f32 ? static_cast<const float*>(w)[i] : __bfloat162float(static_cast<const bf16_t*>(w)[i]);
+}
+
+template <int kD>
+__global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p) {
+  constexpr int kPer = kD / 32, kHalf = kD / 2;
+  using Vec = BfVec<kPer>;
+  const int heads = p.hq + 2 * p.hk;
+  const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (g >= p.tokens * heads) return;  // whole warps
+  const int64_t t = g / heads;
+  const int h = static_cast<int>(g % heads), e0 = lane * kPer;
+  const int slot = p.slots[t];
+  const bool to_cache = slot >= 0 && slot < p.num_slots;  // padding tokens have no slot
+  const int64_t block = to_cache ? slot / p.block_size : 0, offset = to_cache ? slot % p.block_size : 0;
+  auto cache_at = [&](bf16_t* cache, int kv_head) {
+    return cache + ((block * p.hk + kv_head) * p.block_size + offset) * kD + e0;
+  };
+  if (h >= p.hq + p.hk) {  // a v head: into the cache as it is
+    const int kv = h - p.hq - p.hk;
+    if (to_cache)
+      *reinterpret_cast<Vec*>(cache_at(p.v_cache, kv)) =
+          *reinterpret_cast<const Vec*>(p.v + t * p.v_token_stride + kv * p.v_head_stride + e0);
+    return;
+  }
+  const bool is_q = h < p.hq;
+  bf16_t* x = is_q ? p.q + t * p.q_token_stride + h * p.q_head_stride
+                   : p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
+  const Vec in = *reinterpret_cast<const Vec*>(x + e0);
+  float a[kPer];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    a[i] = __bfloat162float(in.v[i]);
+    ss += a[i] * a[i];
+  }
+  ss = WarpSum(ss);
+  const float inv = rsqrtf(ss / kD + p.eps);
+  const void* w = is_q ? p.q_w : p.k_w;
+  const bool w_f32 = is_q ? p.q_w_f32 : p.k_w_f32;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) a[i] = WeightAt(w, w_f32, e0 + i) * (a[i] * inv);
+  // Neox pairs (i, i + D/2): lanes 0-15 hold the first halves, lanes 16-31 their partners.
+  const float pos = static_cast<float>(p.positions[t]);
+  Vec out;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const float partner = __shfl_xor_sync(0xffffffffu, a[i], 16);
+    float s, c;
+    sincosf(pos * p.inv_freq[(e0 + i) % kHalf], &s, &c);  // angle in fp32, as the CPU twin
+    c *= p.attention_factor;
+    s *= p.attention_factor;
+    out.v[i] = __float2bfloat16(lane < 16 ? a[i] * c - partner * s : a[i] * c + partner * s);
+  }
+  *reinterpret_cast<Vec*>(x + e0) = out;
+  if (!is_q && to_cache) *reinterpret_cast<Vec*>(cache_at(p.k_cache, h - p.hq)) = out;
+}
+
+bool Aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+}  // namespace
+
+bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                       const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                       const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, cudaStream_t s) {
+  const int64_t d = q.dim(2), tokens = q.dim(0);
+  // Covered: Qwen3's layout (whole-head neox rotary, separate K/V caches of the head dim).
+  const bool shape_ok =
+      q.rank() == 3 && k.rank() == 3 && v.rank() == 3 && k.dim(2) == d && v.dim(2) == d && k.dim(0) == tokens &&
+      v.dim(0) == tokens && v.dim(1) == k.dim(1) && q.dtype == DType::kBF16 && k.dtype == DType::kBF16 &&
+      v.dtype == DType::kBF16 && cache.k.dtype == DType::kBF16 && cache.v.dtype == DType::kBF16 &&
+      cache.k.data != cache.v.data && cache.k.rank() == 4 && cache.k.dim(3) == d && cache.v.dim(3) == d &&
+      cache.k.dim(1) == k.dim(1) && cache.k.is_contiguous() && cache.v.is_contiguous() &&
+      rope.rotary_dim == d && !rope.interleaved && (d == 64 || d == 128 || d == 256) && q.strides[2] == 1 &&
+      (q_norm_w.dtype == DType::kF32 || q_norm_w.dtype == DType::kBF16) &&
+      (k_norm_w.dtype == DType::kF32 || k_norm_w.dtype == DType::kBF16) &&
+      k.strides[2] == 1 && v.strides[2] == 1 && q_norm_w.numel() == d && k_norm_w.numel() == d &&
+      batch.slot_mapping.numel() == tokens && positions.numel() == tokens;
+  if (!shape_ok) return false;
+  const int64_t per = d / 32;  // elements per lane: vector accesses of 2 * per bytes
+  for (const TensorView* t : {&q, &k, &v})
+    if (!Aligned(t->data, 2 * per) || t->strides[0] % per != 0 || t->strides[1] % per != 0) return false;
+  if (tokens == 0) return true;
+  PrologueParams p{q.ptr<bf16_t>(), q.strides[0], q.strides[1], k.ptr<bf16_t>(), k.strides[0], k.strides[1],
+                   v.ptr<bf16_t>(), v.strides[0], v.strides[1], q_norm_w.data, k_norm_w.data,
+                   q_norm_w.dtype == DType::kF32, k_norm_w.dtype == DType::kF32, eps, positions.ptr<int32_t>(),
+                   inv_freq, rope.attention_factor, cache.k.ptr<bf16_t>(), cache.v.ptr<bf16_t>(),
+                   batch.slot_mapping.ptr<int32_t>(), cache.k.dim(0) * cache.block_size(), cache.block_size(),
+                   tokens, static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1))};
+  const int64_t warps = tokens * (q.dim(1) + 2 * k.dim(1));
+  const int grid = CeilDiv(warps * 32, 128);
+  if (d == 64) QkNormRopeKvWriteKernel<64><<<grid, 128, 0, s>>>(p);
+  else if (d == 128) QkNormRopeKvWriteKernel<128><<<grid, 128, 0, s>>>(p);
+  else QkNormRopeKvWriteKernel<256><<<grid, 128, 0, s>>>(p);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+}  // namespace corolla::cuda
