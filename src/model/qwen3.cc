@@ -296,7 +296,10 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   Tensor topk_ids = backend_.Empty(DType::kI32, {tokens, k});
   Tensor topk_weights = backend_.Empty(DType::kF32, {tokens, k});
   backend_.Linear(x, lw.moe.router, router_logits);
-  backend_.MoeRoute(router_logits, {static_cast<int>(k), c.norm_topk_prob}, topk_ids, topk_weights);
+  MoeRouting routing;  // softmax top-k
+  routing.top_k = static_cast<int>(k);
+  routing.renormalize = c.norm_topk_prob;
+  backend_.MoeRoute(router_logits, routing, topk_ids, topk_weights);
   if (ep_exchange_) {
     ExpertsOverRanks(lw.moe, x, topk_ids, topk_weights, out);
   } else {
