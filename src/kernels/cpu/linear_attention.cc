@@ -1,15 +1,20 @@
-// Gated DeltaNet on the CPU: causal conv1d with a rolling state, the gated delta rule in its
-// recurrent form (the reference every chunked kernel is checked against), the gated RMSNorm,
-// and the sigmoid gates of gated attention and the shared expert. float32 math throughout. A bf16
+// Gated DeltaNet on the CPU: causal conv1d with a rolling state, the gated delta rule (recurrent
+// form for decode and short chunks, the reference every other kernel is checked against; chunked WY
+// form through OpenBLAS for long prefill chunks, see linear_attention.h), the gated RMSNorm, and the
+// sigmoid gates of gated attention and the shared expert. float32 math throughout. A bf16
 // recurrent state is stored as bf16 and widened on read: each sequence's chunk starts from the
 // widened state, runs in f32 and writes it back rounded to nearest even once at its end, as
 // the CUDA kernel does (so decoding rounds after every token, one prefill chunk once).
+#include <cblas.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "base/numeric.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/linear_attention.h"
 #include "kernels/cpu/ops.h"
 
 namespace corolla::cpu {
@@ -78,10 +83,156 @@ void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorVie
   }
 }
 
+namespace {
+
+// The gated delta rule's inputs, seen from one value head.
+struct DeltaRuleInputs {
+  const TensorView &q, &k, &v, &a, &b, &out;
+  const float *a_log, *dt_bias;
+  int64_t dk, dv, group;  // group: value heads per q/k head
+  float scale;            // Dk^-0.5
+};
+
+// Token t of value head h as both forms see it: q (L2-normalised, scaled) and k (L2-normalised)
+// into qn, kn [Dk]; the log of its decay, g = -exp(A_log) softplus(a + dt_bias); beta.
+void PrepareToken(const DeltaRuleInputs& in, int64_t h, int64_t t, float* qn, float* kn, float* log_decay,
+                  float* beta) {
+  const float* qt = in.q.ptr<float>() + t * in.q.strides[0] + (h / in.group) * in.q.strides[1];
+  const float* kt = in.k.ptr<float>() + t * in.k.strides[0] + (h / in.group) * in.k.strides[1];
+  double qss = 0, kss = 0;
+  for (int64_t i = 0; i < in.dk; ++i) {
+    qss += static_cast<double>(qt[i]) * qt[i];
+    kss += static_cast<double>(kt[i]) * kt[i];
+  }
+  const float qinv = 1.0f / std::sqrt(static_cast<float>(qss) + 1e-6f) * in.scale;
+  const float kinv = 1.0f / std::sqrt(static_cast<float>(kss) + 1e-6f);
+  for (int64_t i = 0; i < in.dk; ++i) {
+    qn[i] = qt[i] * qinv;
+    kn[i] = kt[i] * kinv;
+  }
+  *log_decay = -std::exp(in.a_log[h]) * Softplus(in.a.ptr<float>()[t * in.a.strides[0] + h] + in.dt_bias[h]);
+  *beta = 1.0f / (1.0f + std::exp(-in.b.ptr<float>()[t * in.b.strides[0] + h]));
+}
+
+// Per-thread buffers of both forms, sized for one head.
+struct DeltaRuleScratch {
+  DeltaRuleScratch(int64_t dk, int64_t dv)
+      : q(kGatedDeltaChunkTokens * dk), k(kGatedDeltaChunkTokens * dk), rhs(kGatedDeltaChunkTokens * (dv + dk)),
+        kk(kGatedDeltaChunkTokens * kGatedDeltaChunkTokens), qk(kGatedDeltaChunkTokens * kGatedDeltaChunkTokens),
+        decay(kGatedDeltaChunkTokens * kGatedDeltaChunkTokens), kv(dv) {}
+  std::vector<float> q, k, rhs, kk, qk, decay, kv;
+  float log_decay[kGatedDeltaChunkTokens], beta[kGatedDeltaChunkTokens], gamma[kGatedDeltaChunkTokens];
+};
+
+// Tokens [begin, end) of value head h, one at a time, from and into S [Dk, Dv]:
+// S = exp(g) S; kv = S^T k; S += k (beta (v - kv))^T; out = S^T q.
+void RecurrentHead(const DeltaRuleInputs& in, int64_t h, int64_t begin, int64_t end, float* S,
+                   DeltaRuleScratch& w) {
+  const int64_t dk = in.dk, dv = in.dv;
+  float* qn = w.q.data();
+  float* kn = w.k.data();
+  float* kv = w.kv.data();
+  for (int64_t t = begin; t < end; ++t) {
+    float log_decay, beta;
+    PrepareToken(in, h, t, qn, kn, &log_decay, &beta);
+    const float g = std::exp(log_decay);
+    const float* vt = in.v.ptr<float>() + t * in.v.strides[0] + h * in.v.strides[1];
+    std::fill_n(kv, dv, 0.0f);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* row = S + i * dv;
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] *= g;
+        kv[j] += row[j] * kn[i];
+      }
+    }
+    for (int64_t j = 0; j < dv; ++j) kv[j] = beta * (vt[j] - kv[j]);
+    float* o = in.out.ptr<float>() + t * in.out.strides[0] + h * in.out.strides[1];
+    std::fill_n(o, dv, 0.0f);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* row = S + i * dv;
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] += kn[i] * kv[j];
+        o[j] += row[j] * qn[i];
+      }
+    }
+  }
+}
+
+// The same tokens in chunks of n <= C: the WY (UT-transform) form of the Gated DeltaNet paper.
+// Within a chunk starting from state S0, with G_t = g_1 + .. + g_t and D[t][i] = exp(G_t - G_i):
+//   S_t = exp(G_t) S0 + sum_{i<=t} D[t][i] k_i delta_i^T,  delta_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t),
+// which unrolls to the unit lower-triangular system (I + A) delta = beta V - diag(beta exp(G)) K S0,
+// A[t][i] = beta_t D[t][i] (k_t . k_i) for i < t. Forward substitution gives U = (I+A)^-1 beta V
+// and W = (I+A)^-1 diag(beta exp(G)) K, so delta = U - W S0, and
+//   O = diag(exp(G)) Q S0 + (D o Q K^T, lower incl. diagonal) delta,
+//   S_n = exp(G_n) S0 + (diag(D[n][.]) K)^T delta.
+// Every decay is exp of a sum of log decays over the tokens it spans (accumulated in double), never a
+// ratio of cumulative products: nothing overflows, and a zero decay (g = -inf) stays an exact zero.
+void ChunkedHead(const DeltaRuleInputs& in, int64_t h, int64_t begin, int64_t end, float* S, DeltaRuleScratch& w) {
+  const int64_t dk = in.dk, dv = in.dv, ldr = dv + dk;  // rhs [n, Dv + Dk]: U | W
+  const int64_t ldo = in.out.strides[0];
+  for (int64_t c0 = begin; c0 < end; c0 += kGatedDeltaChunkTokens) {
+    const int64_t n = std::min(kGatedDeltaChunkTokens, end - c0);
+    float *q = w.q.data(), *k = w.k.data(), *rhs = w.rhs.data();  // q, k [n, Dk]
+    float *kk = w.kk.data(), *qk = w.qk.data(), *decay = w.decay.data();  // [n, n]
+    for (int64_t t = 0; t < n; ++t) PrepareToken(in, h, c0 + t, q + t * dk, k + t * dk, &w.log_decay[t], &w.beta[t]);
+    // decay[t][i] = D[t][i] (i <= t); gamma[t] = exp(G_t).
+    for (int64_t i = 0; i < n; ++i) {
+      double sum = 0;
+      decay[i * n + i] = 1.0f;
+      for (int64_t t = i + 1; t < n; ++t) {
+        sum += w.log_decay[t];
+        decay[t * n + i] = static_cast<float>(std::exp(sum));
+      }
+    }
+    double sum = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      sum += w.log_decay[t];
+      w.gamma[t] = static_cast<float>(std::exp(sum));
+    }
+    // kk = K K^T, qk = Q K^T  [n, n]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, dk, 1.0f, k, dk, k, dk, 0.0f, kk, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, dk, 1.0f, q, dk, k, dk, 0.0f, qk, n);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < t; ++i) kk[t * n + i] *= w.beta[t] * decay[t * n + i];  // A; strsm reads only this
+      for (int64_t i = 0; i <= t; ++i) qk[t * n + i] *= decay[t * n + i];
+      std::fill(qk + t * n + t + 1, qk + (t + 1) * n, 0.0f);
+      const float* vt = in.v.ptr<float>() + (c0 + t) * in.v.strides[0] + h * in.v.strides[1];
+      float* r = rhs + t * ldr;
+      for (int64_t j = 0; j < dv; ++j) r[j] = w.beta[t] * vt[j];
+      for (int64_t i = 0; i < dk; ++i) r[dv + i] = w.beta[t] * w.gamma[t] * k[t * dk + i];
+    }
+    // [U | W] = (I + A)^-1 rhs, then delta = U - W S0 in U's columns.
+    cblas_strsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasUnit, n, ldr, 1.0f, kk, n, rhs, ldr);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv, dk, -1.0f, rhs + dv, ldr, S, dv, 1.0f, rhs, ldr);
+    // out [n, Dv] = diag(gamma) Q S0 + qk delta
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < dk; ++i) q[t * dk + i] *= w.gamma[t];
+    float* o = in.out.ptr<float>() + c0 * ldo + h * in.out.strides[1];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv, dk, 1.0f, q, dk, S, dv, 0.0f, o, ldo);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dv, n, 1.0f, qk, n, rhs, ldr, 1.0f, o, ldo);
+    // S = gamma_n S0 + (diag(D[n][.]) K)^T delta
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < dk; ++i) k[t * dk + i] *= decay[(n - 1) * n + t];
+    const float gamma_n = w.gamma[n - 1];
+    for (int64_t i = 0; i < dk * dv; ++i) S[i] *= gamma_n;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dk, dv, n, 1.0f, k, dk, rhs, ldr, 1.0f, S, dv);
+  }
+}
+
+}  // namespace
+
 void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
                     const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
                     const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
                     const TensorView& out) {
+  GatedDeltaRule(q, k, v, a, b, a_log, dt_bias, state, state_slots, batch, out, kGatedDeltaChunkedMinTokens);
+}
+
+void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& a,
+                    const TensorView& b, const TensorView& a_log, const TensorView& dt_bias,
+                    const TensorView& state, const TensorView& state_slots, const AttentionBatch& batch,
+                    const TensorView& out, int64_t chunked_min_tokens) {
   const int64_t hk = q.dim(1), dk = q.dim(2), hv = v.dim(1), dv = v.dim(2);
   COROLLA_CHECK(hv % hk == 0 && k.dim(1) == hk && k.dim(2) == dk && state.dim(1) == hv && state.dim(2) == dk &&
                 state.dim(3) == dv && a.dim(1) == hv && b.dim(1) == hv && out.dim(1) == hv && out.dim(2) == dv)
@@ -89,12 +240,17 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
   const bool bf16_state = state.dtype == DType::kBF16;
   COROLLA_CHECK((state.dtype == DType::kF32 || bf16_state) && state.strides[2] == dv && state.strides[3] == 1)
       << "gated delta rule state: expected f32 or bf16 with contiguous [Dk, Dv] heads, got " << state.ToString();
-  const int64_t group = hv / hk;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const DeltaRuleInputs in{q, k, v, a, b, out, a_log.ptr<float>(), dt_bias.ptr<float>(), dk, dv, hv / hk,
+                           1.0f / std::sqrt(static_cast<float>(dk))};
   for (const SeqRange& s : Sequences(batch, state_slots)) {
     COROLLA_CHECK(s.slot >= 0 && s.slot < state.dim(0)) << "state slot " << s.slot;
-    ThreadPool::Default().ParallelFor(hv, 1, [&](int64_t h0, int64_t h1) {
-      std::vector<float> qn(dk), kn(dk), kv(dv), widened(bf16_state ? dk * dv : 0);
+    const bool chunked = s.end - s.begin >= chunked_min_tokens;
+    // The chunked form's GEMMs run on OpenBLAS's own threads; spreading its heads over the pool
+    // as well oversubscribes the cores (25% slower on 2 cores, BENCHMARKS.md), so they run in turn.
+    const int64_t heads_per_task = chunked ? hv : 1;
+    ThreadPool::Default().ParallelFor(hv, heads_per_task, [&](int64_t h0, int64_t h1) {
+      DeltaRuleScratch scratch(dk, dv);
+      std::vector<float> widened(bf16_state ? dk * dv : 0);
       for (int64_t h = h0; h < h1; ++h) {
         const int64_t offset = s.slot * state.strides[0] + h * state.strides[1];
         float* S = bf16_state ? widened.data() : state.ptr<float>() + offset;  // [Dk, Dv]
@@ -103,44 +259,10 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
         } else if (bf16_state) {
           for (int64_t i = 0; i < dk * dv; ++i) S[i] = ToFloat(state.ptr<bf16>()[offset + i]);
         }
-        const float decay_rate = -std::exp(a_log.ptr<float>()[h]);
-        const float bias = dt_bias.ptr<float>()[h];
-        for (int64_t t = s.begin; t < s.end; ++t) {
-          const float* qt = q.ptr<float>() + t * q.strides[0] + (h / group) * q.strides[1];
-          const float* kt = k.ptr<float>() + t * k.strides[0] + (h / group) * k.strides[1];
-          const float* vt = v.ptr<float>() + t * v.strides[0] + h * v.strides[1];
-          double qss = 0, kss = 0;
-          for (int64_t i = 0; i < dk; ++i) {
-            qss += static_cast<double>(qt[i]) * qt[i];
-            kss += static_cast<double>(kt[i]) * kt[i];
-          }
-          const float qinv = 1.0f / std::sqrt(static_cast<float>(qss) + 1e-6f) * scale;
-          const float kinv = 1.0f / std::sqrt(static_cast<float>(kss) + 1e-6f);
-          for (int64_t i = 0; i < dk; ++i) {
-            qn[i] = qt[i] * qinv;
-            kn[i] = kt[i] * kinv;
-          }
-          const float g = std::exp(decay_rate * Softplus(a.ptr<float>()[t * a.strides[0] + h] + bias));
-          const float beta = 1.0f / (1.0f + std::exp(-b.ptr<float>()[t * b.strides[0] + h]));
-          // S = g S; kv = S^T k; S += k (beta (v - kv))^T; out = S^T q.
-          std::fill(kv.begin(), kv.end(), 0.0f);
-          for (int64_t i = 0; i < dk; ++i) {
-            float* row = S + i * dv;
-            for (int64_t j = 0; j < dv; ++j) {
-              row[j] *= g;
-              kv[j] += row[j] * kn[i];
-            }
-          }
-          for (int64_t j = 0; j < dv; ++j) kv[j] = beta * (vt[j] - kv[j]);
-          float* o = out.ptr<float>() + t * out.strides[0] + h * out.strides[1];
-          std::fill_n(o, dv, 0.0f);
-          for (int64_t i = 0; i < dk; ++i) {
-            float* row = S + i * dv;
-            for (int64_t j = 0; j < dv; ++j) {
-              row[j] += kn[i] * kv[j];
-              o[j] += row[j] * qn[i];
-            }
-          }
+        if (chunked) {
+          ChunkedHead(in, h, s.begin, s.end, S, scratch);
+        } else {
+          RecurrentHead(in, h, s.begin, s.end, S, scratch);
         }
         if (bf16_state)
           for (int64_t i = 0; i < dk * dv; ++i) state.ptr<bf16>()[offset + i] = ToBf16(S[i]);
