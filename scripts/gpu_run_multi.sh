@@ -160,6 +160,9 @@ if [ -z "${COROLLA_SKIP_DPEP:-}" ]; then
       timeout 200 $B/corolla bench decode $common --batch $bs --dp 2 --ep 2 >"$OUT/bench_dpep_dp2_b$bs.log" 2>&1 || note "bench decode dp2/ep2 batch $bs FAILED (rc $?)"
       cat "$OUT/bench_dpep_dp2_b$bs.log"
     done
+    echo "=== bench decode --tp 2 (attention split, experts over both GPUs), batch 64 and 256 on both"
+    timeout 200 $B/corolla bench decode $common --batch 64,256 --tp 2 >"$OUT/bench_tp2.log" 2>&1 || note "bench decode tp2 FAILED (rc $?)"
+    cat "$OUT/bench_tp2.log"
     echo "=== bench decode --dp 2 --ep 2 --ep-capacity 0 (exchange sized per layer, eager), batch 64 per GPU"
     timeout 200 $B/corolla bench decode $common --batch 64 --dp 2 --ep 2 --ep-capacity 0 >"$OUT/bench_dpep_dp2_b64_sized.log" 2>&1 || note "bench decode dp2/ep2 sized FAILED (rc $?)"
     cat "$OUT/bench_dpep_dp2_b64_sized.log"

@@ -43,6 +43,7 @@ struct BenchOptions {
   int64_t seed = 1;
   bool graph = true;
   bool breakdown = false;
+  int64_t tp = 1;             // decode: tensor-parallel ranks (experts split over them: TP-EP)
   int64_t dp = 1, ep = 0;     // decode: data-parallel ranks, each with --batch sequences; expert-parallel ranks
   int64_t ep_capacity = -1;   // DP-EP fixed exchange rows per rank (-1: the largest --batch; 0: sized per layer)
   std::string linear_state_dtype = "f32";
@@ -153,7 +154,8 @@ struct Loaded {
 Result<Loaded> Load(const BenchOptions& o) {
   Loaded l;
   const int capacity = static_cast<int>(o.ep_capacity >= 0 ? o.ep_capacity : *std::max_element(o.batches.begin(), o.batches.end()));
-  ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(o.device, {1, static_cast<int>(o.ep), static_cast<int>(o.dp)}, capacity));
+  ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(o.device, {static_cast<int>(o.tp), static_cast<int>(o.ep), static_cast<int>(o.dp)},
+                                              capacity));
   l.backend = std::move(setup.backend);
   l.parallel = std::move(setup.parallel);
   l.shard = setup.shard;
@@ -224,7 +226,7 @@ ModelBytes CountBytes(const ModelConfig& c, DType state_dtype) {
     b.dense_per_layer_total += two * 2 * h;  // the two norms
     if (c.is_moe_layer(l)) {
       ++b.moe_layers;
-      const double shared = c.shared_expert_intermediate_size + double{c.moe_intermediate_size} * c.num_shared_experts;
+      const double shared = c.shared_expert_intermediate_size + static_cast<double>(c.moe_intermediate_size) * c.num_shared_experts;
       b.dense_per_layer_total += two * (3.0 * shared * h + (c.shared_expert_intermediate_size > 0 ? h : 0.0));
     } else {
       b.dense_per_layer_total += two * 3.0 * c.intermediate_size * h;
@@ -347,6 +349,7 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   flags.String("linear-state-dtype", &o->linear_state_dtype,
                "hybrid models: storage of the Gated DeltaNet recurrent state, f32 or bf16");
   if (std::string(name) == "decode") {
+    flags.Int("tp", &o->tp, "tensor-parallel ranks, one process per GPU, the experts split over them (TP-EP)");
     flags.Int("dp", &o->dp, "data-parallel ranks, one process per GPU, each running --batch sequences");
     flags.Int("ep", &o->ep, "expert-parallel ranks: 1 (replicas) or --dp (DP-EP: experts split, tokens exchanged)");
     flags.Int("ep-capacity", &o->ep_capacity,
@@ -423,7 +426,8 @@ Status BenchDecode(int argc, char** argv, bool* help) {
   BenchOptions o;
   RETURN_IF_ERROR(ParseOptions("decode", "time one decode step of B sequences at context L", argc, argv, &o, help));
   if (*help) return Status::Ok();
-  if (std::optional<int> rc = SpawnLocalRanks(static_cast<int>(o.dp), argc, argv))
+  if (o.tp > 1 && o.dp > 1) return Unsupported("bench decode: --tp with --dp is not implemented yet");
+  if (std::optional<int> rc = SpawnLocalRanks(static_cast<int>(o.tp * o.dp), argc, argv))
     return *rc == 0 ? Status::Ok() : Internal("a rank exited with code " + std::to_string(*rc));
   ASSIGN_OR_RETURN(Loaded l, Load(o));
   DeviceTimer timer(*l.device);
@@ -469,13 +473,22 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   const double e = c.num_experts, k = c.num_experts_per_token;
   const double routed = dp_ep ? static_cast<double>(num_seqs) * l.shard.dp_size : num_seqs;
   const double distinct = mb.moe_layers ? e * (1.0 - std::pow(1.0 - k / e, routed)) / (dp_ep ? l.shard.ep_size : 1) : 0.0;
-  const double weight_bytes = mb.dense_per_layer_total + mb.moe_layers * (mb.router + distinct * mb.expert) +
+  // Under TP each rank reads its share of the attention and dense weights, of the KV (heads; not
+  // below one KV head each) and of the experts; the LM head and embedding rows are whole.
+  const int tp = l.shard.tp_size;
+  const double kv_split = std::min<double>(tp, std::max(1, c.num_kv_heads));
+  const double weight_bytes = mb.dense_per_layer_total / tp +
+                              mb.moe_layers * (mb.router + distinct * mb.expert / (tp > 1 ? l.shard.ep_size : 1)) +
                               mb.lm_head + 2.0 * c.hidden_size * num_seqs;
-  const double kv_bytes = mb.kv_per_token_all_layers * num_seqs * ctx + mb.state_per_seq * num_seqs;
+  const double kv_bytes = (mb.kv_per_token_all_layers * num_seqs * ctx + mb.state_per_seq * num_seqs) / kv_split;
   const double bytes = weight_bytes + kv_bytes;
   std::printf("decode: %s, %d layers, batch %d, context %d, %s%s\n", c.model_type.c_str(), c.num_layers,
               num_seqs, ctx, backend.name().c_str(),
               c.num_linear_layers() > 0 && o.state_dtype == DType::kBF16 ? ", bf16 linear state" : "");
+  if (tp > 1)
+    std::printf("  tp %d (experts over the same ranks): the batch on every rank; per-rank bytes (norms and the "
+                "LM head whole) and times below\n",
+                tp);
   if (l.shard.dp_size > 1)
     std::printf("  dp %d x ep %d: batch %d on each rank, %d in all; experts %s; per-rank bytes and times below\n",
                 l.shard.dp_size, l.shard.ep_size, num_seqs, num_seqs * l.shard.dp_size,

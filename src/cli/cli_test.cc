@@ -126,6 +126,19 @@ TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
   EXPECT_NE(r.output.find("2 layers"), std::string::npos) << r.output;
 }
 
+// --tp: one process per rank, the experts split over them; rank 0 reports per-rank bytes.
+TEST(Cli, BenchDecodeTensorParallelOnTheCpu) {
+  RunResult r = RunCorolla("bench decode --config tests/data/models/qwen3-moe/config.json --random-weights "
+                           "--device cpu --tp 2 --batch 2 --context 20 --steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tp 2 (experts over the same ranks)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+  r = RunCorolla("bench decode --config tests/data/models/qwen3-moe/config.json --random-weights --device cpu "
+                 "--tp 2 --dp 2 --batch 2 --context 20 --steps 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--tp with --dp is not implemented yet"), std::string::npos) << r.output;
+}
+
 // --breakdown: one row per op kind, whose calls add up over the layers (qwen3-moe: 3 layers,
 // one MoeExperts each), for decode and prefill.
 TEST(Cli, BenchBreakdownListsEachOpKind) {
