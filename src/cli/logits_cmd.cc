@@ -43,13 +43,7 @@ Result<Tensor> BatchLogits(Model& model, Backend& backend, const std::vector<std
   constexpr int kBlockSize = 16;
   int num_blocks = 0;
   for (const auto& ids : seqs) {
-    if (static_cast<int64_t>(ids.size()) > config.max_position_embeddings)
-      return OutOfRange(std::to_string(ids.size()) + " tokens exceed the model's max_position_embeddings (" +
-                        std::to_string(config.max_position_embeddings) + ")");
-    for (size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] < 0 || ids[i] >= config.vocab_size)
-        return OutOfRange("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                          " is outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
+    RETURN_IF_ERROR(CheckTokenIds(config, ids));
     num_blocks += static_cast<int>((ids.size() + kBlockSize - 1) / kBlockSize);
   }
   const int num_seqs = static_cast<int>(seqs.size());

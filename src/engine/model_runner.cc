@@ -244,9 +244,7 @@ Tensor LogitsToHost(Backend& backend, const Tensor& logits) {
 
 namespace corolla {
 
-Result<Tensor> ComputeLogits(Model& model, Backend& backend, const std::vector<int32_t>& ids) {
-  const ModelConfig& config = model.config();
-  if (ids.empty()) return InvalidArgument("no token ids");
+Status CheckTokenIds(const ModelConfig& config, std::span<const int32_t> ids) {
   if (static_cast<int64_t>(ids.size()) > config.max_position_embeddings)
     return OutOfRange(std::to_string(ids.size()) + " tokens exceed the model's max_position_embeddings (" +
                       std::to_string(config.max_position_embeddings) + ")");
@@ -254,6 +252,13 @@ Result<Tensor> ComputeLogits(Model& model, Backend& backend, const std::vector<i
     if (ids[i] < 0 || ids[i] >= config.vocab_size)
       return OutOfRange("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
                         " is outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
+  return Status::Ok();
+}
+
+Result<Tensor> ComputeLogits(Model& model, Backend& backend, const std::vector<int32_t>& ids) {
+  const ModelConfig& config = model.config();
+  if (ids.empty()) return InvalidArgument("no token ids");
+  RETURN_IF_ERROR(CheckTokenIds(config, ids));
   constexpr int kBlockSize = 16;
   const int num_blocks = static_cast<int>((ids.size() + kBlockSize - 1) / kBlockSize);
   KvCache kv(backend, model.kv_cache_spec(), num_blocks, kBlockSize, model.state_spec(), 1);

@@ -106,5 +106,8 @@ namespace corolla {
 // KV cache of its own. Errors name ids outside the vocabulary and sequences longer than the
 // model's max_position_embeddings. The in-process twin of `corolla logits`.
 Result<Tensor> ComputeLogits(Model& model, Backend& backend, const std::vector<int32_t>& ids);
+// OutOfRange naming the problem when `ids` are longer than the model's positions or hold an id
+// outside its vocabulary.
+Status CheckTokenIds(const ModelConfig& config, std::span<const int32_t> ids);
 
 }  // namespace corolla

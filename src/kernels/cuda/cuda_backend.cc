@@ -167,13 +167,16 @@ void CudaBackend::HeadRmsNorm(const TensorView& x, const TensorView& w, float ep
 // Frequencies computed on the host exactly as the CPU twin does (YaRN included), uploaded once
 // per distinct set: no pageable copy (a host synchronisation) inside a forward.
 const float* CudaBackend::RopeFreqs(const RopeParams& params) {
-  std::vector<float> freqs = RopeInvFreq(params);
-  auto it = rope_freqs_.find(freqs);
+  const RopeKey key{params.rotary_dim, params.theta, params.interleaved, params.yarn_factor,
+                    params.yarn_original_max_positions, params.yarn_beta_fast, params.yarn_beta_slow,
+                    params.attention_factor};
+  auto it = rope_freqs_.find(key);
   if (it == rope_freqs_.end()) {
+    const std::vector<float> freqs = RopeInvFreq(params);
     Tensor t = Empty(DType::kF32, {static_cast<int64_t>(freqs.size())});
     COROLLA_CUDA_CHECK(cudaMemcpy(t.view().data, freqs.data(), sizeof(float) * freqs.size(),
                                   cudaMemcpyHostToDevice));
-    it = rope_freqs_.emplace(std::move(freqs), std::move(t)).first;
+    it = rope_freqs_.emplace(key, std::move(t)).first;
   }
   return it->second.ptr<float>();
 }

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -90,7 +91,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   std::shared_ptr<CachingAllocator> alloc_;
   std::unique_ptr<LtLinear> linear_;
-  std::map<std::vector<float>, Tensor> rope_freqs_;  // RopeInvFreq(params) -> device copy
+  // RopeParams' fields (all of them: what RopeInvFreq reads is a subset) -> RopeInvFreq on the
+  // device, so a forward looks frequencies up without recomputing them each layer.
+  using RopeKey = std::tuple<int, float, bool, float, int, float, float, float>;
+  std::map<RopeKey, Tensor> rope_freqs_;
   HostStaging staging_;                              // pinned ring for CopyFromHost
   std::shared_ptr<HostIdsPool> host_ids_;            // SampleAsync's pinned buffers
 };
