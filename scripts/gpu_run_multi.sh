@@ -94,11 +94,8 @@ done
 # expert column/row parallel): logits --tp 2 vs 1 GPU and vs the golden, in one prefill and token
 # by token (--chunk 1: the decode path, the recurrent state rounded after every token when bf16),
 # for the f32 and the bf16 recurrent state (--linear-state-dtype); then greedy generation.
-# CUDA refuses hybrid TP for now (its logits were wrong on 2 H200): COROLLA_HYBRID_TP=1 runs this
-# block with the refusal lifted (COROLLA_ALLOW_CUDA_HYBRID_TP=1), to debug it.
-[ -n "${COROLLA_HYBRID_TP:-}" ] && export COROLLA_ALLOW_CUDA_HYBRID_TP=1
 for k in 2 4; do
-  [ -n "${COROLLA_SKIP_TP:-}" ] || [ -z "${COROLLA_HYBRID_TP:-}" ] && break
+  [ -n "${COROLLA_SKIP_TP:-}" ] && break
   m=qwen3.5-moe-hybrid; golden=tests/data/golden/$m.safetensors
   ids=$(python3 scripts/compare_logits.py ids "$golden" ids_$k)
   for mode in "prefill:" "chunk1:--chunk 1" "chunk1-bf16:--chunk 1 --linear-state-dtype bf16"; do
@@ -106,13 +103,18 @@ for k in 2 4; do
     one=$OUT/${m}_${k}_${name}_tp1.safetensors; two=$OUT/${m}_${k}_${name}_tp$TP.safetensors
     timeout 120 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$one" $extra 2>>"$OUT/logits.err" || note "$m ids_$k $name: single-GPU logits FAILED"
     timeout 120 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$two" $extra --tp "$TP" 2>>"$OUT/logits.err" || note "$m ids_$k $name: --tp $TP logits FAILED"
-    note "$m ids_$k $name tp$TP vs 1 GPU:  $(python3 scripts/compare_logits.py diff "$two" "$one" 2e-2)"
-    note "$m ids_$k $name tp$TP vs golden: $(python3 scripts/compare_logits.py diff "$two" "$golden:logits_$k" 2e-2)"
-    note "$m ids_$k $name 1 GPU vs golden: $(python3 scripts/compare_logits.py diff "$one" "$golden:logits_$k" 2e-2)"
+    # This fixture amplifies bf16 rounding along the sequence (one GPU is 5-6e-2 off its golden;
+    # cuda_model_test.cc explains the 1e-1 bound), so TP's other summation order moves it as much.
+    note "$m ids_$k $name tp$TP vs 1 GPU:  $(python3 scripts/compare_logits.py diff "$two" "$one" 1e-1)"
+    note "$m ids_$k $name tp$TP vs golden: $(python3 scripts/compare_logits.py diff "$two" "$golden:logits_$k" 1e-1)"
+    note "$m ids_$k $name 1 GPU vs golden: $(python3 scripts/compare_logits.py diff "$one" "$golden:logits_$k" 1e-1)"
+    # Every new tensor filled with NaN: a read of memory nothing wrote changes the logits.
+    COROLLA_CUDA_POISON_EMPTY=1 timeout 120 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$one" $extra --tp "$TP" 2>>"$OUT/logits.err" || note "$m ids_$k $name: poisoned --tp $TP logits FAILED"
+    note "$m ids_$k $name tp$TP poisoned vs not: $(python3 scripts/compare_logits.py diff "$one" "$two" 0)"
     rm -f "$one" "$two"
   done
 done
-if [ -z "${COROLLA_SKIP_TP:-}" ] && [ -n "${COROLLA_HYBRID_TP:-}" ]; then
+if [ -z "${COROLLA_SKIP_TP:-}" ]; then
   m=qwen3.5-moe-hybrid; prompts="1,2,3,4,5;17,300,42,999,7,7,7,512,88;9,9,9"
   for dtype in f32 bf16; do
     a=$(timeout 120 $B/corolla generate --device cuda --model tests/data/models/$m --prompt-ids "$prompts" --max-tokens 32 --temperature 0 --ignore-eos --linear-state-dtype $dtype 2>>"$OUT/generate.err") || note "$m generate 1 GPU FAILED"

@@ -1,7 +1,6 @@
 #include "model/qwen3.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <vector>
 
 #include "model/gated_deltanet.h"
@@ -115,14 +114,6 @@ Status Qwen3Model::PlanShard() {
   } else if (c.num_experts > 0 && shard_.ep_size != tp) {
     return fail("the experts must be split over the TP ranks (TP-EP: --ep = --tp) or over all ranks with --dp (DP-EP: --ep = --dp x --tp)");
   }
-  // On 2 H200 the hybrid fixture's --tp 2 prefill logits held an inf (compute-sanitizer
-  // initcheck: a kernel reads bf16 pairs nothing wrote), while the CPU matches one process to
-  // 1e-6: refused on CUDA until that read is found (src/parallel/NOTES.md).
-  // COROLLA_ALLOW_CUDA_HYBRID_TP=1 lifts the refusal for debugging.
-  if (tp > 1 && c.num_linear_layers() > 0 && backend_.device() == Device::kCuda &&
-      std::getenv("COROLLA_ALLOW_CUDA_HYBRID_TP") == nullptr)
-    return Unsupported(c.model_type + ": tensor parallelism of the hybrids is not yet correct on CUDA "
-                       "(use --device cpu, or one GPU, or --dp with --ep)");
   if (c.num_linear_layers() > 0) {
     Result<LinearHeads> heads = PlanLinearHeads(c.linear, tp, shard_.tp_rank);
     if (!heads.ok()) return fail(heads.status().message());

@@ -24,6 +24,18 @@ KernelTuning& Tuning() {
   return tuning;
 }
 
+namespace {
+// Debugging: COROLLA_CUDA_POISON_EMPTY=1 fills every new tensor with 0xff bytes (NaN in bf16 and
+// f32, -1 in integers), so a kernel that reads what nothing wrote shows in the output.
+bool PoisonEmpty() {
+  static const bool on = [] {
+    const char* v = std::getenv("COROLLA_CUDA_POISON_EMPTY");
+    return v != nullptr && std::atoi(v) != 0;
+  }();
+  return on;
+}
+}  // namespace
+
 Result<std::unique_ptr<Backend>> CudaBackend::Create(int device_idx) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
@@ -55,6 +67,7 @@ CudaBackend::~CudaBackend() {
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {
   const size_t bytes = static_cast<size_t>(shape.numel() * DTypeSize(dtype));
   void* p = bytes ? alloc_->Allocate(bytes) : nullptr;
+  if (p != nullptr && PoisonEmpty()) COROLLA_CUDA_CHECK(cudaMemsetAsync(p, 0xff, bytes, stream_));
   std::shared_ptr<CachingAllocator> alloc = alloc_;
   std::shared_ptr<void> owner(p, [alloc](void* ptr) { alloc->Free(ptr); });
   return Tensor::Adopt(TensorView(p, dtype, shape, Device::kCuda, device_idx_), std::move(owner));
@@ -165,20 +178,24 @@ void CudaBackend::HeadRmsNorm(const TensorView& x, const TensorView& w, float ep
   cuda::HeadRmsNorm(x, w, eps, stream_);
 }
 // Frequencies computed on the host exactly as the CPU twin does (YaRN included), uploaded once
-// per distinct set: no pageable copy (a host synchronisation) inside a forward.
+// per distinct set, the first time a forward needs them. The upload must be ordered on stream_:
+// the table's memory comes from the stream-ordered cache and may still be in use by queued
+// kernels of this forward. (A synchronous cudaMemcpy on the legacy stream raced them: with
+// --tp 2 the stream lags behind the host on the all-reduces, and the hybrid fixture's first
+// attention layer, after three linear ones, read overwritten rotary frequencies.)
 const float* CudaBackend::RopeFreqs(const RopeParams& params) {
   const RopeKey key{params.rotary_dim, params.theta, params.interleaved, params.yarn_factor,
                     params.yarn_original_max_positions, params.yarn_beta_fast, params.yarn_beta_slow,
                     params.attention_factor};
   auto it = rope_freqs_.find(key);
   if (it == rope_freqs_.end()) {
-    const std::vector<float> freqs = RopeInvFreq(params);
-    Tensor t = Empty(DType::kF32, {static_cast<int64_t>(freqs.size())});
-    COROLLA_CUDA_CHECK(cudaMemcpy(t.view().data, freqs.data(), sizeof(float) * freqs.size(),
-                                  cudaMemcpyHostToDevice));
-    it = rope_freqs_.emplace(key, std::move(t)).first;
+    RopeTable table{RopeInvFreq(params), Tensor()};
+    table.device = Empty(DType::kF32, {static_cast<int64_t>(table.host.size())});
+    it = rope_freqs_.emplace(key, std::move(table)).first;
+    const std::vector<float>& host = it->second.host;
+    staging_.CopyToDevice(it->second.device.view().data, host.data(), sizeof(float) * host.size(), stream_);
   }
-  return it->second.ptr<float>();
+  return it->second.device.ptr<float>();
 }
 void CudaBackend::Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
                        const RopeParams& params) {

@@ -94,7 +94,11 @@ class CudaBackend final : public Backend {
   // RopeParams' fields (all of them: what RopeInvFreq reads is a subset) -> RopeInvFreq on the
   // device, so a forward looks frequencies up without recomputing them each layer.
   using RopeKey = std::tuple<int, float, bool, float, int, float, float, float>;
-  std::map<RopeKey, Tensor> rope_freqs_;
+  struct RopeTable {
+    std::vector<float> host;  // the upload's source: alive as long as a captured graph may copy it
+    Tensor device;
+  };
+  std::map<RopeKey, RopeTable> rope_freqs_;
   HostStaging staging_;                              // pinned ring for CopyFromHost
   std::shared_ptr<HostIdsPool> host_ids_;            // SampleAsync's pinned buffers
 };
