@@ -8,11 +8,14 @@
 // Recurrent delta rule: a value head's state S [Dk, Dv] splits by columns (each column j of S
 // evolves alone given q, k, beta, g), so one CTA owns (sequence, value head, 32 columns) and
 // keeps that slice in registers across the whole chunk: lane = column, warp w = rows
-// [w Dk/4, (w+1) Dk/4). Per token: three barriers (norms of q/k, S^T k, S^T q). The chunked
-// WY/UT tensor-core form for long prefills is the next step.
+// [w Dk/4, (w+1) Dk/4). Per token: three barriers (norms of q/k, S^T k, S^T q). Sequences of
+// at least Tuning().gated_delta_chunked_min_tokens new tokens take the chunked WY/UT form on
+// tensor cores instead (gated_delta_chunked.cu) where it covers the layout.
 #include <algorithm>
+#include <climits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gated_delta.h"
 #include "kernels/cuda/ops.h"
 
 namespace corolla::cuda {
@@ -131,30 +134,6 @@ __global__ void CausalConv1dKernel(const __grid_constant__ ConvParams p) {
 }
 
 // ---- gated delta rule (recurrent) -------------------------------------------------------
-struct DeltaRuleParams {
-  const bf16_t* q;
-  int64_t q_token_stride, q_head_stride;
-  const bf16_t* k;
-  int64_t k_token_stride, k_head_stride;
-  const bf16_t* v;
-  int64_t v_token_stride, v_head_stride;
-  const bf16_t* a;
-  int64_t a_stride;
-  const bf16_t* b;
-  int64_t b_stride;
-  const float* a_log;
-  const float* dt_bias;
-  void* state;  // [slots, Hv, Dk, Dv] of StateT
-  int64_t num_slots;
-  const int32_t* slots;
-  const int32_t* query_start;
-  const int32_t* seq_lens;
-  bf16_t* out;
-  int64_t out_token_stride, out_head_stride;
-  int hv, group, dv;
-  float scale;
-};
-
 constexpr int kDeltaWarps = 4;
 constexpr int kDeltaCols = 32;
 
@@ -174,6 +153,7 @@ __global__ void __launch_bounds__(kDeltaWarps * 32) GatedDeltaRuleKernel(const _
   const int col = blockIdx.x * kDeltaCols + lane;
   const bool col_ok = col < p.dv;
   const int begin = p.query_start[seq], end = p.query_start[seq + 1];
+  if (end - begin < p.min_tokens || end - begin >= p.max_tokens) return;  // the chunked kernel's sequence
   const bool fresh = p.seq_lens[seq] - (end - begin) == 0;
   const int32_t slot = p.slots[seq];
   if (slot < 0 || slot >= p.num_slots) return;  // whole CTA: no barrier is skipped by part of it
@@ -370,9 +350,22 @@ void GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& 
                     state.dim(0), state_slots.ptr<int32_t>(), batch.query_start.ptr<int32_t>(),
                     batch.seq_lens.ptr<int32_t>(), out.ptr<bf16_t>(), out.strides[0], out.strides[1],
                     static_cast<int>(hv), static_cast<int>(hv / hk), static_cast<int>(dv),
-                    1.0f / std::sqrt(static_cast<float>(dk))};
-  dim3 grid(CeilDiv(dv, kDeltaCols), static_cast<unsigned>(hv), static_cast<unsigned>(num_seqs));
+                    1.0f / std::sqrt(static_cast<float>(dk)), 0, INT_MAX};
   const bool bf16_state = state.dtype == DType::kBF16;
+  // Sequences of >= `threshold` new tokens go to the chunked kernel (its CTAs of shorter ones
+  // exit at once, as the recurrent kernel's of longer ones do). The host knows only the longest
+  // chunk (max_q_len, or the batch size when unset; upper bounds under graph replay), so the
+  // recurrent kernel runs too whenever the chunked one does.
+  const int64_t threshold = std::max<int64_t>(1, Tuning().gated_delta_chunked_min_tokens);
+  const int64_t longest = batch.max_q_len > 0 ? std::min<int64_t>(batch.max_q_len, tokens) : tokens;
+  const bool chunked = longest >= threshold && GatedDeltaChunkedSupports(static_cast<int>(dk), p);
+  if (chunked) {
+    DeltaRuleParams pc = p;
+    pc.min_tokens = static_cast<int>(std::min<int64_t>(threshold, INT_MAX));
+    LaunchGatedDeltaChunked(pc, static_cast<int>(dk), bf16_state, static_cast<int>(num_seqs), s);
+    p.max_tokens = pc.min_tokens;
+  }
+  dim3 grid(CeilDiv(dv, kDeltaCols), static_cast<unsigned>(hv), static_cast<unsigned>(num_seqs));
   const bool ok = DispatchHeadDim(static_cast<int>(dk), [&](auto d) {
     if (bf16_state)
       GatedDeltaRuleKernel<decltype(d)::value, bf16_t><<<grid, kDeltaWarps * 32, 0, s>>>(p);

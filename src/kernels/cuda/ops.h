@@ -33,8 +33,8 @@ class ScratchBuffer {
 
 // Process-wide choices between kernel variants, read at each launch (tests and benchmarks set
 // them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS, COROLLA_MOE_PAIR_GEMV_MAX_PAIRS,
-// COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS and COROLLA_ATTN_MMA in the
-// environment set the defaults). Not synchronised: set them before launching work.
+// COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS, COROLLA_ATTN_MMA and
+// COROLLA_GDN_CHUNKED_MIN_TOKENS in the environment set the defaults). Not synchronised: set them before launching work.
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
   // mma GEMMs (grouped_gemm.cu) above it. 256: from ~2 tokens per expert on (E 128, k 8:
@@ -57,6 +57,11 @@ struct KernelTuning {
   // Attention runs on the tensor-core kernel (attention_mma.cu) for the shapes it supports,
   // else on the SIMT one.
   bool attention_mma = true;
+  // GatedDeltaRule runs a sequence's chunk of at least this many new tokens on the chunked
+  // tensor-core kernel (gated_delta_chunked.cu), shorter ones (decode) on the recurrent one.
+  // 64: one full chunk, as the CPU twin's kGatedDeltaChunkedMinTokens. 1 forces every sequence
+  // onto the chunked kernel; a huge value keeps all on the recurrent one.
+  int64_t gated_delta_chunked_min_tokens = 64;
 };
 KernelTuning& Tuning();
 
