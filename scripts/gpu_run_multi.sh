@@ -7,6 +7,8 @@
 #   cmake --build build-mgpu -j2 --target corolla corolla_parallel_bench
 #   mkdir -p mgpu-bundle && for t in corolla corolla_parallel_bench; do cp build-mgpu/$t mgpu-bundle/ && strip mgpu-bundle/$t; done
 # COROLLA_SKIP_BENCH=1 skips corolla_parallel_bench; COROLLA_TP (default 2) sets the ranks.
+# COROLLA_ALLREDUCE=auto|nccl|oneshot|twoshot picks the TP all-reduce (default auto: the NVLink
+# kernels of parallel/cuda/nvl_allreduce.h for small messages, NCCL above).
 # COROLLA_SKIP_TP=1 skips the --tp checks; COROLLA_SKIP_DPEP=1 the --dp 2 --ep 2 checks, and
 # COROLLA_SKIP_DPEP_BENCH=1 only their Qwen3-30B-A3B decode benchmark (COROLLA_DPEP_LAYERS: its
 # depth, default all 48; COROLLA_DPEP_CONTEXT: context, default 1024).
@@ -43,7 +45,7 @@ if ldd $B/corolla | grep "not found"; then echo "missing shared libraries"; exit
 
 if [ -z "${COROLLA_SKIP_BENCH:-}" ]; then
   echo "=== corolla_parallel_bench --tp $TP"
-  NCCL_DEBUG=INFO timeout 180 $B/corolla_parallel_bench --tp "$TP" >"$OUT/parallel_bench.log" 2>"$OUT/parallel_bench.err"
+  NCCL_DEBUG=INFO timeout 300 $B/corolla_parallel_bench --tp "$TP" >"$OUT/parallel_bench.log" 2>"$OUT/parallel_bench.err"
   rc=$?
   grep -v "NCCL INFO" "$OUT/parallel_bench.log"
   note "parallel_bench exit $rc; $(grep -c exact "$OUT/parallel_bench.log") exact checks, $(grep -c WRONG "$OUT/parallel_bench.log") wrong"
@@ -161,6 +163,11 @@ if [ -z "${COROLLA_SKIP_DPEP:-}" ]; then
       echo "=== bench decode --dp 2 --ep 2, batch $bs per GPU"
       timeout 200 $B/corolla bench decode $common --batch $bs --dp 2 --ep 2 >"$OUT/bench_dpep_dp2_b$bs.log" 2>&1 || note "bench decode dp2/ep2 batch $bs FAILED (rc $?)"
       cat "$OUT/bench_dpep_dp2_b$bs.log"
+    done
+    for bs in 64 256; do  # the NVLink exchange on NCCL's device API (parallel/cuda/nvl_ep_exchange.h)
+      echo "=== bench decode --dp 2 --ep 2, NVLink exchange (COROLLA_EP_EXCHANGE=nvl), batch $bs per GPU"
+      COROLLA_EP_EXCHANGE=nvl timeout 200 $B/corolla bench decode $common --batch $bs --dp 2 --ep 2 >"$OUT/bench_dpep_nvl_b$bs.log" 2>&1 || note "bench decode dp2/ep2 nvl exchange batch $bs FAILED (rc $?)"
+      cat "$OUT/bench_dpep_nvl_b$bs.log"
     done
     echo "=== bench decode --tp 2 (attention split, experts over both GPUs), batch 64 and 256 on both"
     timeout 200 $B/corolla bench decode $common --batch 64,256 --tp 2 >"$OUT/bench_tp2.log" 2>&1 || note "bench decode tp2 FAILED (rc $?)"

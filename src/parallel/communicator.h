@@ -5,8 +5,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/check.h"
@@ -15,10 +17,14 @@
 
 namespace corolla {
 
-// How an all-reduce moves data. kNccl: NCCL's own choice (ring/tree; its symmetric-memory
-// kernels when the buffer is a registered window). kOneShot / kTwoShot: our NVLink kernels on
-// NCCL symmetric memory for decode-sized messages (planned; NVLink multicast stays unused).
-enum class AllReduceAlgo { kNccl, kOneShot, kTwoShot };
+// How an all-reduce moves data. kNccl: NCCL's own choice (ring/tree). kOneShot / kTwoShot: our
+// NVLink kernels on NCCL symmetric memory (parallel/cuda/nvl_allreduce.h; NVLink multicast
+// stays unused). kAuto: ours for messages up to a size where they win, NCCL above.
+enum class AllReduceAlgo { kAuto, kNccl, kOneShot, kTwoShot };
+
+// "auto", "nccl", "oneshot", "twoshot" (COROLLA_ALLREDUCE); nullopt for anything else.
+std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name);
+const char* AllReduceAlgoName(AllReduceAlgo algo);
 
 class Communicator {
  public:
@@ -30,6 +36,10 @@ class Communicator {
   // activation dtype (or f32) on its device; the sum is ordered after earlier ops of the
   // backend and before later ones, and identical on every rank.
   virtual void AllReduceSum(const TensorView& x) = 0;
+  // How later AllReduceSum calls move data; every rank of the group must choose alike. The
+  // NCCL communicator starts from COROLLA_ALLREDUCE (default auto) and falls back to NCCL for
+  // what its kernels do not take (other dtypes, no symmetric memory); others ignore it.
+  virtual void set_all_reduce_algo(AllReduceAlgo algo) { (void)algo; }
 
   // --- all-to-all (expert parallelism's dispatch and combine) -----------------------------
   // A row is one slice of dim 0 of a contiguous tensor (any dtype); every rank uses the same

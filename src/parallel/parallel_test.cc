@@ -28,6 +28,13 @@
 namespace corolla {
 namespace {
 
+TEST(AllReduceAlgo, NamesRoundTrip) {
+  for (AllReduceAlgo a : {AllReduceAlgo::kAuto, AllReduceAlgo::kNccl, AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot})
+    EXPECT_EQ(ParseAllReduceAlgo(AllReduceAlgoName(a)), a);
+  EXPECT_FALSE(ParseAllReduceAlgo("one-shot").has_value());
+  EXPECT_FALSE(ParseAllReduceAlgo("").has_value());
+}
+
 TEST(RankLayout, PrefillLayoutTpEqualsEp) {
   auto l = RankLayout::Make({2, 0, 1}, 2, 1, 1);
   ASSERT_TRUE(l.ok()) << l.status().ToString();

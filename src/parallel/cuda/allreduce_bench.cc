@@ -6,7 +6,11 @@
 // "experts", combine, against a host reference; uneven token counts, an empty rank; both the
 // sized and the fixed-capacity exchange), then times NCCL all-reduce of decode-sized bf16
 // messages on a plain cudaMalloc buffer and on an NCCL symmetric window, and the DP-EP
-// dispatch + combine of one MoE layer at decode sizes. Rank 0 prints.
+// dispatch + combine of one MoE layer at decode sizes. The NVLink kernels on NCCL's device API
+// (nvl_bench.cc): all-reduce one-shot / two-shot exact as above and vs ncclAllReduce on random
+// data (1 element to 16 MiB), bit-identical on every rank, CUDA-graph replays; the NVLink EP
+// exchange vs the NCCL one (bit-identical outputs) and in a graph; latency tables of both
+// against NCCL. Rank 0 prints.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +23,7 @@
 
 #include "base/numeric.h"
 #include "parallel/cuda/nccl_communicator.h"
+#include "parallel/cuda/nvl_bench.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
@@ -255,14 +260,21 @@ Status Run(int tp) {
   ASSIGN_OR_RETURN(std::unique_ptr<ParallelContext> par, ParallelContext::Create({tp, 0, 1}, env, *backend));
   const bool print = par->layout().rank == 0;
   Communicator& comm = *par->tp();
-  for (int64_t n : {1, 7, 4096, 1000003}) {
-    RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kBF16, n, print));
-    RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kF32, n, print));
+  for (AllReduceAlgo algo : {AllReduceAlgo::kNccl, AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
+    if (print) std::printf("-- all-reduce algorithm %s\n", AllReduceAlgoName(algo));
+    comm.set_all_reduce_algo(algo);
+    for (int64_t n : {1, 7, 4096, 1000003}) {
+      RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kBF16, n, print));
+      RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kF32, n, print));
+    }
   }
+  comm.set_all_reduce_algo(AllReduceAlgo::kAuto);
+  RETURN_IF_ERROR(CheckNvlAllReduce(*backend, comm, par->store(), print));
   RETURN_IF_ERROR(CheckShiftIds(*backend, print));
   RETURN_IF_ERROR(CheckAllToAll(*backend, comm, print));
   RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 0, print));
   RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 90, print));
+  RETURN_IF_ERROR(CheckNvlEpExchange(*backend, comm, print));
 
   // Decode-sized messages: tokens x hidden x 2 bytes.
   struct Size { int tokens, hidden; };
@@ -283,7 +295,9 @@ Status Run(int tp) {
     }
     if (!symm.ok()) std::printf("symmetric window: %s\n", symm.status().ToString().c_str());
   }
+  RETURN_IF_ERROR(BenchNvlAllReduce(*backend, comm, print));
   RETURN_IF_ERROR(BenchEpExchange(*backend, comm, print));
+  RETURN_IF_ERROR(BenchNvlEpExchange(*backend, comm, print));
   return par->store().Barrier();
 }
 

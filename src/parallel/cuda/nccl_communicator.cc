@@ -9,8 +9,11 @@
 #include <numeric>
 #include <vector>
 
+#include "base/logging.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
+#include "parallel/cuda/nccl_handle.h"
+#include "parallel/cuda/nvl_allreduce.h"
 
 // Every NCCL call goes through here: statement, file:line (COROLLA_CHECK), device, NCCL's message.
 #define COROLLA_NCCL_CHECK(stmt)                                                               \
@@ -35,11 +38,20 @@ ncclDataType_t NcclType(DType t) {
   return ncclFloat32;
 }
 
+int64_t EnvBytes(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
+}
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int size, int rank)
-      : comm_(comm), stream_(stream), size_(size), rank_(rank) {}
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int size, int rank, AllReduceAlgo algo,
+                   std::unique_ptr<NvlAllReduce> nvl)
+      : comm_(comm), stream_(stream), size_(size), rank_(rank), algo_(algo), nvl_(std::move(nvl)) {}
+  ~NcclCommunicator() override {
+    nvl_.reset();  // its window and device communicator belong to comm_
+    ncclCommDestroy(comm_);
+  }
 
   int size() const override { return size_; }
   int rank() const override { return rank_; }
@@ -48,8 +60,14 @@ class NcclCommunicator final : public Communicator {
   void AllReduceSum(const TensorView& x) override {
     COROLLA_CHECK(x.device == Device::kCuda && x.is_contiguous()) << "all-reduce of " << x.ToString();
     if (x.numel() == 0) return;
-    COROLLA_NCCL_CHECK(ncclAllReduce(x.data, x.data, x.numel(), NcclType(x.dtype), ncclSum, comm_, stream_));
+    switch (Choose(x)) {
+      case AllReduceAlgo::kOneShot: return nvl_->Run(x, /*two_shot=*/false, stream_);
+      case AllReduceAlgo::kTwoShot: return nvl_->Run(x, /*two_shot=*/true, stream_);
+      default:
+        COROLLA_NCCL_CHECK(ncclAllReduce(x.data, x.data, x.numel(), NcclType(x.dtype), ncclSum, comm_, stream_));
+    }
   }
+  void set_all_reduce_algo(AllReduceAlgo algo) override { algo_ = algo; }
 
   // One NCCL group of a send and a receive per peer with rows to move (bytes as ncclUint8);
   // this rank's own block is a device copy. No host synchronisation: graph-capturable.
@@ -97,11 +115,28 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
+  bool has_nvl() const { return nvl_ != nullptr; }
 
  private:
+  // The same on every rank: it depends on the size, dtype, alignment and the shared settings.
+  AllReduceAlgo Choose(const TensorView& x) const {
+    if (nvl_ == nullptr || !NvlAllReduce::Supports(x)) return AllReduceAlgo::kNccl;
+    if (algo_ != AllReduceAlgo::kAuto) return algo_;
+    const int64_t bytes = x.numel() * DTypeSize(x.dtype);
+    if (bytes <= one_shot_max_) return AllReduceAlgo::kOneShot;
+    if (bytes <= two_shot_max_) return AllReduceAlgo::kTwoShot;
+    return AllReduceAlgo::kNccl;
+  }
+
   ncclComm_t comm_;
   cudaStream_t stream_;
   int size_, rank_;
+  AllReduceAlgo algo_;
+  std::unique_ptr<NvlAllReduce> nvl_;  // null: NCCL only
+  // kAuto's limits (bytes). Defaults not yet tuned on the GPU: corolla_parallel_bench prints the
+  // latency of each algorithm per size to pick them.
+  int64_t one_shot_max_ = EnvBytes("COROLLA_ALLREDUCE_ONESHOT_MAX", int64_t{1} << 20);
+  int64_t two_shot_max_ = EnvBytes("COROLLA_ALLREDUCE_TWOSHOT_MAX", int64_t{4} << 20);
 };
 
 }  // namespace
@@ -120,6 +155,9 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Backend& backend, int
   if (unique_id.size() != sizeof(ncclUniqueId))
     return Internal("bootstrap handed over an NCCL id of " + std::to_string(unique_id.size()) + " bytes");
   setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const char* env = std::getenv("COROLLA_ALLREDUCE");
+  const std::optional<AllReduceAlgo> algo = ParseAllReduceAlgo(env != nullptr && *env != '\0' ? env : "auto");
+  if (!algo) return InvalidArgument(std::string("COROLLA_ALLREDUCE=") + env + ": expected auto, nccl, oneshot or twoshot");
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof(id));
   COROLLA_CUDA_CHECK(cudaSetDevice(device));
@@ -127,7 +165,29 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Backend& backend, int
   if (ncclResult_t r = ncclCommInitRank(&comm, size, id, rank); r != ncclSuccess)
     return Internal("ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) +
                     ", device " + std::to_string(device) + "): " + ncclGetErrorString(r));
-  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, cuda_backend->stream(), size, rank));
+  // The NVLink kernels' symmetric memory is set up here, collectively, unless NCCL is forced.
+  std::unique_ptr<NvlAllReduce> nvl;
+  if (*algo != AllReduceAlgo::kNccl) {
+    Result<std::unique_ptr<NvlAllReduce>> made = NvlAllReduce::Create(comm, size, rank);
+    if (made.ok()) {
+      nvl = std::move(*made);
+    } else {
+      LOG(WARNING) << "all-reduce stays on NCCL: " << made.status().ToString();
+    }
+  }
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(comm, cuda_backend->stream(), size, rank, *algo, std::move(nvl)));
+}
+
+bool HasNvlAllReduce(Communicator& comm) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  return nccl != nullptr && nccl->has_nvl();
+}
+
+std::optional<NcclHandle> NcclHandleOf(Communicator& comm) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  if (nccl == nullptr) return std::nullopt;
+  return NcclHandle{nccl->comm(), nccl->stream(), nccl->size(), nccl->rank()};
 }
 
 Result<std::vector<double>> BenchNcclAllReduce(Communicator& comm, const std::vector<int64_t>& sizes, int iters,

@@ -17,6 +17,10 @@ Result<std::string> NcclUniqueId();
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Backend& backend, int device, const std::string& unique_id,
                                                            int size, int rank);
 
+// Whether AllReduceSum can use the NVLink kernels (parallel/cuda/nvl_allreduce.h) on `comm`:
+// its symmetric memory was set up (not with COROLLA_ALLREDUCE=nccl, nor across nodes).
+bool HasNvlAllReduce(Communicator& comm);
+
 // All-reduce latency of NCCL on this communicator for each message size (bytes of bf16), median
 // of `iters` CUDA-graph-free launches timed with events, in microseconds. With `symmetric`, the
 // buffer comes from ncclMemAlloc and is registered as a symmetric window (NCCL then picks its
