@@ -389,6 +389,9 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_tuple("qwen3-moe", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
         std::make_tuple("qwen3-moe", 4, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
         std::make_tuple("qwen3-moe", 4, "3,141,59,265,358,979,323"),                           // 3 ranks empty
+        // Eight ranks (issue 9's layouts, here as processes on the CPU): 2 experts each, 5 ranks empty.
+        std::make_tuple("qwen3-moe", 8, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("qwen3.5-moe-hybrid", 4, "3,141,59;265,358,979,323;846,264,338,327,950,288"),
         std::make_tuple("qwen3.5-moe-hybrid", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288")));
 
 TEST(DataParallelCpu, GenerateEqualsOneProcess) {
