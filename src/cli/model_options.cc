@@ -32,6 +32,9 @@ void ModelOptions::Declare(Flags& flags) {
   flags.String("linear-state-dtype", &linear_state_dtype,
                "hybrid models (Gated DeltaNet): storage of the recurrent state, f32 or bf16 (half the memory; "
                "math stays f32; accuracy cost in BENCHMARKS.md)");
+  flags.String("fp8", &fp8,
+               "FP8 checkpoints (DeepSeek-V3): native (block-scaled FP8 GEMMs; default on cuda) or dequant "
+               "(weights dequantised to bf16 at load; default on cpu)");
 }
 
 Result<DType> ParseLinearStateDtype(const std::string& name) {
@@ -137,6 +140,11 @@ Result<RankSetup> SetUpRank(const std::string& device, const ParallelConfig& con
 
 Result<LoadedModel> LoadModelFromOptions(const ModelOptions& options) {
   if (options.threads > 0) setenv("COROLLA_NUM_THREADS", std::to_string(options.threads).c_str(), 1);
+  if (!options.fp8.empty()) {
+    if (options.fp8 != "native" && options.fp8 != "dequant")
+      return InvalidArgument("--fp8 " + options.fp8 + ": expected native or dequant");
+    setenv("COROLLA_FP8", options.fp8.c_str(), 1);
+  }
   if (options.random_weights) return LoadRandom(options);
   LoadedModel loaded;
   ASSIGN_OR_RETURN(loaded.dir, options.ModelDir());

@@ -1,5 +1,5 @@
 // Options shared by the commands that load a model (--model, --device, --threads, --tp, --dp,
-// --ep, --linear-state-dtype; serve and bench serve also --config/--random-weights/--layers),
+// --ep, --linear-state-dtype, --fp8; serve and bench serve also --config/--random-weights/--layers),
 // and the lookup of the built-in default model. With --tp N --dp D the process is one rank of
 // N x D (RANK etc. in the environment, from parallel/launcher.h or an outside launcher).
 #pragma once
@@ -25,6 +25,9 @@ struct ModelOptions {
   int64_t dp = 1;  // data-parallel ranks: each owns its share of the sequences and its KV cache
   int64_t ep = 0;  // expert-parallel ranks: 0 or tp (TP-EP), or dp x tp (DP-EP: tokens move to experts)
   std::string linear_state_dtype = "f32";  // hybrids: storage of the recurrent state, f32 or bf16
+  // FP8 checkpoints: "native" (block-scaled FP8 GEMMs), "dequant" (bf16 weights), or empty:
+  // native on cuda, dequant on cpu. Passed to the loader as COROLLA_FP8 (model/weights.h).
+  std::string fp8;
   // Random weights of a real shape, no checkpoint needed (model/random_weights.h): the shape
   // from `config` (else --model's config.json), truncated to `layers` (0: all). Without --model
   // there is no tokenizer: the server then takes token-id prompts only.

@@ -32,6 +32,9 @@ std::unique_ptr<Backend::PendingIds> Backend::SampleAsync(const TensorView& logi
 }
 
 void Backend::SigmoidMul(const TensorView&, const TensorView&) { Missing(*this, "SigmoidMul"); }
+void Backend::LinearFp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
+  Missing(*this, "LinearFp8");
+}
 void Backend::CausalConv1d(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                            const AttentionBatch&, const TensorView&) {
   Missing(*this, "CausalConv1d");

@@ -217,7 +217,30 @@ class Backend {
                                  const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
                                  const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
                                  const AttentionBatch& batch);
+
+  // --- FP8 block-scaled linear (DeepSeek-V3 checkpoints) ---------------------------------
+  // out = x @ W^T where W = w * w_scale by 128 x 128 block: w [N, K] e4m3 (contiguous),
+  // w_scale [ceil(N/128), ceil(K/128)] f32 with row stride Fp8ScaleStride(K) (cuBLASLt's
+  // layout). x [T, K] (activation dtype, rows may be strided) is quantised on the fly the
+  // DeepSeek way, per row and group of 128 columns (the last group may be shorter):
+  //   sx = max(amax, kFp8MinAmax) / 448,  q = e4m3(x / sx)  (nearest even, saturating);
+  //   out[t, n] = sum_g sx[t, g] * w_scale[n / 128, g] * sum_{k in g} q[t, k] w[n, k]  (f32).
+  // out [T, N] of the activation dtype, rows may be strided. Backends without it answer false
+  // to supports_linear_fp8 (the default); a model dequantises the weights they do not take.
+  virtual bool supports_linear_fp8(int64_t n, int64_t k) const {
+    (void)n, (void)k;
+    return false;
+  }
+  virtual void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                         const TensorView& out);
 };
+
+// FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.
+constexpr int64_t kFp8Block = 128;
+constexpr float kFp8Max = 448.0f;     // largest finite e4m3
+constexpr float kFp8MinAmax = 1e-4f;  // floor of a group's amax (an all-zero group gets a finite scale)
+// Row stride (in floats) of LinearFp8's w_scale for K input columns: ceil(K/128) rounded up to 4.
+inline int64_t Fp8ScaleStride(int64_t k) { return ((k + kFp8Block - 1) / kFp8Block + 3) / 4 * 4; }
 
 std::unique_ptr<Backend> MakeCpuBackend();
 // The CUDA backend on device `device_idx` (kernels/cuda; only in builds with COROLLA_CUDA=ON).

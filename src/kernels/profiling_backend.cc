@@ -89,6 +89,11 @@ void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const Te
   Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype));
   inner_->Linear(x, w, out);
 }
+void ProfilingBackend::LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                                 const TensorView& out) {
+  Mark("LinearFp8 " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)));
+  inner_->LinearFp8(x, w, w_scale, out);
+}
 void ProfilingBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
   Mark("SiluMul");
   inner_->SiluMul(gate_up, out);

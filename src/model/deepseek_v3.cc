@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "base/logging.h"
 #include "model/residual_stream.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
@@ -14,19 +15,19 @@ namespace {
 // Hl: this rank's heads (all Hq on one rank). The latent projections (q_a, kv_a and their
 // norms) are whole on every rank: every head reads the same latent.
 struct MlaWeights {
-  Tensor in_proj;     // [q_in + kv_lora + rope, H]: (q_a_proj | q_proj rows of the Hl heads) then kv_a_proj_with_mqa
+  LinearWeight in_proj;  // [q_in + kv_lora + rope, H]: (q_a_proj | q_proj rows of the Hl heads) then kv_a_proj_with_mqa
   Tensor q_a_norm;    // [q_lora] (with a query bottleneck)
-  Tensor q_b;         // [Hl * qk_head, q_lora]: rows of the Hl heads
+  LinearWeight q_b;   // [Hl * qk_head, q_lora]: rows of the Hl heads
   Tensor kv_a_norm;   // [kv_lora]
   Tensor kv_b;        // [Hl * (nope + v), kv_lora]: decompression of the latent, rows of the Hl heads
   std::vector<Tensor> uk_t;  // Hl x [kv_lora, nope]: W_UK^T per head, absorbed into the query
   std::vector<Tensor> uv;    // Hl x [v, kv_lora]: W_UV per head, applied after attention
-  Tensor o;           // [H, Hl * v]: columns of the Hl heads (row-parallel, partial sums)
+  LinearWeight o;     // [H, Hl * v]: columns of the Hl heads (row-parallel, partial sums)
 };
 
 struct FfnWeights {     // SwiGLU: dense layers and shared experts; Il = I / tp
-  Tensor gate_up;       // [2 Il, H]: this rank's gate rows, then its up rows
-  Tensor down;          // [H, Il]: the matching columns (row-parallel, partial sums)
+  LinearWeight gate_up;  // [2 Il, H]: this rank's gate rows, then its up rows
+  LinearWeight down;     // [H, Il]: the matching columns (row-parallel, partial sums)
 };
 
 struct LayerWeights {
@@ -145,9 +146,9 @@ Status DeepseekV3Model::LoadFfn(WeightLoader& w, const std::string& p, int64_t i
   const int64_t hidden = config_.hidden_size;
   const int tp = shard_.tp_size, tp_rank = shard_.tp_rank;
   const Shard rows = Shard::Part(0, inter, tp_rank, tp), cols = Shard::Part(1, inter, tp_rank, tp);
-  ASSIGN_OR_RETURN(out->gate_up, w.LoadConcat({p + "gate_proj.weight", p + "up_proj.weight"},
-                                              {{inter, hidden}, {inter, hidden}}, {rows, rows}));
-  ASSIGN_OR_RETURN(out->down, w.Load(p + "down_proj.weight", {hidden, inter}, cols));
+  ASSIGN_OR_RETURN(out->gate_up, w.LoadLinearConcat({p + "gate_proj.weight", p + "up_proj.weight"},
+                                                    {{inter, hidden}, {inter, hidden}}, {rows, rows}));
+  ASSIGN_OR_RETURN(out->down, w.LoadLinear(p + "down_proj.weight", {hidden, inter}, cols));
   return Status::Ok();
 }
 
@@ -167,13 +168,13 @@ Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is
   const Shape kv_a_shape{kv_lora + rope, hidden};
   const Shard q_rows = Shard::Rows(first * qk_head, (first + local) * qk_head);
   if (m.q_lora_rank > 0) {
-    ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
-                                                   {{m.q_lora_rank, hidden}, kv_a_shape}));
+    ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadLinearConcat({a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                                         {{m.q_lora_rank, hidden}, kv_a_shape}));
     ASSIGN_OR_RETURN(lw.attn.q_a_norm, w.Load(a + "q_a_layernorm.weight", {m.q_lora_rank}));
-    ASSIGN_OR_RETURN(lw.attn.q_b, w.Load(a + "q_b_proj.weight", {heads * qk_head, m.q_lora_rank}, q_rows));
+    ASSIGN_OR_RETURN(lw.attn.q_b, w.LoadLinear(a + "q_b_proj.weight", {heads * qk_head, m.q_lora_rank}, q_rows));
   } else {
-    ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadConcat({a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
-                                                   {{heads * qk_head, hidden}, kv_a_shape}, {q_rows, Shard{}}));
+    ASSIGN_OR_RETURN(lw.attn.in_proj, w.LoadLinearConcat({a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"},
+                                                         {{heads * qk_head, hidden}, kv_a_shape}, {q_rows, Shard{}}));
   }
   ASSIGN_OR_RETURN(lw.attn.kv_a_norm, w.Load(a + "kv_a_layernorm.weight", {kv_lora}));
   ASSIGN_OR_RETURN(Tensor kv_b, w.LoadHost(a + "kv_b_proj.weight", {heads * (nope + vdim), kv_lora},
@@ -190,8 +191,8 @@ Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is
     lw.attn.uv.push_back(backend_.LoadWeight(
         TensorView(const_cast<float*>(uk + nope * kv_lora), DType::kF32, {vdim, kv_lora})));
   }
-  ASSIGN_OR_RETURN(lw.attn.o, w.Load(a + "o_proj.weight", {hidden, heads * vdim},
-                                     Shard::Cols(first * vdim, (first + local) * vdim)));
+  ASSIGN_OR_RETURN(lw.attn.o, w.LoadLinear(a + "o_proj.weight", {hidden, heads * vdim},
+                                           Shard::Cols(first * vdim, (first + local) * vdim)));
 
   const std::string f = p + "mlp.";
   lw.is_moe = is_moe;
@@ -219,6 +220,8 @@ Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
   RETURN_IF_ERROR(PlanShard());
   WeightLoader w(checkpoint, backend_);
   w.set_fp8_block(c.quant.block_rows, c.quant.block_cols);
+  ASSIGN_OR_RETURN(const bool native_fp8, NativeFp8Requested(backend_));
+  w.set_native_fp8(native_fp8);
 
   const std::string& root = c.weight_prefix;
   ASSIGN_OR_RETURN(embed_, w.Load(root + "embed_tokens.weight", {c.vocab_size, hidden}));
@@ -247,6 +250,13 @@ Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
     RETURN_IF_ERROR(LoadLayer(w, p, /*is_moe=*/true, &mtp.layer));
   }
 
+  if (w.num_native_fp8() > 0 || !w.dequantised_fp8().empty()) {
+    std::string names;
+    for (size_t i = 0; i < w.dequantised_fp8().size() && i < 4; ++i) names += (i ? "; " : "") + w.dequantised_fp8()[i];
+    LOG(INFO) << "FP8: " << w.num_native_fp8() << " projection weights kept FP8 (block-scaled GEMMs), "
+              << w.dequantised_fp8().size() << " dequantised to bf16" << (names.empty() ? "" : ": " + names)
+              << (w.dequantised_fp8().size() > 4 ? "; ..." : "");
+  }
   rope_.rotary_dim = static_cast<int>(rope);
   rope_.theta = static_cast<float>(c.rope.theta);
   rope_.interleaved = c.rope.interleaved;
@@ -282,13 +292,13 @@ Status DeepseekV3Model::Load(const Checkpoint& checkpoint) {
 }
 
 void DeepseekV3Model::Ffn(const FfnWeights& f, const TensorView& x, const TensorView& out) {
-  const int64_t tokens = x.dim(0), inter = f.down.dim(1);
+  const int64_t tokens = x.dim(0), inter = f.down.cols;
   const DType act = backend_.activation_dtype();
   Tensor gate_up = backend_.Empty(act, {tokens, 2 * inter});
   Tensor h = backend_.Empty(act, {tokens, inter});
-  backend_.Linear(x, f.gate_up, gate_up);
+  RunLinear(backend_, x, f.gate_up, gate_up);
   backend_.SiluMul(gate_up, h);
-  backend_.Linear(h, f.down, out);
+  RunLinear(backend_, h, f.down, out);
 }
 
 void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const TensorView& out) {
@@ -410,14 +420,14 @@ void DeepseekV3Model::Attention(int layer, const TensorView& x, const ForwardBat
   const DType act = backend_.activation_dtype();
 
   Tensor a = backend_.Empty(act, {tokens, q_in + kv_lora + rope});  // [T, q_in | kv_lora | rope]
-  backend_.Linear(x, w.in_proj, a);
+  RunLinear(backend_, x, w.in_proj, a);
   Tensor q_buf;
   TensorView q;  // [T, Hl, nope + rope]
   if (m.q_lora_rank > 0) {
     Tensor q_c = backend_.Empty(act, {tokens, q_in});
     backend_.RmsNorm(Columns(a, 0, q_in), w.q_a_norm, eps, q_c, nullptr);
     q_buf = backend_.Empty(act, {tokens, heads, qk_head});
-    backend_.Linear(q_c, w.q_b, q_buf.view().Reshape({tokens, heads * qk_head}));
+    RunLinear(backend_, q_c, w.q_b, q_buf.view().Reshape({tokens, heads * qk_head}));
     q = q_buf;
   } else {
     q = Heads(a, heads, qk_head, 0, qk_head);
@@ -439,7 +449,7 @@ void DeepseekV3Model::Attention(int layer, const TensorView& x, const ForwardBat
   } else {
     DecompressedAttention(w, q, batch, cache, attn);
   }
-  backend_.Linear(attn, w.o, out);  // [T, H], this rank's partial sum
+  RunLinear(backend_, attn, w.o, out);  // [T, H], this rank's partial sum
   AllReduce(shard_.tp, out);
 }
 

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "base/numeric.h"
@@ -105,6 +106,154 @@ Result<Tensor> WeightLoader::LoadConcat(const std::vector<std::string>& names,
   Tensor t = backend_.LoadWeightConcat(views);
   scratch_.clear();
   return t;
+}
+
+Result<bool> NativeFp8Requested(const Backend& backend) {
+  const char* v = std::getenv("COROLLA_FP8");
+  if (v == nullptr || *v == '\0') return backend.device() != Device::kCpu;
+  if (std::string(v) == "native") return true;
+  if (std::string(v) == "dequant") return false;
+  return InvalidArgument(std::string("--fp8 / COROLLA_FP8 ") + v + ": expected native or dequant");
+}
+
+bool WeightLoader::NativeFp8(const std::string& name, const Shape& expected, const Shard& shard,
+                             std::string* why) const {
+  why->clear();
+  if (!native_fp8_ || !checkpoint_.Has(name + "_scale_inv")) return false;
+  Result<TensorView> view = checkpoint_.Get(name);
+  if (!view.ok() || view->dtype != DType::kF8E4M3 || view->shape != expected || view->rank() != 2) return false;
+  auto no = [&](const std::string& reason) {
+    *why = name + " (" + reason + ")";
+    return false;
+  };
+  if (fp8_block_rows_ != kFp8Block || fp8_block_cols_ != kFp8Block) return no("scale blocks are not 128 x 128");
+  if (shard.dim >= 0 && shard.begin % kFp8Block != 0) return no("its shard starts inside a 128 block");
+  const int64_t rows = shard.dim == 0 ? shard.end - shard.begin : expected[0];
+  const int64_t cols = shard.dim == 1 ? shard.end - shard.begin : expected[1];
+  if (!backend_.supports_linear_fp8(rows, cols))
+    return no("the " + backend_.name() + " backend's FP8 linear does not take [" + std::to_string(rows) + ", " +
+              std::to_string(cols) + "]");
+  return true;
+}
+
+Result<LinearWeight> WeightLoader::LoadLinear(const std::string& name, const Shape& expected, const Shard& shard) {
+  return LoadLinearConcat({name}, {expected}, {shard});
+}
+
+// FP8 parts: each shard's bytes and its block-row range of the scales; consecutive parts share
+// one upload while the rows gathered so far fill whole 128-row blocks.
+Result<LinearWeight> WeightLoader::LoadLinearConcat(const std::vector<std::string>& names,
+                                                    const std::vector<Shape>& expected,
+                                                    const std::vector<Shard>& shards) {
+  COROLLA_CHECK(names.size() == expected.size() && (shards.empty() || shards.size() == names.size()));
+  auto shard_of = [&](size_t i) { return shards.empty() ? Shard{} : shards[i]; };
+  LinearWeight out;
+  bool native = true;
+  std::vector<std::string> why_not;
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::string why;
+    if (!NativeFp8(names[i], expected[i], shard_of(i), &why)) {
+      native = false;
+      if (!why.empty()) why_not.push_back(why);
+    }
+  }
+  if (!native) {
+    for (const std::string& why : why_not) dequantised_fp8_.push_back(why);
+    ASSIGN_OR_RETURN(out.dense, LoadConcat(names, expected, shards));
+    out.rows = out.dense.dim(0);
+    out.cols = out.dense.dim(1);
+    return out;
+  }
+  struct Piece {
+    TensorView w;             // host [rows, cols] e4m3 (scratch or the file)
+    TensorView scale;         // the whole tensor's scales [rb, cb]
+    int64_t row0, col0;       // the shard's first row / column in the whole tensor
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Shard sh = shard_of(i);
+    ASSIGN_OR_RETURN(TensorView w, checkpoint_.Get(names[i]));
+    ASSIGN_OR_RETURN(TensorView scale, checkpoint_.Get(names[i] + "_scale_inv"));
+    const Shape scale_shape{(w.dim(0) + kFp8Block - 1) / kFp8Block, (w.dim(1) + kFp8Block - 1) / kFp8Block};
+    if (scale.shape != scale_shape || scale.dtype != DType::kF32 || !w.is_contiguous())
+      return InvalidArgument("tensor " + names[i] + "_scale_inv: expected " + scale_shape.ToString() + " f32, got " +
+                             scale.ToString());
+    used_.insert(names[i]);
+    used_.insert(names[i] + "_scale_inv");
+    Piece p{w, scale, sh.dim == 0 ? sh.begin : 0, sh.dim == 1 ? sh.begin : 0};
+    if (sh.dim == 0) p.w = w.Slice(sh.begin, sh.end);
+    if (sh.dim == 1) {  // columns: gathered row by row
+      const int64_t rows = w.dim(0), width = sh.end - sh.begin;
+      Tensor part = Tensor::Empty(DType::kF8E4M3, {rows, width});
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(part.ptr<uint8_t>() + r * width, w.ptr<uint8_t>() + r * w.dim(1) + sh.begin, width);
+      scratch_.push_back(part);
+      p.w = part.view();
+    }
+    pieces.push_back(p);
+  }
+  const int64_t cols = pieces[0].w.dim(1), groups = (cols + kFp8Block - 1) / kFp8Block, ld = Fp8ScaleStride(cols);
+  for (const Piece& p : pieces)
+    if (p.w.dim(1) != cols)
+      return InvalidArgument("fused projection " + names[0] + ": parts of " + std::to_string(cols) + " and " +
+                             std::to_string(p.w.dim(1)) + " columns");
+  // Uploads pieces [begin, end) as one part.
+  auto upload = [&](size_t begin, size_t end) {
+    int64_t rows = 0;
+    for (size_t i = begin; i < end; ++i) rows += pieces[i].w.dim(0);
+    Tensor bytes = Tensor::Empty(DType::kF8E4M3, {rows, cols});
+    Tensor scales = Tensor::Zeros(DType::kF32, {(rows + kFp8Block - 1) / kFp8Block, ld});
+    int64_t r = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const Piece& p = pieces[i];
+      const int64_t n = p.w.dim(0);
+      std::memcpy(bytes.ptr<uint8_t>() + r * cols, p.w.data, n * cols);
+      // Block row b of this piece is block row (row0 / 128 + b) of its tensor, columns from col0 / 128.
+      for (int64_t b = 0; b < (n + kFp8Block - 1) / kFp8Block; ++b)
+        for (int64_t g = 0; g < groups; ++g)
+          scales.ptr<float>()[(r / kFp8Block + b) * ld + g] =
+              p.scale.ptr<float>()[(p.row0 / kFp8Block + b) * p.scale.dim(1) + p.col0 / kFp8Block + g];
+      r += n;
+    }
+    LinearWeight::Fp8Part part;
+    part.w = backend_.Empty(DType::kF8E4M3, {rows, cols});
+    backend_.CopyFromHost(bytes.view().data, part.w);
+    part.scale = backend_.Empty(DType::kF32, scales.shape());
+    backend_.CopyFromHost(scales.view().data, part.scale);
+    backend_.Synchronize();  // the host buffers die here
+    part.first_row = out.rows;
+    out.rows += rows;
+    out.fp8.push_back(std::move(part));
+  };
+  size_t begin = 0;
+  int64_t rows_so_far = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i > begin && rows_so_far % kFp8Block != 0) {
+      upload(begin, i);
+      begin = i;
+      rows_so_far = 0;
+    }
+    rows_so_far += pieces[i].w.dim(0);
+  }
+  upload(begin, pieces.size());
+  out.cols = cols;
+  num_native_fp8_ += static_cast<int>(names.size());
+  scratch_.clear();
+  return out;
+}
+
+void RunLinear(Backend& backend, const TensorView& x, const LinearWeight& w, const TensorView& out) {
+  if (!w.is_fp8()) return backend.Linear(x, w.dense, out);
+  COROLLA_CHECK(out.rank() == 2 && out.dim(1) == w.rows) << "linear out " << out.ToString() << " for " << w.rows << " rows";
+  for (const LinearWeight::Fp8Part& part : w.fp8) {
+    const int64_t rows = part.w.dim(0);
+    TensorView cols = out;  // columns [first_row, + rows) of every row of out
+    cols.data = static_cast<char*>(out.data) + part.first_row * DTypeSize(out.dtype);
+    cols.shape.dims[1] = rows;
+    TensorView scale = part.scale.view();
+    scale.shape.dims[1] = (w.cols + kFp8Block - 1) / kFp8Block;
+    backend.LinearFp8(x, part.w, scale, cols);
+  }
 }
 
 Result<Tensor> WeightLoader::LoadExpertsGateUp(const std::string& prefix, int num_experts,

@@ -95,5 +95,91 @@ TEST_F(Fp8Shard, AShardOutsideTheTensorNamesIt) {
       << t.status().ToString();
 }
 
+// ||a - b|| / ||b|| of two host f32 tensors of one shape.
+double NormError(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double d = static_cast<double>(a.ptr<float>()[i]) - b.ptr<float>()[i];
+    num += d * d;
+    den += static_cast<double>(b.ptr<float>()[i]) * b.ptr<float>()[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// RunLinear of `w` against the dense Linear of the dequantised shard, on x [5, K] in [-1, 1].
+double LinearError(Backend& cpu, const LinearWeight& w, const Tensor& dense) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  Tensor x = Tensor::Empty(DType::kF32, {5, w.cols});
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = d(rng);
+  Tensor got = Tensor::Empty(DType::kF32, {5, w.rows}), want = Tensor::Empty(DType::kF32, {5, w.rows});
+  RunLinear(cpu, x, w, got);
+  cpu.Linear(x, dense, want);
+  return NormError(got, want);
+}
+
+// Native FP8: shards on block boundaries stay FP8 (the activations quantised per 1 x 128 group
+// cost a few percent), shards that cut a block are dequantised and say so.
+TEST_F(Fp8Shard, LoadLinearKeepsBlockAlignedShardsFp8) {
+  struct Case {
+    Shard shard;
+    bool fp8;
+  };
+  for (const Case& c : {Case{{}, true}, Case{Shard::Rows(128, 300), true}, Case{Shard::Cols(128, 260), true},
+                        Case{Shard::Rows(96, 200), false}, Case{Shard::Part(1, kCols, 1, 4), false}}) {
+    WeightLoader loader(*checkpoint_, *cpu_);
+    loader.set_native_fp8(true);
+    auto w = loader.LoadLinear("w.weight", {kRows, kCols}, c.shard);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const std::string name = "shard dim " + std::to_string(c.shard.dim) + " [" + std::to_string(c.shard.begin) +
+                             ", " + std::to_string(c.shard.end) + ")";
+    EXPECT_EQ(w->is_fp8(), c.fp8) << name;
+    EXPECT_EQ(loader.dequantised_fp8().size(), c.fp8 ? 0u : 1u) << name;
+    EXPECT_TRUE(loader.CheckAllUsed([](const std::string&) { return false; }).ok()) << name;
+    Tensor dense = loader.LoadHost("w.weight", {kRows, kCols}, c.shard).value();
+    ASSERT_EQ(w->rows, dense.dim(0));
+    ASSERT_EQ(w->cols, dense.dim(1));
+    const double err = LinearError(*cpu_, *w, dense);
+    if (c.fp8) {
+      EXPECT_GT(err, 0.0) << name << ": the activations were not quantised";
+      EXPECT_LT(err, 0.1) << name;
+    } else {
+      EXPECT_EQ(err, 0.0) << name;
+    }
+  }
+}
+
+// Fused projections: parts join one FP8 upload while the rows before them fill whole blocks.
+TEST_F(Fp8Shard, LoadLinearConcatSplitsAtPartialBlocks) {
+  struct Case {
+    Shard shard;
+    size_t parts;
+  };
+  for (const Case& c : {Case{Shard::Rows(0, 128), 1}, Case{Shard::Rows(128, 300), 2}, Case{{}, 2}}) {
+    WeightLoader loader(*checkpoint_, *cpu_);
+    loader.set_native_fp8(true);
+    auto w = loader.LoadLinearConcat({"w.weight", "w.weight"}, {{kRows, kCols}, {kRows, kCols}}, {c.shard, c.shard});
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_EQ(w->fp8.size(), c.parts);
+    Tensor dense = loader.LoadConcat({"w.weight", "w.weight"}, {{kRows, kCols}, {kRows, kCols}}, {c.shard, c.shard})
+                       .value();
+    ASSERT_EQ(w->rows, dense.dim(0));
+    EXPECT_EQ(w->fp8.back().first_row, c.parts == 1 ? 0 : dense.dim(0) / 2);
+    const double err = LinearError(*cpu_, *w, dense);
+    EXPECT_GT(err, 0.0);
+    EXPECT_LT(err, 0.1);
+  }
+}
+
+// Without native FP8 (the CPU default) LoadLinear is Load.
+TEST_F(Fp8Shard, LoadLinearDequantisesWhenNativeIsOff) {
+  WeightLoader loader(*checkpoint_, *cpu_);
+  auto w = loader.LoadLinear("w.weight", {kRows, kCols});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_FALSE(w->is_fp8());
+  EXPECT_TRUE(loader.dequantised_fp8().empty());
+  EXPECT_EQ(MaxError(w->dense, {}), 0.0);
+}
+
 }  // namespace
 }  // namespace corolla

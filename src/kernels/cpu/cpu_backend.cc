@@ -114,6 +114,11 @@ class CpuBackend final : public Backend {
     cpu::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
   }
   bool supports_linear_attention() const override { return true; }
+  bool supports_linear_fp8(int64_t, int64_t) const override { return true; }
+  void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                 const TensorView& out) override {
+    cpu::LinearFp8(x, w, w_scale, out);
+  }
   void SigmoidMul(const TensorView& x, const TensorView& gate) override { cpu::SigmoidMul(x, gate); }
   void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
                     const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override {

@@ -16,6 +16,11 @@ void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps);
 void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
           const RopeParams& params);
 void Linear(const TensorView& x, const TensorView& w, const TensorView& out);
+// Backend::LinearFp8: w [N, K] e4m3, w_scale [ceil(N/128), ceil(K/128)] f32 (rows may be strided).
+void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale, const TensorView& out);
+// The activation quantisation of LinearFp8: x [T, K] f32 -> q [T, K] e4m3 bits (contiguous) and
+// scales [T, ceil(K/128)] (contiguous), per row and group of 128 columns.
+void QuantizeFp8Groups(const TensorView& x, uint8_t* q, float* scales);
 void SiluMul(const TensorView& gate_up, const TensorView& out);
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out);
 void Copy(const TensorView& src, const TensorView& dst);

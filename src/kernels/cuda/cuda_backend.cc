@@ -57,11 +57,13 @@ CudaBackend::CudaBackend(int device_idx, cudaStream_t stream)
       stream_(stream),
       alloc_(std::make_shared<CachingAllocator>(device_idx)),
       linear_(std::make_unique<LtLinear>(*alloc_)),
+      fp8_linear_(std::make_unique<Fp8Linear>(*alloc_)),
       host_ids_(std::make_shared<HostIdsPool>()) {}
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   linear_.reset();
+  fp8_linear_.reset();
   cudaStreamDestroy(stream_);
 }
 
@@ -214,6 +216,10 @@ void CudaBackend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, co
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // A few rows: our weight-streaming GEMV (gemv.cu); else, or when its layout rules out, cuBLASLt.
   if (!LinearGemv(x, w, out, stream_)) linear_->Run(x, w, out, stream_);
+}
+void CudaBackend::LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                            const TensorView& out) {
+  fp8_linear_->Run(x, w, w_scale, out, stream_);
 }
 void CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
   cuda::SiluMul(gate_up, out, stream_);

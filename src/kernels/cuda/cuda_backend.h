@@ -12,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/pinned_host.h"
 
@@ -79,7 +80,12 @@ class CudaBackend final : public Backend {
   // Warm-up and capture with the allocator's graph pool on (relaxed capture mode).
   Result<std::unique_ptr<Graph>> CaptureGraph(const std::function<void()>& fn) override;
 
+  // cuBLASLt block scaling for the weights it takes (fp8_gemm.h); the SIMT kernel for the rest.
+  bool supports_linear_fp8(int64_t n, int64_t k) const override { return Fp8Linear::LtTakes(n, k); }
+  void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale, const TensorView& out) override;
+
   cudaStream_t stream() const { return stream_; }
+  Fp8Linear& fp8_linear() { return *fp8_linear_; }
   const CachingAllocator& allocator() const { return *alloc_; }
 
  private:
@@ -91,6 +97,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   std::shared_ptr<CachingAllocator> alloc_;
   std::unique_ptr<LtLinear> linear_;
+  std::unique_ptr<Fp8Linear> fp8_linear_;
   // RopeParams' fields (all of them: what RopeInvFreq reads is a subset) -> RopeInvFreq on the
   // device, so a forward looks frequencies up without recomputing them each layer.
   using RopeKey = std::tuple<int, float, bool, float, int, float, float, float>;

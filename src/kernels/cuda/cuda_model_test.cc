@@ -51,7 +51,13 @@ TEST_P(CudaModelTest, GoldenLogits) {
   auto cpu = MakeCpuBackend();
   auto gmodel = LoadModel("tests/data/models/" + name, **gpu);
   ASSERT_TRUE(gmodel.ok()) << gmodel.status().ToString();
+  // deepseek-v3-fp8 runs native FP8 GEMMs on CUDA (activations quantised per 1 x 128 group);
+  // its CPU reference is then the FP8 twin (COROLLA_FP8=native), and its golden (a float32
+  // forward of the dequantised weights) is ~9e-2 away on that twin too (model/fp8_model_test.cc).
+  const bool native_fp8 = name == "deepseek-v3-fp8";
+  if (native_fp8) setenv("COROLLA_FP8", "native", 1);
   auto cmodel = LoadModel("tests/data/models/" + name, *cpu);
+  if (native_fp8) unsetenv("COROLLA_FP8");
   ASSERT_TRUE(cmodel.ok()) << cmodel.status().ToString();
   auto golden = SafetensorsFile::Open("tests/data/golden/" + name + ".safetensors");
   ASSERT_TRUE(golden.ok()) << golden.status().ToString();
@@ -62,7 +68,8 @@ TEST_P(CudaModelTest, GoldenLogits) {
   // zero-centred norm weights kept in f32 the GPU measured 6.2e-3, 1.1e-2, 6.6e-2, 6.0e-2,
   // 6.6e-2 (in bf16 they alone had moved it to 2.1e-1). So its golden bound is 1e-1;
   // chunked-vs-one-prefill stays 2e-2.
-  const double golden_tol = name == "qwen3.5-moe-hybrid" ? 1e-1 : 2e-2;
+  const double golden_tol = name == "qwen3.5-moe-hybrid" ? 1e-1 : native_fp8 ? 1.5e-1 : 2e-2;
+  const double cpu_tol = native_fp8 ? 5e-2 : golden_tol;
   double worst_golden = 0, worst_cpu = 0;
   for (int k = 0; k < 5; ++k) {
     TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_" + std::to_string(k)));
@@ -81,12 +88,12 @@ TEST_P(CudaModelTest, GoldenLogits) {
     std::printf("%s logits_%d (%zu tokens): max error vs golden %.3e, vs cpu %.3e (of max|ref|)\n",
                 name.c_str(), k, ids.size(), eg, ec);
     Record("Model." + name, "logits_" + std::to_string(k) + " vs golden", eg, golden_tol);
-    Record("Model." + name, "logits_" + std::to_string(k) + " vs cpu", ec, golden_tol);
+    Record("Model." + name, "logits_" + std::to_string(k) + " vs cpu", ec, cpu_tol);
     worst_golden = std::max(worst_golden, eg);
     worst_cpu = std::max(worst_cpu, ec);
   }
   EXPECT_LT(worst_golden, golden_tol);
-  EXPECT_LT(worst_cpu, golden_tol);
+  EXPECT_LT(worst_cpu, cpu_tol);
 
   // Chunked prefill and decode through the paged cache against one prefill, on the GPU.
   TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_4"));
@@ -125,7 +132,7 @@ TEST_P(CudaModelTest, GoldenLogits) {
 }
 
 // deepseek-v3-fp8's golden is a float32 forward of the dequantised weights; the CUDA path
-// dequantises at load (to bf16), so the bf16 tolerance holds for it too.
+// keeps its projections FP8 (fp8_kernel_test.cc compares that with --fp8 dequant).
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest,
                          ::testing::Values("qwen3-dense", "qwen3-moe", "qwen3.5-moe-hybrid", "deepseek-v3",
                                            "deepseek-v3-fp8"));
@@ -278,7 +285,13 @@ TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
   auto cpu = MakeCpuBackend();
   auto gmodel = LoadModel("tests/data/models/" + name, **gpu);
   ASSERT_TRUE(gmodel.ok()) << gmodel.status().ToString();
+  // deepseek-v3-fp8 runs native FP8 GEMMs on CUDA (activations quantised per 1 x 128 group);
+  // its CPU reference is then the FP8 twin (COROLLA_FP8=native), and its golden (a float32
+  // forward of the dequantised weights) is ~9e-2 away on that twin too (model/fp8_model_test.cc).
+  const bool native_fp8 = name == "deepseek-v3-fp8";
+  if (native_fp8) setenv("COROLLA_FP8", "native", 1);
   auto cmodel = LoadModel("tests/data/models/" + name, *cpu);
+  if (native_fp8) unsetenv("COROLLA_FP8");
   ASSERT_TRUE(cmodel.ok());
   const auto requests = MixedRequests();
   double t_on = 0, t_off = 0;

@@ -1,0 +1,331 @@
+// FP8 block-scaled linear (Backend::LinearFp8, fp8_gemm.cu) against the CPU twin: the 1 x 128
+// activation quantisation bit for bit, the GEMM through cuBLASLt and through the SIMT kernel
+// over a sweep of shapes (M 1..300, N/K multiples of 128 and not, strided views), and the
+// speed: `CudaPerf.Fp8Gemm` prints "fp8 gemm perf:" rows (FP8 and bf16 peaks measured in the
+// same run, then DeepSeek-V3's projection shapes); `CudaFp8Model` runs the deepseek-v3-fp8
+// fixture native and dequantised against its golden. Filter: --gtest_filter='*Fp8*'.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_gemm.h"
+#include "kernels/cuda/test_util.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+namespace corolla::cuda_test {
+namespace {
+
+// A block-scaled FP8 weight on the host and on the device: bytes [N, K], scales
+// [ceil(N/128), ceil(K/128)] with row stride Fp8ScaleStride(K) (padding zero).
+struct Fp8Weight {
+  int64_t n = 0, k = 0;
+  Tensor host_w, host_scale;  // u8 bits as kF8E4M3; f32 [nb, stride]
+  Tensor dev_w, dev_scale;
+  TensorView host_scale_view() const { return ScaleView(host_scale); }
+  TensorView dev_scale_view() const { return ScaleView(dev_scale); }
+  TensorView ScaleView(const Tensor& t) const {
+    TensorView v = t.view();
+    v.shape = Shape{(n + kFp8Block - 1) / kFp8Block, (k + kFp8Block - 1) / kFp8Block};
+    v.strides = {Fp8ScaleStride(k), 1, 0, 0};
+    return v;
+  }
+};
+
+// e4m3 values of U(-1, 1) (never NaN), from a 1 MiB random block tiled over the weight so
+// the large perf shapes do not wait on the generator.
+std::vector<uint8_t> RandomFp8(int64_t count) {
+  static const std::vector<uint8_t> block = [] {
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    std::vector<uint8_t> b(1 << 20);
+    for (auto& v : b) v = ToFp8e4m3(d(Rng())).bits;
+    return b;
+  }();
+  std::vector<uint8_t> out(count);
+  const int64_t offset = static_cast<int64_t>(Rng()() % block.size());
+  for (int64_t i = 0; i < count; ++i) out[i] = block[(offset + i * 7919) % block.size()];
+  return out;
+}
+
+Fp8Weight MakeWeight(Backend& gpu, int64_t n, int64_t k) {
+  Fp8Weight w;
+  w.n = n;
+  w.k = k;
+  const int64_t nb = (n + kFp8Block - 1) / kFp8Block, kb = (k + kFp8Block - 1) / kFp8Block, ld = Fp8ScaleStride(k);
+  std::vector<uint8_t> bits = RandomFp8(n * k);
+  w.host_w = Tensor::Empty(DType::kF8E4M3, {n, k});
+  std::memcpy(w.host_w.view().data, bits.data(), bits.size());
+  // Scales around 1/sqrt(K) so outputs stay O(1) for inputs in [-1, 1].
+  std::uniform_real_distribution<float> d(0.5f, 1.5f);
+  w.host_scale = Tensor::Zeros(DType::kF32, {nb, ld});
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t j = 0; j < kb; ++j) w.host_scale.ptr<float>()[i * ld + j] = d(Rng()) / std::sqrt(float(k));
+  w.dev_w = gpu.Empty(DType::kF8E4M3, {n, k});
+  gpu.CopyFromHost(w.host_w.view().data, w.dev_w);
+  w.dev_scale = gpu.Empty(DType::kF32, {nb, ld});
+  gpu.CopyFromHost(w.host_scale.view().data, w.dev_scale);
+  return w;
+}
+
+// The first `cols` columns of a [rows, C] view (rows keep their stride).
+TensorView Cols(const TensorView& v, int64_t cols) {
+  TensorView r = v;
+  r.shape = Shape{v.dim(0), cols};
+  return r;
+}
+
+std::vector<float> Rows(const std::vector<float>& full, int64_t rows, int64_t ld, int64_t cols) {
+  std::vector<float> out;
+  for (int64_t i = 0; i < rows; ++i) out.insert(out.end(), full.begin() + i * ld, full.begin() + i * ld + cols);
+  return out;
+}
+
+std::string ShapeName(int64_t m, int64_t n, int64_t k) {
+  return "M" + std::to_string(m) + " N" + std::to_string(n) + " K" + std::to_string(k);
+}
+
+TEST_F(CudaKernelTest, Fp8QuantizeGroups) {
+  struct Case {
+    int64_t rows, k, pad;  // pad: extra columns of x's rows (a strided view)
+  };
+  for (Case c : {Case{1, 7168, 0}, Case{7, 1536, 0}, Case{64, 160, 8}, Case{300, 2112, 0}, Case{5, 200, 3},
+                 Case{3, 16, 0}}) {
+    const int64_t ld = c.k + c.pad, rows4 = (c.rows + 3) / 4 * 4, groups = (c.k + 127) / 128;
+    // Values spread over several binades, so the scales and the rounding both matter.
+    std::vector<float> x = RandomBf16(c.rows * ld, 4.0f);
+    for (int64_t i = 0; i < c.rows * ld; i += 37) x[i] = ToFloat(ToBf16(x[i] * 1e-3f));
+    Tensor hx = HostF32(x, {c.rows, ld});
+    std::vector<uint8_t> want_q(c.rows * c.k);
+    std::vector<float> want_s(c.rows * groups);
+    cpu::QuantizeFp8Groups(Cols(hx, c.k), want_q.data(), want_s.data());
+
+    Tensor gx = Upload(gpu(), x, {c.rows, ld}, DType::kBF16);
+    Tensor q = gpu().Empty(DType::kF8E4M3, {rows4, c.k}), s = gpu().Empty(DType::kF32, {groups, rows4});
+    std::vector<uint8_t> poison_q(rows4 * c.k, 0x7f);
+    gpu().CopyFromHost(poison_q.data(), q);
+    Poison(gpu(), s);
+    cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+    cuda::QuantizeFp8Groups(Cols(gx, c.k), q, s, stream);
+    std::vector<uint8_t> got_q(rows4 * c.k);
+    gpu().CopyToHost(q, got_q.data());
+    std::vector<float> got_s = Download(gpu(), s);
+    int64_t bad_q = 0, bad_s = 0;
+    for (int64_t t = 0; t < rows4; ++t) {
+      for (int64_t i = 0; i < c.k; ++i) bad_q += got_q[t * c.k + i] != (t < c.rows ? want_q[t * c.k + i] : 0);
+      for (int64_t g = 0; g < groups; ++g)
+        bad_s += t < c.rows ? got_s[g * rows4 + t] != want_s[t * groups + g] : !std::isfinite(got_s[g * rows4 + t]);
+    }
+    const std::string shape = "T" + std::to_string(c.rows) + " K" + std::to_string(c.k) + (c.pad ? " strided" : "");
+    Record("Fp8Quantize.mismatches", shape, static_cast<double>(bad_q + bad_s), 0);
+    EXPECT_EQ(bad_q, 0) << shape;
+    EXPECT_EQ(bad_s, 0) << shape;
+  }
+}
+
+TEST_F(CudaKernelTest, LinearFp8) {
+  auto& fp8 = dynamic_cast<cuda::CudaBackend&>(gpu()).fp8_linear();
+  const cuda::Fp8Linear::Path default_path = fp8.path();
+  struct Case {
+    int64_t n, k;
+    int64_t x_pad, out_pad;  // extra columns of x's / out's rows (strided views)
+  };
+  // DeepSeek-V3 shapes (q_a|kv_a 2112 x 7168, q_b at K 1536, kv_b at K 512), partial blocks in N
+  // and K (the fixture's 208 x 384, 192 x 160, 384 x 320), strided views, and shapes cuBLASLt is
+  // not given (N or K not a multiple of 16: the SIMT kernel).
+  const std::vector<Case> cases = {Case{2112, 7168, 0, 0}, Case{1536, 1536, 0, 0}, Case{512, 512, 0, 0},
+                                   Case{208, 384, 0, 40},  Case{192, 160, 8, 0},   Case{384, 320, 16, 8},
+                                   Case{100, 200, 0, 0},   Case{256, 136, 0, 0}};
+  for (const Case& c : cases) {
+    Fp8Weight w = MakeWeight(gpu(), c.n, c.k);
+    for (int64_t m : {1, 7, 64, 300}) {
+      const int64_t xw = c.k + c.x_pad, ow = c.n + c.out_pad;
+      std::vector<float> x = RandomBf16(m * xw);
+      Tensor hx = HostF32(x, {m, xw});
+      Tensor want = Tensor::Empty(DType::kF32, {m, c.n});
+      cpu::LinearFp8(Cols(hx, c.k), w.host_w, w.host_scale_view(), want);
+      std::vector<float> want_v(want.ptr<float>(), want.ptr<float>() + m * c.n);
+      // Unquantised activations against the same weights: the cost of the activation quantisation.
+      Tensor wd = Tensor::Empty(DType::kF32, {c.n, c.k}), exact = Tensor::Empty(DType::kF32, {m, c.n});
+      for (int64_t r = 0; r < c.n; ++r)
+        for (int64_t i = 0; i < c.k; ++i)
+          wd.ptr<float>()[r * c.k + i] =
+              ToFloat(fp8e4m3::FromBits(w.host_w.ptr<uint8_t>()[r * c.k + i])) *
+              w.host_scale.ptr<float>()[(r / kFp8Block) * Fp8ScaleStride(c.k) + i / kFp8Block];
+      cpu::Linear(Cols(hx, c.k), wd, exact);
+      const double quant_err =
+          RelError(want_v, std::vector<float>(exact.ptr<float>(), exact.ptr<float>() + m * c.n));
+
+      Tensor gx = Upload(gpu(), x, {m, xw}, DType::kBF16);
+      for (auto path : {cuda::Fp8Linear::Path::kAuto, cuda::Fp8Linear::Path::kSimt}) {
+        fp8.set_path(path);
+        const int64_t declined = fp8.num_declined();
+        Tensor gout = gpu().Empty(DType::kBF16, {m, ow});
+        Poison(gpu(), gout);
+        gpu().LinearFp8(Cols(gx, c.k), w.dev_w, w.dev_scale_view(), Cols(gout, c.n));
+        const std::vector<float> got = Rows(Download(gpu(), gout), m, ow, c.n);
+        const double e = RelError(got, want_v);
+        const bool lt = path == cuda::Fp8Linear::Path::kAuto && gpu().supports_linear_fp8(c.n, c.k) &&
+                        fp8.num_declined() == declined;
+        const std::string shape = ShapeName(m, c.n, c.k) + (c.x_pad || c.out_pad ? " strided" : "");
+        Record(lt ? "LinearFp8.cublaslt" : "LinearFp8.simt", shape, e, kBf16Tol);
+        EXPECT_LT(e, kBf16Tol) << shape << (lt ? " cublaslt" : " simt");
+      }
+      Record("LinearFp8.act_quant_vs_unquantised", ShapeName(m, c.n, c.k), quant_err, 0.1);
+      EXPECT_LT(quant_err, 0.1) << ShapeName(m, c.n, c.k);
+    }
+  }
+  fp8.set_path(default_path);
+  std::printf("LinearFp8: cuBLASLt declined %lld problem(s) (ran on the SIMT kernel)\n",
+              static_cast<long long>(fp8.num_declined()));
+  // The DeepSeek-V3 shapes must run on cuBLASLt, else the speed below is the SIMT kernel's.
+  EXPECT_TRUE(gpu().supports_linear_fp8(2112, 7168));
+}
+
+// FP8 GEMM speed: the per-tensor FP8 and bf16 cuBLASLt peaks at 8192^3, then our block-scaled
+// path (activation quantisation + cuBLASLt) and the bf16 Linear of the dequantised weight at
+// DeepSeek-V3's projection shapes. TFLOP/s = 2 M N K / time; weight TB/s for the small M rows.
+TEST(CudaPerf, Fp8Gemm) {
+  Backend* gpu = Gpu();
+  if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
+  auto& cb = dynamic_cast<cuda::CudaBackend&>(*gpu);
+  cudaStream_t stream = cb.stream();
+  auto tflops = [](double m, double n, double k, double us) { return 2.0 * m * n * k / (us * 1e-6) / 1e12; };
+
+  const int64_t p = 8192;
+  double fp8_peak = 0, bf16_peak = 0;
+  {
+    Tensor a = gpu->Empty(DType::kF8E4M3, {p, p}), b = gpu->Empty(DType::kF8E4M3, {p, p});
+    std::vector<uint8_t> bits = RandomFp8(p * p);
+    gpu->CopyFromHost(bits.data(), a);
+    gpu->CopyFromHost(bits.data(), b);
+    Tensor out = gpu->Empty(DType::kBF16, {p, p});
+    const double us = MedianUs(stream, [&] { cb.fp8_linear().RunPerTensor(a, b, out, stream); }, 20);
+    fp8_peak = tflops(p, p, p, us);
+  }
+  {
+    Tensor a = Upload(*gpu, RandomBf16(p * p), {p, p}, DType::kBF16);
+    Tensor out = gpu->Empty(DType::kBF16, {p, p});
+    const double us = MedianUs(stream, [&] { gpu->Linear(a, a, out); }, 20);
+    bf16_peak = tflops(p, p, p, us);
+  }
+  std::printf("fp8 gemm perf: peaks at 8192^3 (cuBLASLt, same run): fp8 per-tensor %.0f TFLOP/s, bf16 %.0f TFLOP/s; "
+              "DeepGEMM's published H800 figure: 1297 TFLOP/s (contiguous grouped)\n",
+              fp8_peak, bf16_peak);
+  Record("Perf.fp8_peak_tflops", "8192^3", fp8_peak, 0);
+  Record("Perf.bf16_peak_tflops", "8192^3", bf16_peak, 0);
+
+  struct Shape2 {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape2 shapes[] = {{"q_a|kv_a", 1536 + 576, 7168}, {"q_b", 128 * 192, 1536},     {"kv_b", 128 * 256, 512},
+                           {"o", 7168, 128 * 128},         {"dense gate_up", 2 * 18432, 7168}, {"dense down", 7168, 18432},
+                           {"expert gate_up", 2 * 2048, 7168}, {"expert down", 7168, 2048}};
+  std::printf("fp8 gemm perf: shape | N x K | M | block fp8 us | TFLOP/s | of fp8 peak | weight TB/s | bf16 us | "
+              "TFLOP/s | simt kernel us (M <= 32)\n");
+  for (const Shape2& s : shapes) {
+    Fp8Weight w = MakeWeight(*gpu, s.n, s.k);
+    // The bf16 twin of the weight (values only matter for the time).
+    Tensor wb = gpu->Empty(DType::kBF16, {s.n, s.k});
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(wb.view().data, 0x3c, wb.view().nbytes(), stream));
+    for (int64_t m : {1, 32, 128, 4096}) {
+      Tensor x = Upload(*gpu, RandomBf16(m * s.k), {m, s.k}, DType::kBF16);
+      Tensor out = gpu->Empty(DType::kBF16, {m, s.n});
+      const double us = MedianUs(stream, [&] { gpu->LinearFp8(x, w.dev_w, w.dev_scale_view(), out); }, 20);
+      const double bf_us = MedianUs(stream, [&] { gpu->Linear(x, wb, out); }, 20);
+      // The SIMT kernel as a decode GEMV candidate (weight-streaming, a warp per output column).
+      double simt_us = 0;
+      if (m <= 32) {
+        cb.fp8_linear().set_path(cuda::Fp8Linear::Path::kSimt);
+        simt_us = MedianUs(stream, [&] { gpu->LinearFp8(x, w.dev_w, w.dev_scale_view(), out); }, 20);
+        cb.fp8_linear().set_path(cuda::Fp8Linear::Path::kAuto);
+      }
+      const double tf = tflops(m, s.n, s.k, us);
+      const std::string shape = std::string(s.name) + " M" + std::to_string(m);
+      std::printf("fp8 gemm perf: %s | %lld x %lld | %lld | %.1f | %.0f | %.1f%% | %.2f | %.1f | %.0f | %.1f\n", s.name,
+                  static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(m), us, tf,
+                  100.0 * tf / fp8_peak, double(s.n) * s.k / (us * 1e-6) / 1e12, bf_us, tflops(m, s.n, s.k, bf_us),
+                  simt_us);
+      Record("Perf.fp8_block_us", shape, us, 0);
+      Record("Perf.fp8_block_tflops", shape, tf, 0);
+      Record("Perf.bf16_linear_us", shape, bf_us, 0);
+    }
+  }
+  std::printf("fp8 gemm perf: cuBLASLt declined %lld problem(s)\n", static_cast<long long>(cb.fp8_linear().num_declined()));
+}
+
+// The deepseek-v3-fp8 fixture on the GPU with native FP8 GEMMs and with the weights
+// dequantised to bf16, against its golden (float32 forward of the dequantised weights) and
+// native against the CPU twin: max |diff| / max |ref| per position, worst and mean over the
+// golden's 5 sequences ("fp8 model:" lines).
+TEST(CudaFp8Model, DeepseekFixtureNativeAndDequant) {
+  Backend* gpu = Gpu();
+  if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
+  const std::string name = "deepseek-v3-fp8";
+  auto golden = SafetensorsFile::Open("tests/data/golden/" + name + ".safetensors");
+  ASSERT_TRUE(golden.ok()) << golden.status().ToString();
+  auto load = [&](const char* mode, Backend& be) {
+    setenv("COROLLA_FP8", mode, 1);
+    auto m = LoadModel("tests/data/models/" + name, be);
+    unsetenv("COROLLA_FP8");
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto cpu = MakeCpuBackend();
+  auto native = load("native", *gpu), dequant = load("dequant", *gpu), twin = load("native", *cpu);
+  ASSERT_TRUE(native && dequant && twin);
+  const int64_t vocab = native->config().vocab_size;
+  auto row_error = [&](const float* a, const float* b) {
+    double err = 0, scale = 0;
+    for (int64_t j = 0; j < vocab; ++j) {
+      err = std::max(err, std::isfinite(a[j]) ? std::fabs(static_cast<double>(a[j]) - b[j]) : INFINITY);
+      scale = std::max(scale, std::fabs(static_cast<double>(b[j])));
+    }
+    return err / scale;
+  };
+  struct Stat {
+    double worst = 0, sum = 0;
+    int n = 0;
+    void Add(double e) {
+      worst = std::max(worst, e);
+      sum += e;
+      ++n;
+    }
+  } native_golden, dequant_golden, native_twin;
+  for (int k = 0; k < 5; ++k) {
+    TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_" + std::to_string(k)));
+    std::vector<int32_t> ids(ids_view.ptr<int32_t>(), ids_view.ptr<int32_t>() + ids_view.numel());
+    TensorView ref = (*golden)->View(*(*golden)->Find("logits_" + std::to_string(k)));
+    Tensor a = ComputeLogits(*native, *gpu, ids).value();
+    Tensor b = ComputeLogits(*dequant, *gpu, ids).value();
+    Tensor c = ComputeLogits(*twin, *cpu, ids).value();
+    for (int64_t p = 0; p < ref.dim(0); ++p) {
+      native_golden.Add(row_error(a.ptr<float>() + p * vocab, ref.ptr<float>() + p * vocab));
+      dequant_golden.Add(row_error(b.ptr<float>() + p * vocab, ref.ptr<float>() + p * vocab));
+      native_twin.Add(row_error(a.ptr<float>() + p * vocab, c.ptr<float>() + p * vocab));
+    }
+  }
+  auto report = [&](const char* what, const Stat& s, double tol) {
+    std::printf("fp8 model: %s %s: max error %.3e, mean %.3e over %d positions (of max|ref|)\n", name.c_str(), what,
+                s.worst, s.sum / s.n, s.n);
+    Record("Fp8Model." + std::string(what), "worst of 5 sequences", s.worst, tol);
+    EXPECT_LT(s.worst, tol) << what;
+  };
+  report("native fp8 vs golden", native_golden, 1.5e-1);
+  report("dequant bf16 vs golden", dequant_golden, 2e-2);
+  report("native fp8 vs cpu twin", native_twin, 5e-2);
+}
+
+}  // namespace
+}  // namespace corolla::cuda_test
