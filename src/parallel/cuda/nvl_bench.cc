@@ -359,7 +359,8 @@ Status BenchNvlEpExchange(Backend& backend, Communicator& comm, bool print) {
         for (int k = 0; k < top_k; ++k) mask |= 1u << (routing.ids[t * top_k + k] / per_rank);
         rows_to_peers += __builtin_popcount(mask & ~(1u << comm.rank()));
       }
-      Tensor x = FromHostFloats(backend, DType::kBF16, std::vector<float>(int64_t{tokens} * hidden, 0.0f));
+      Tensor x_flat = FromHostFloats(backend, DType::kBF16, std::vector<float>(int64_t{tokens} * hidden, 0.0f));
+      const TensorView x = x_flat.view().Reshape({tokens, hidden});
       Tensor out = backend.Empty(DType::kBF16, {tokens, hidden});
       Tensor dids = backend.Empty(DType::kI32, {tokens, top_k}), dw = backend.Empty(DType::kF32, {tokens, top_k});
       backend.CopyFromHost(routing.ids.data(), dids);
@@ -434,7 +435,8 @@ Status BenchNvlAllReduce(Backend& backend, Communicator& comm, bool print) {
   }
   for (int hidden : {2048, 4096, 7168})
     for (int tokens : {1, 8, 32, 64, 128, 256}) {
-      Tensor x = FromHostFloats(backend, DType::kBF16, std::vector<float>(int64_t{tokens} * hidden, 0.0f));
+      Tensor x_flat = FromHostFloats(backend, DType::kBF16, std::vector<float>(int64_t{tokens} * hidden, 0.0f));
+      const TensorView x = x_flat.view().Reshape({tokens, hidden});
       double eager[3], graphed[3];
       for (int a = 0; a < 3; ++a) {
         comm.set_all_reduce_algo(algos[a]);
