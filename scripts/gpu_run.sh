@@ -6,7 +6,8 @@
 # COROLLA_BENCH=1 also runs `corolla bench decode|prefill` on Qwen3-30B-A3B random weights
 # (COROLLA_BENCH_LAYERS: depth, default all 48; logs $OUT/bench_*.log); COROLLA_SKIP_TESTS=1 skips the tests.
 # COROLLA_BENCH_DECODE="CONFIG:LAYERS ..." adds `bench decode` of each config (random weights,
-# truncated to LAYERS) at COROLLA_BENCH_BATCHES, e.g. tests/data/configs/deepseek-v3.json:5.
+# truncated to LAYERS) at COROLLA_BENCH_BATCHES, e.g. tests/data/configs/deepseek-v3.json:5;
+# COROLLA_BENCH_DECODE_ARGS adds flags to those runs (e.g. --breakdown).
 # COROLLA_BENCH_QWEN3=0 skips the Qwen3-30B-A3B decode/prefill benches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ for spec in ${COROLLA_BENCH_DECODE:-}; do
   echo "=== bench decode ($cfg, layers $layers)"
   gpu-bundle/corolla bench decode --config "$cfg" --random-weights --device cuda --layers "$layers" \
     --batch "${COROLLA_BENCH_BATCHES:-1,8,64,256}" --context "${COROLLA_BENCH_CONTEXTS:-1024}" --steps 15 \
-    2>&1 | tee "$OUT/bench_decode_$name.log" || rc=1
+    ${COROLLA_BENCH_DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode_$name.log" || rc=1
 done
 if [ -n "${COROLLA_BENCH:-}" ] && [ "${COROLLA_BENCH_QWEN3:-1}" != 0 ]; then
   cfg=tests/data/configs/qwen3-30b-a3b.json

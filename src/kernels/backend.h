@@ -233,6 +233,12 @@ class Backend {
   }
   virtual void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
                          const TensorView& out);
+  // --- batched projections (after the fused prologue: new virtuals go at the end) ---------
+  // out[:, b] = x[:, b] @ w[b]^T for each b: x [T, B, K], w [B, N, K], out [T, B, N]. Any
+  // strides with a contiguous innermost dimension, so per-head column slices need no copy
+  // (MLA's absorbed GEMMs: x = q_nope as [T, heads, nope] inside q [T, heads, nope + rope]);
+  // out must not overlap x or w. The CPU runs one Linear per b; CUDA one strided-batched GEMM.
+  virtual void BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) = 0;
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

@@ -94,6 +94,12 @@ void ProfilingBackend::LinearFp8(const TensorView& x, const TensorView& w, const
   Mark("LinearFp8 " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)));
   inner_->LinearFp8(x, w, w_scale, out);
 }
+void ProfilingBackend::BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
+  // w [B, N, K]: B projections of K -> N (MLA's absorbed per-head GEMMs).
+  Mark("BatchedLinear " + std::to_string(w.dim(0)) + "x " + std::to_string(w.dim(2)) + "->" +
+       std::to_string(w.dim(1)) + " " + DTypeName(w.dtype));
+  inner_->BatchedLinear(x, w, out);
+}
 void ProfilingBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
   Mark("SiluMul");
   inner_->SiluMul(gate_up, out);
@@ -117,7 +123,10 @@ void ProfilingBackend::KvWrite(const TensorView& k, const TensorView& v, const K
 }
 void ProfilingBackend::Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                                  float scale, const TensorView& out) {
-  Mark("Attention D" + std::to_string(q.dim(2)) + (out.dim(2) != q.dim(2) ? "/" + std::to_string(out.dim(2)) : ""));
+  // MLA's absorbed form reads one latent tensor as K and V; its decode steps run their own kernel on CUDA.
+  const bool latent = cache.k.data == cache.v.data;
+  Mark("Attention D" + std::to_string(q.dim(2)) + (out.dim(2) != q.dim(2) ? "/" + std::to_string(out.dim(2)) : "") +
+       (latent ? batch.max_q_len == 1 ? " latent decode" : " latent" : ""));
   inner_->Attention(q, cache, batch, scale, out);
 }
 void ProfilingBackend::MoeRoute(const TensorView& router_logits, const MoeRouting& routing,

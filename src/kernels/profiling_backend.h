@@ -60,6 +60,7 @@ class ProfilingBackend final : public Backend {
                          const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
                          const KvCacheView& cache, const AttentionBatch& batch) override;
   void Linear(const TensorView& x, const TensorView& w, const TensorView& out) override;
+  void BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) override;
   void SiluMul(const TensorView& gate_up, const TensorView& out) override;
   void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) override;
   void Copy(const TensorView& src, const TensorView& dst) override;

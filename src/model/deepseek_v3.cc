@@ -1,5 +1,6 @@
 #include "model/deepseek_v3.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -20,8 +21,8 @@ struct MlaWeights {
   LinearWeight q_b;   // [Hl * qk_head, q_lora]: rows of the Hl heads
   Tensor kv_a_norm;   // [kv_lora]
   Tensor kv_b;        // [Hl * (nope + v), kv_lora]: decompression of the latent, rows of the Hl heads
-  std::vector<Tensor> uk_t;  // Hl x [kv_lora, nope]: W_UK^T per head, absorbed into the query
-  std::vector<Tensor> uv;    // Hl x [v, kv_lora]: W_UV per head, applied after attention
+  Tensor uk_t;        // [Hl, kv_lora, nope]: W_UK^T per head, absorbed into the query
+  Tensor uv;          // [Hl, v, kv_lora]: W_UV per head, applied after attention
   LinearWeight o;     // [H, Hl * v]: columns of the Hl heads (row-parallel, partial sums)
 };
 
@@ -92,6 +93,13 @@ class DeepseekV3Model final : public Model {
   int num_heads_ = 0, first_head_ = 0;
   int num_local_experts_ = 0, first_expert_ = 0;
   MlaMode mode_ = MlaMode::kAuto;
+  // DecompressedAttention's host copy of the forward's AttentionBatch (the same for every
+  // layer); Forward invalidates it.
+  struct HostBatchMeta {
+    bool valid = false;
+    std::vector<int32_t> query_start, seq_lens, block_tables;
+  };
+  HostBatchMeta host_meta_;
   RopeParams rope_;
   float attention_scale_ = 1.0f;
   Tensor embed_, lm_head_, final_norm_;
@@ -181,16 +189,18 @@ Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is
                                            Shard::Rows(first * (nope + vdim), (first + local) * (nope + vdim))));
   lw.attn.kv_b = backend_.LoadWeight(kv_b);
   // Per local head h, rows [h*(nope+v), +nope) of kv_b are W_UK[h] [nope, kv_lora], the next v
-  // rows W_UV[h] [v, kv_lora].
+  // rows W_UV[h] [v, kv_lora]; each stacked over the heads for one batched GEMM.
+  Tensor uk_t = Tensor::Empty(DType::kF32, {local, kv_lora, nope});
+  Tensor uv = Tensor::Empty(DType::kF32, {local, vdim, kv_lora});
   for (int64_t h = 0; h < local; ++h) {
     const float* uk = kv_b.ptr<float>() + h * (nope + vdim) * kv_lora;
-    Tensor uk_t = Tensor::Empty(DType::kF32, {kv_lora, nope});
+    float* uk_t_h = uk_t.ptr<float>() + h * kv_lora * nope;
     for (int64_t i = 0; i < nope; ++i)
-      for (int64_t j = 0; j < kv_lora; ++j) uk_t.ptr<float>()[j * nope + i] = uk[i * kv_lora + j];
-    lw.attn.uk_t.push_back(backend_.LoadWeight(uk_t));
-    lw.attn.uv.push_back(backend_.LoadWeight(
-        TensorView(const_cast<float*>(uk + nope * kv_lora), DType::kF32, {vdim, kv_lora})));
+      for (int64_t j = 0; j < kv_lora; ++j) uk_t_h[j * nope + i] = uk[i * kv_lora + j];
+    std::copy(uk + nope * kv_lora, uk + (nope + vdim) * kv_lora, uv.ptr<float>() + h * vdim * kv_lora);
   }
+  lw.attn.uk_t = backend_.LoadWeight(uk_t);
+  lw.attn.uv = backend_.LoadWeight(uv);
   ASSIGN_OR_RETURN(lw.attn.o, w.LoadLinear(a + "o_proj.weight", {hidden, heads * vdim},
                                            Shard::Cols(first * vdim, (first + local) * vdim)));
 
@@ -329,26 +339,25 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
 }
 
 // Scores against the latent: q_latent[h] = q_nope[h] W_UK[h] (kv_lora dims) joined with q_rope,
-// one shared latent "head"; the output's latent part goes through W_UV[h].
+// one shared latent "head"; the output's latent part goes through W_UV[h]. Both per-head
+// products are one batched GEMM over the heads, reading q_nope in place.
 void DeepseekV3Model::AbsorbedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
                                         const KvCacheView& cache, const TensorView& out) {
   const MlaConfig& m = config_.mla;
   const int64_t tokens = q.dim(0), heads = num_heads_;
-  const int64_t kv_lora = m.kv_lora_rank, latent = kv_lora + m.qk_rope_head_dim, qk_head = m.qk_head_dim();
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk_head = m.qk_head_dim();
+  const int64_t kv_lora = m.kv_lora_rank, latent = kv_lora + rope;
   const DType act = backend_.activation_dtype();
   Tensor q_lat = backend_.Empty(act, {tokens, heads, latent});  // [T, Hl, kv_lora + rope]
   Tensor o_lat = backend_.Empty(act, {tokens, heads, kv_lora});  // [T, Hl, kv_lora]
   TensorView q2d = q.Reshape({tokens, heads * qk_head});
   TensorView q_lat2d = q_lat.view().Reshape({tokens, heads * latent});
-  for (int64_t h = 0; h < heads; ++h) {
-    backend_.Linear(Columns(q2d, h * qk_head, m.qk_nope_head_dim), w.uk_t[h], Columns(q_lat2d, h * latent, kv_lora));
-    backend_.Copy(Columns(q2d, h * qk_head + m.qk_nope_head_dim, m.qk_rope_head_dim),
-                  Columns(q_lat2d, h * latent + kv_lora, m.qk_rope_head_dim));
-  }
+  // [T, Hl, nope] x [Hl, kv_lora, nope]^T -> [T, Hl, kv_lora], then q_rope [T, Hl, rope] beside it.
+  backend_.BatchedLinear(Heads(q2d, heads, qk_head, 0, nope), w.uk_t, Heads(q_lat2d, heads, latent, 0, kv_lora));
+  backend_.Copy(Heads(q2d, heads, qk_head, nope, rope), Heads(q_lat2d, heads, latent, kv_lora, rope));
   backend_.Attention(q_lat, cache, batch.attention, attention_scale_, o_lat);
-  TensorView o_lat2d = o_lat.view().Reshape({tokens, heads * kv_lora});
-  for (int64_t h = 0; h < heads; ++h)
-    backend_.Linear(Columns(o_lat2d, h * kv_lora, kv_lora), w.uv[h], Columns(out, h * m.v_head_dim, m.v_head_dim));
+  // [T, Hl, kv_lora] x [Hl, v, kv_lora]^T -> [T, Hl, v]
+  backend_.BatchedLinear(o_lat, w.uv, out.Reshape({tokens, heads, m.v_head_dim}));
 }
 
 // Per sequence: the latents of its whole context, decompressed to per-head keys and values,
@@ -361,10 +370,19 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
   const DType act = backend_.activation_dtype();
   const AttentionBatch& ab = batch.attention;
   const int64_t num_seqs = ab.seq_lens.numel(), table_width = ab.block_tables.dim(1);
-  std::vector<int32_t> qstart(num_seqs + 1), seq_lens(num_seqs), tables(num_seqs * table_width);
-  backend_.CopyToHost(ab.query_start, qstart.data());
-  backend_.CopyToHost(ab.seq_lens, seq_lens.data());
-  backend_.CopyToHost(ab.block_tables, tables.data());
+  // The batch's metadata on the host, read once per forward (each read waits for the device).
+  if (!host_meta_.valid) {
+    host_meta_.query_start.resize(num_seqs + 1);
+    host_meta_.seq_lens.resize(num_seqs);
+    host_meta_.block_tables.resize(num_seqs * table_width);
+    backend_.CopyToHost(ab.query_start, host_meta_.query_start.data());
+    backend_.CopyToHost(ab.seq_lens, host_meta_.seq_lens.data());
+    backend_.CopyToHost(ab.block_tables, host_meta_.block_tables.data());
+    host_meta_.valid = true;
+  }
+  const std::vector<int32_t>& qstart = host_meta_.query_start;
+  const std::vector<int32_t>& seq_lens = host_meta_.seq_lens;
+  const std::vector<int32_t>& tables = host_meta_.block_tables;
   const int bs = cache.block_size();
 
   for (int64_t b = 0; b < num_seqs; ++b) {
@@ -380,10 +398,10 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
     backend_.Linear(Columns(lat, 0, kv_lora), w.kv_b, kv);
     Tensor k = backend_.Empty(act, {ctx, heads, qk_head});  // [ctx, Hl, nope + rope]
     TensorView k2d = k.view().Reshape({ctx, heads * qk_head});
-    for (int64_t h = 0; h < heads; ++h) {
-      backend_.Copy(Columns(kv, h * (nope + vdim), nope), Columns(k2d, h * qk_head, nope));
-      backend_.Copy(Columns(lat, kv_lora, rope), Columns(k2d, h * qk_head + nope, rope));
-    }
+    // Each head's k: its nope columns of kv, then the latent's rope dims (one row read by every head).
+    backend_.Copy(Heads(kv, heads, nope + vdim, 0, nope), Heads(k2d, heads, qk_head, 0, nope));
+    TensorView k_rope = Heads(lat, heads, 0, kv_lora, rope);  // [ctx, Hl, rope], head stride 0
+    backend_.Copy(k_rope, Heads(k2d, heads, qk_head, nope, rope));
     TensorView v = Heads(kv, heads, nope + vdim, nope, vdim);  // [ctx, Hl, v]
     // A cache of one block holding exactly this context, in slot order.
     Tensor k_cache = backend_.Empty(act, {1, heads, ctx, qk_head});
@@ -460,6 +478,7 @@ void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCache
   const float eps = static_cast<float>(c.rms_norm_eps);
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
   const bool absorbed = mode_ == MlaMode::kAbsorbed || (mode_ == MlaMode::kAuto && batch.attention.max_q_len <= 1);
+  host_meta_.valid = false;
 
   ResidualStream stream(backend_, batch, embed_, hidden, eps, layers_[0].input_norm);
   for (int l = 0; l < c.num_layers; ++l) {

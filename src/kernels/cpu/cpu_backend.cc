@@ -87,6 +87,9 @@ class CpuBackend final : public Backend {
   void Linear(const TensorView& x, const TensorView& w, const TensorView& out) override {
     cpu::Linear(x, w, out);
   }
+  void BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) override {
+    cpu::BatchedLinear(x, w, out);
+  }
   void SiluMul(const TensorView& gate_up, const TensorView& out) override {
     cpu::SiluMul(gate_up, out);
   }

@@ -30,6 +30,22 @@ void Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
               w.ptr<float>(), k, 0.0f, out.ptr<float>(), ldo);
 }
 
+void BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
+  COROLLA_CHECK(x.rank() == 3 && w.rank() == 3 && out.rank() == 3 && w.dim(0) == x.dim(1) &&
+                out.dim(1) == x.dim(1) && w.dim(2) == x.dim(2) && out.dim(0) == x.dim(0) &&
+                out.dim(2) == w.dim(1) && x.strides[2] == 1 && out.strides[2] == 1)
+      << "batched linear x " << x.ToString() << " w " << w.ToString() << " out " << out.ToString();
+  // [T, K] view of batch b of a [T, B, K] view.
+  auto batch = [](const TensorView& t, int64_t b) {
+    TensorView v = t;
+    v.data = static_cast<char*>(t.data) + b * t.strides[1] * DTypeSize(t.dtype);
+    v.shape = {t.dim(0), t.dim(2)};
+    v.strides = {t.strides[0], 1, 0, 0};
+    return v;
+  };
+  for (int64_t b = 0; b < x.dim(1); ++b) Linear(batch(x, b), w.Index(b), batch(out, b));
+}
+
 }  // namespace corolla::cpu
 
 namespace corolla::cpu {

@@ -21,6 +21,8 @@ void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_sca
 // The activation quantisation of LinearFp8: x [T, K] f32 -> q [T, K] e4m3 bits (contiguous) and
 // scales [T, ceil(K/128)] (contiguous), per row and group of 128 columns.
 void QuantizeFp8Groups(const TensorView& x, uint8_t* q, float* scales);
+// One Linear per b: x [T, B, K], w [B, N, K] (each w[b] contiguous), out [T, B, N].
+void BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out);
 void SiluMul(const TensorView& gate_up, const TensorView& out);
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out);
 void Copy(const TensorView& src, const TensorView& dst);

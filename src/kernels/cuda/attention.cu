@@ -260,7 +260,9 @@ __global__ void AttentionMergeKernel(const __grid_constant__ MergeParams p) {
 // MLA's (qk_nope + rope, v) for the decompressed form and (kv_lora + rope, kv_lora) for the
 // absorbed one (DeepSeek-V3: 192/128, 576/512; the test fixture: 48/32). kMma: the tensor-core
 // kernel (attention_mma.cu, which instantiates exactly these dims) serves the pair too when K and
-// V are separate tensors with 16-byte aligned rows; the SIMT kernel serves every pair.
+// V are separate tensors with 16-byte aligned rows; the SIMT kernel serves every pair. Absorbed
+// MLA decode (576/512, 48/32 over the shared latent, one token per sequence) goes to
+// mla_decode.cu first (MlaDecodeServes).
 template <int kDk_, int kDv_, bool kMma_>
 struct DimPair {
   static constexpr int kDk = kDk_, kDv = kDv_;
@@ -344,6 +346,7 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
                            << DimPairNames(AttentionDimTable{}) << ")";
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
   if (q.dim(0) == 0 || num_seqs == 0) return;
+  if (shared && MlaDecodeServes(q, cache, batch, out)) return MlaDecode(q, cache, batch, scale, out, alloc, s);
   const int kv_heads = static_cast<int>(kc.dim(1));
   const int group = static_cast<int>(q.dim(1) / kv_heads);
   const bool use_mma = mma_dims && Tuning().attention_mma && !shared && RowsAligned16(q) && RowsAligned16(out) &&

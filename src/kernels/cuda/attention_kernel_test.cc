@@ -4,8 +4,8 @@
 // (off, default, as wide as possible; with exact host hints and with loose ones, as under
 // CUDA-graph replay where the host only knows upper bounds). The sweep: decode, prefill and
 // chunked prefill with lengths and prefixes off the tiles, GQA groups 1/2/4/8 up to 64 query
-// heads, head dims 32-256, block sizes 16, 5 and 1, MLA's shapes (SIMT only), a decode batch of
-// 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
+// heads, head dims 32-256, block sizes 16, 5 and 1, MLA's shapes (SIMT; decode also through
+// mla_decode.cu, whose own sweep is mla_decode_test.cc), a decode batch of 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
 // ||out - ref|| / ||ref|| < kBf16Tol. CudaPerf.Attention prints both kernels' speed
 // ("attention perf:" lines). Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
@@ -137,8 +137,10 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     worst[var.mma] = std::max(worst[var.mma], e);
     EXPECT_LT(e, kBf16Tol) << shape << " " << var.Name();
   }
-  // Shapes outside the mma kernel's table run SIMT under both settings: one row for them.
-  const bool mma_shape = !c.shared && dv == d && (d == 32 || d == 64 || d == 128 || d == 256);
+  // Shapes outside the mma kernels' tables run SIMT under both settings: one row for them. MLA
+  // latent decode with exact hints goes to mla_decode.cu (loose hints' max_q_len keeps it SIMT).
+  const bool mla_decode = c.shared && c.hk == 1 && max_q == 1 && ((d == 576 && dv == 512) || (d == 48 && dv == 32));
+  const bool mma_shape = (!c.shared && dv == d && (d == 32 || d == 64 || d == 128 || d == 256)) || mla_decode;
   if (mma_shape) {
     Record(kernel, shape + " simt", worst[0], kBf16Tol);
     Record(kernel, shape + " mma", worst[1], kBf16Tol);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/logging.h"
 #include "base/numeric.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
@@ -20,6 +21,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_SPLIT_MIN_CTAS")) t.attention_split_min_ctas = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_MMA")) t.attention_mma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GDN_CHUNKED_MIN_TOKENS")) t.gated_delta_chunked_min_tokens = std::atoll(v);
+    if (const char* v = std::getenv("COROLLA_MLA_DECODE_SPLITS")) t.mla_decode_splits = std::atoi(v);
     return t;
   }();
   return tuning;
@@ -220,6 +222,25 @@ void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorV
 void CudaBackend::LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
                             const TensorView& out) {
   fp8_linear_->Run(x, w, w_scale, out, stream_);
+}
+void CudaBackend::BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
+  if (linear_->RunBatched(x, w, out, stream_)) return;
+  static bool warned = false;  // once: a slow path, not an error
+  if (!warned) {
+    warned = true;
+    LOG(WARNING) << "BatchedLinear: cuBLASLt has no batched algorithm for x " << x.ToString() << " w " << w.ToString()
+                 << " out " << out.ToString() << "; running one Linear per batch";
+  }
+  for (int64_t b = 0; b < x.dim(1); ++b) {  // [T, K] and [T, N] views of batch b
+    TensorView xb = x, ob = out;
+    xb.data = static_cast<char*>(x.data) + b * x.strides[1] * DTypeSize(x.dtype);
+    xb.shape = {x.dim(0), x.dim(2)};
+    xb.strides = {x.strides[0], 1, 0, 0};
+    ob.data = static_cast<char*>(out.data) + b * out.strides[1] * DTypeSize(out.dtype);
+    ob.shape = {out.dim(0), out.dim(2)};
+    ob.strides = {out.strides[0], 1, 0, 0};
+    Linear(xb, w.Index(b), ob);
+  }
 }
 void CudaBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
   cuda::SiluMul(gate_up, out, stream_);

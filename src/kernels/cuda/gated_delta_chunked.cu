@@ -27,12 +27,12 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gated_delta.h"
-#include "kernels/cuda/mma_ptx.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace corolla::cuda {
 namespace {
 
-using namespace ptx;
+using namespace mma;
 
 constexpr int kChunk = kDeltaChunkTokens;
 constexpr int kCols = kDeltaChunkCols;

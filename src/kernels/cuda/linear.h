@@ -24,14 +24,21 @@ class LtLinear {
 
   // x [T, K] (rows may be strided), w [N, K] contiguous, out [T, N] (rows may be strided).
   void Run(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t stream);
+  // Backend::BatchedLinear as one strided-batched matmul: x [T, B, K], w [B, N, K] (rows of
+  // each w[b] may be strided), out [T, B, N], innermost dims contiguous, bf16 (out bf16 or
+  // f32). False (nothing launched) when cuBLASLt has no algorithm for the layout.
+  bool RunBatched(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t stream);
 
  private:
-  // (m, n, k, ldx, ldout, out dtype, alignment of w | x | out pointers packed)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
+  // (m, n, k, ldx, ldout, out dtype, alignment of w | x | out pointers packed, batch count,
+  // ldw, batch strides of w, x, out); batch count 1 and strides 0 for Run.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t,
+                         int64_t>;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool found = false;  // the heuristic returned an algorithm (only batched plans may lack one)
   };
   const Plan& GetPlan(const Key& key);
 

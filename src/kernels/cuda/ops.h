@@ -54,14 +54,17 @@ struct KernelTuning {
   // Decode attention splits each sequence's keys across CTAs until the grid has at least this
   // many CTAs (0: never split).
   int attention_split_min_ctas = 264;
-  // Attention runs on the tensor-core kernel (attention_mma.cu) for the shapes it supports,
-  // else on the SIMT one.
+  // Attention runs on the tensor-core kernels (attention_mma.cu; mla_decode.cu for MLA decode)
+  // for the shapes they support, else on the SIMT one.
   bool attention_mma = true;
   // GatedDeltaRule runs a sequence's chunk of at least this many new tokens on the chunked
   // tensor-core kernel (gated_delta_chunked.cu), shorter ones (decode) on the recurrent one.
   // 64: one full chunk, as the CPU twin's kGatedDeltaChunkedMinTokens. 1 forces every sequence
   // onto the chunked kernel; a huge value keeps all on the recurrent one.
   int64_t gated_delta_chunked_min_tokens = 64;
+  // MLA decode's KV splits per sequence: 0 plans them (mla_decode.cu), n > 0 forces n (capped
+  // by the key tiles of max_seq_len; tests sweep it). COROLLA_MLA_DECODE_SPLITS sets it.
+  int mla_decode_splits = 0;
 };
 KernelTuning& Tuning();
 
@@ -105,6 +108,15 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
 // attention.cu
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+
+// mla_decode.cu: Attention (semantics: kernels/backend.h) on tensor cores for MLA's absorbed
+// decode: one token per sequence (max_q_len 1), one latent KV head shared by K and V (Dk/Dv
+// 576/512, or the test fixture's 48/32), 16-byte aligned q rows. MlaDecodeServes says whether a
+// call is such (and Tuning().attention_mma is on); Attention routes those to MlaDecode.
+bool MlaDecodeServes(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                     const TensorView& out);
+void MlaDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale,
+               const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 
 // moe.cu
 void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
