@@ -23,8 +23,22 @@ namespace corolla {
 enum class AllReduceAlgo { kAuto, kNccl, kOneShot, kTwoShot };
 
 // "auto", "nccl", "oneshot", "twoshot" (COROLLA_ALLREDUCE); nullopt for anything else.
-std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name);
-const char* AllReduceAlgoName(AllReduceAlgo algo);
+// Inline: the NCCL communicator (corolla_parallel_cuda) parses it, and corolla_parallel links
+// that library, not the other way round.
+inline const char* AllReduceAlgoName(AllReduceAlgo algo) {
+  switch (algo) {
+    case AllReduceAlgo::kAuto: return "auto";
+    case AllReduceAlgo::kNccl: return "nccl";
+    case AllReduceAlgo::kOneShot: return "oneshot";
+    case AllReduceAlgo::kTwoShot: return "twoshot";
+  }
+  return "?";
+}
+inline std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
+  for (AllReduceAlgo a : {AllReduceAlgo::kAuto, AllReduceAlgo::kNccl, AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot})
+    if (name == AllReduceAlgoName(a)) return a;
+  return std::nullopt;
+}
 
 class Communicator {
  public:

@@ -84,22 +84,6 @@ class HostCommunicator final : public Communicator {
 
 }  // namespace
 
-std::optional<AllReduceAlgo> ParseAllReduceAlgo(std::string_view name) {
-  for (AllReduceAlgo a : {AllReduceAlgo::kAuto, AllReduceAlgo::kNccl, AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot})
-    if (name == AllReduceAlgoName(a)) return a;
-  return std::nullopt;
-}
-
-const char* AllReduceAlgoName(AllReduceAlgo algo) {
-  switch (algo) {
-    case AllReduceAlgo::kAuto: return "auto";
-    case AllReduceAlgo::kNccl: return "nccl";
-    case AllReduceAlgo::kOneShot: return "oneshot";
-    case AllReduceAlgo::kTwoShot: return "twoshot";
-  }
-  return "?";
-}
-
 Result<std::unique_ptr<Communicator>> MakeHostCommunicator(TcpStore& store, int group_size, int group_rank) {
   if (group_size != store.world_size())
     return Unsupported("the CPU backend's collectives span the whole world (group of " + std::to_string(group_size) +
