@@ -41,7 +41,7 @@ grep -E "^\[  FAILED  \]|Failure|error:|CUDA error|cuBLAS error|Check failed" "$
 echo "=== results table"
 sed -n '/^kernel  /,$p' "$OUT/cuda_kernels_test.log"
 echo "=== summary"
-grep -E "max error vs golden|vs one prefill|demo greedy|hybrid under preemption|HBM copy|decode layer|moe experts|decode graph|decode step|demo chats with|graphs vs cpu|^\[  PASSED  \]|^\[  FAILED  \]|tests ran" \
+grep -E "max error vs golden|vs one prefill|demo greedy|hybrid under preemption|HBM copy|decode layer|decode ops:|moe experts|decode graph|decode step|demo chats with|graphs vs cpu|^\[  PASSED  \]|^\[  FAILED  \]|tests ran" \
   "$OUT/cuda_kernels_test.log"
 for spec in ${COROLLA_BENCH_DECODE:-}; do
   cfg=${spec%%:*}; layers=${spec##*:}; name=$(basename "$cfg" .json)

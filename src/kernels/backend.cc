@@ -58,4 +58,11 @@ void Backend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const 
   KvWrite(k, v, cache, batch);
 }
 
+void Backend::MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                        const TensorView& topk_ids, const TensorView& topk_weights) {
+  Tensor logits = Empty(DType::kF32, {x.dim(0), w_router.dim(0)});  // [T, E]
+  Linear(x, w_router, logits);
+  MoeRoute(logits, routing, topk_ids, topk_weights);
+}
+
 }  // namespace corolla

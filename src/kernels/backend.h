@@ -113,7 +113,8 @@ class Backend {
   // Rotary embedding in place on q [T, Hq, D] and k [T, Hk, D] at positions [T] i32.
   virtual void Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
                     const RopeParams& params) = 0;
-  // out = x @ w^T. x [T, K], w [N, K], out [T, N].
+  // out = x @ w^T. x [T, K], w [N, K], out [T, N]. w is a weight: nothing writes it during a
+  // forward (CUDA may start streaming it before the previous kernel has finished).
   virtual void Linear(const TensorView& x, const TensorView& w, const TensorView& out) = 0;
   // out = silu(gate) * up, gate_up [T, 2I] (gate first), out [T, I].
   virtual void SiluMul(const TensorView& gate_up, const TensorView& out) = 0;
@@ -239,6 +240,13 @@ class Backend {
   // (MLA's absorbed GEMMs: x = q_nope as [T, heads, nope] inside q [T, heads, nope + rope]);
   // out must not overlap x or w. The CPU runs one Linear per b; CUDA one strided-batched GEMM.
   virtual void BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) = 0;
+  // --- fused router (last in the class: new virtuals go at the end) ---------------------
+  // MoeRoute of the router logits x [T, H] @ w_router [E, H]^T (f32): topk_ids [T, K] i32,
+  // topk_weights [T, K] f32; w_router is a weight, as Linear's w. The default runs Linear into
+  // f32 logits, then MoeRoute; a backend may fuse the two (CUDA does for a few tokens: one
+  // launch instead of two).
+  virtual void MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                         const TensorView& topk_ids, const TensorView& topk_weights);
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

@@ -84,6 +84,11 @@ void ProfilingBackend::QkNormRopeKvWrite(const TensorView& q, const TensorView& 
   Mark("QkNormRopeKvWrite");
   inner_->QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
 }
+void ProfilingBackend::MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                                 const TensorView& topk_ids, const TensorView& topk_weights) {
+  Mark("MoeRouter");
+  inner_->MoeRouter(x, w_router, routing, topk_ids, topk_weights);
+}
 void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // Weight shape [N, K] names the projection; rows of every layer add up under one label.
   Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype));

@@ -59,6 +59,8 @@ class ProfilingBackend final : public Backend {
   void QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
                          const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
                          const KvCacheView& cache, const AttentionBatch& batch) override;
+  void MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                 const TensorView& topk_ids, const TensorView& topk_weights) override;
   void Linear(const TensorView& x, const TensorView& w, const TensorView& out) override;
   void BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) override;
   void SiluMul(const TensorView& gate_up, const TensorView& out) override;

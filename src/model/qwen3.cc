@@ -299,15 +299,13 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
     AllReduce(shard_.tp, out);
     return;
   }
-  const int64_t experts = c.num_experts, k = c.num_experts_per_token;
-  Tensor router_logits = backend_.Empty(DType::kF32, {tokens, experts});  // [T, E] f32
-  Tensor topk_ids = backend_.Empty(DType::kI32, {tokens, k});
-  Tensor topk_weights = backend_.Empty(DType::kF32, {tokens, k});
-  backend_.Linear(x, lw.moe.router, router_logits);
-  MoeRouting routing;  // softmax top-k
+  const int64_t k = c.num_experts_per_token;
+  Tensor topk_ids = backend_.Empty(DType::kI32, {tokens, k});      // [T, K]
+  Tensor topk_weights = backend_.Empty(DType::kF32, {tokens, k});  // [T, K]
+  MoeRouting routing;  // softmax top-k of the router logits x @ router^T [T, E] (f32)
   routing.top_k = static_cast<int>(k);
   routing.renormalize = c.norm_topk_prob;
-  backend_.MoeRoute(router_logits, routing, topk_ids, topk_weights);
+  backend_.MoeRouter(x, lw.moe.router, routing, topk_ids, topk_weights);
   if (ep_exchange_) {
     ExpertsOverRanks(lw.moe, x, topk_ids, topk_weights, out);
   } else {

@@ -317,9 +317,10 @@ bool RowsAligned16(const TensorView& t) {
 }  // namespace
 
 // attention_mma.cu (its only caller is Attention below): runs one plan on the tensor-core kernel;
-// kD = Dk = Dv, a kMma pair of the table.
+// kD = Dk = Dv, a kMma pair of the table. True when the kernel merged the splits itself (the
+// last split CTA of each row tile merges; Tuning().attention_fused_merge).
 template <int kD>
-void AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+bool AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                   int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
                   const TensorView& out, cudaStream_t s);
 
@@ -380,10 +381,11 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
 
   DispatchAttentionDims(static_cast<int>(dk), static_cast<int>(dv), [&](auto dims) {
     constexpr int kDk = decltype(dims)::kDk, kDv = decltype(dims)::kDv;
-    bool launched = false;
+    bool launched = false, merged = false;
     if constexpr (decltype(dims)::kMma) {
       if (use_mma) {
-        AttentionMma<kDk>(q, cache, batch, scale_log2, rows_per_cta, row_tiles, num_splits, part_o, part_ml, out, s);
+        merged = AttentionMma<kDk>(q, cache, batch, scale_log2, rows_per_cta, row_tiles, num_splits, part_o, part_ml,
+                                   out, s);
         launched = true;
       }
     }
@@ -404,7 +406,7 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
       }
       COROLLA_CUDA_CHECK_LAUNCH();
     }
-    if (num_splits > 1) {
+    if (num_splits > 1 && !merged) {
       MergeParams mp{part_o, part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
                      static_cast<int>(q.dim(1)), num_splits};
       AttentionMergeKernel<kDv><<<CeilDiv(merge_rows, 4), 128, 0, s>>>(mp);

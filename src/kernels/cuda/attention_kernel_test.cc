@@ -2,7 +2,8 @@
 // case runs through both attention kernels (Tuning().attention_mma on: the tensor-core kernel of
 // attention_mma.cu where the shape allows, else SIMT; off: SIMT) and every split-KV setting
 // (off, default, as wide as possible; with exact host hints and with loose ones, as under
-// CUDA-graph replay where the host only knows upper bounds). The sweep: decode, prefill and
+// CUDA-graph replay where the host only knows upper bounds; split mma runs merge in the last
+// split CTA and, again, through the separate merge kernel). The sweep: decode, prefill and
 // chunked prefill with lengths and prefixes off the tiles, GQA groups 1/2/4/8 up to 64 query
 // heads, head dims 32-256, block sizes 16, 5 and 1, MLA's shapes (SIMT; decode also through
 // mla_decode.cu, whose own sweep is mla_decode_test.cc), a decode batch of 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
@@ -30,10 +31,11 @@ struct AttnVariant {
   bool mma;
   int split_min_ctas;
   bool loose_hints;
+  bool fused_merge = true;  // mma with splits: the last split CTA merges (else AttentionMergeKernel)
   std::string Name() const {
     return std::string(mma ? "mma" : "simt") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
-           (loose_hints ? " loosehints" : "");
+           (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge");
   }
 };
 std::vector<AttnVariant> AttnVariants() {
@@ -41,7 +43,10 @@ std::vector<AttnVariant> AttnVariants() {
   const int def = DefaultTuning().attention_split_min_ctas > 0 ? DefaultTuning().attention_split_min_ctas : 264;
   const std::pair<int, bool> splits[] = {{0, false}, {def, false}, {def, true}, {1 << 20, false}, {1 << 20, true}};
   for (bool mma : {false, true})
-    for (auto [min_ctas, loose] : splits) v.push_back({mma, min_ctas, loose});
+    for (auto [min_ctas, loose] : splits) {
+      v.push_back({mma, min_ctas, loose, true});
+      if (mma && min_ctas > 0) v.push_back({mma, min_ctas, loose, false});
+    }
   return v;
 }
 
@@ -126,6 +131,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
   for (const AttnVariant& var : AttnVariants()) {
     cuda::Tuning().attention_mma = var.mma;
     cuda::Tuning().attention_split_min_ctas = var.split_min_ctas;
+    cuda::Tuning().attention_fused_merge = var.fused_merge;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints ? max_q + 5 : max_q,
@@ -205,6 +211,21 @@ TEST_F(CudaKernelTest, AttentionBlockSizes) {
     }
   RunAttention(gpu(), {256, 4, {1, 33}, {700, 71}, 0, 2, false, 5});
   RunAttention(gpu(), {48, 16, {1, 5}, {300, 40}, 32, 1, true, 5});  // MLA latent (SIMT), odd blocks
+}
+
+// Qwen3-30B-A3B's attention (Hk 4, group 8, D 128) at decode batches 1, 2, 3, 8 and contexts
+// 1, 100, 1024, 8192 (all sequences at the context, and mixed lengths up to it): the split-KV
+// plans of small batches, fused and separate merge.
+TEST_F(CudaKernelTest, AttentionDecodeSmallBatch) {
+  for (int ctx : {1, 100, 1024, 8192})
+    for (int b : {1, 2, 3, 8}) {
+      RunAttention(gpu(), {128, 8, std::vector<int>(b, 1), std::vector<int>(b, ctx - 1), 0, 4});
+      if (b > 1) {
+        std::vector<int> prefixes(b);
+        for (int i = 0; i < b; ++i) prefixes[i] = static_cast<int>(Rng()() % ctx);
+        RunAttention(gpu(), {128, 8, std::vector<int>(b, 1), prefixes, 0, 4});
+      }
+    }
 }
 
 // Decode batch of 64 at up to 8k context (Qwen3-30B-A3B's group of 8): split-KV over lengths that

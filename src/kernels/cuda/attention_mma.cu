@@ -14,8 +14,12 @@
 // states merged through shared memory at the end. Split-KV: each CTA derives its key range from
 // its own sequence's device-side length, so one plan serves any lengths under its hints
 // (CUDA-graph replay).
+#include <mutex>
+#include <unordered_map>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -40,6 +44,9 @@ struct MmaParams {
   int row_tiles, num_splits;
   float* part_o;   // [T * Hq, num_splits, D]
   float* part_ml;  // [T * Hq, num_splits, 2]: running max (log2 domain) and sum
+  // Fused merge (null: AttentionMergeKernel runs after): [B, Hk, row_tiles] arrival counters,
+  // zero between launches; the last split of a (sequence, KV head, row tile) to arrive merges.
+  int* counters;
 };
 
 // One CTA shape. kWarpsM warps stack 16-row slices of the tile; kWarpsN warps split each K/V
@@ -123,6 +130,75 @@ __device__ __forceinline__ int64_t GlobalRow(const MmaParams& p, int q0, int kvh
   return static_cast<int64_t>(q0 + row / p.group) * p.q_heads + kvh * p.group + row % p.group;
 }
 
+// Split-KV with the fused merge, called by every thread of the CTA once its partials (or its
+// empty-split marks) are written: the CTA counts itself in, and the last of the num_splits CTAs
+// of its (sequence b, KV head, row tile) merges the splits of the tile's rows [row0, row_end)
+// into out as AttentionMergeKernel does, then re-arms the counter for the next launch. Uses the
+// dynamic shared memory (the pipeline is drained) for the rows' (m, l) of every split.
+template <class C>
+__device__ void ArriveAndMerge(const MmaParams& p, int b, int kvh, int tile, int q0, int row0, int row_end) {
+  constexpr int kD = C::kD, kThreads = C::kThreads;
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  __shared__ int s_last;
+  __threadfence();  // this thread's partials are visible device-wide before the CTA counts itself in
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* counter = p.counters + (static_cast<int64_t>(b) * p.kv_heads + kvh) * p.row_tiles + tile;
+    const bool last = atomicAdd(counter, 1) == p.num_splits - 1;
+    if (last) atomicExch(counter, 0);  // every other split has arrived: nobody else touches it now
+    s_last = last;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other splits' partials are read after their arrivals
+  const int splits = p.num_splits, rows = row_end - row0;
+  float2* sml = reinterpret_cast<float2*>(mma_smem);  // [rows][splits] (m, l); fits (host-checked)
+  for (int idx = threadIdx.x; idx < rows * splits; idx += kThreads) {
+    const int r = idx / splits, sp = idx % splits;
+    const int64_t part = GlobalRow(p, q0, kvh, row0 + r) * splits + sp;
+    sml[idx] = __ldcg(reinterpret_cast<const float2*>(p.part_ml) + part);  // L2: other SMs wrote it
+  }
+  __syncthreads();
+  // Thread per (row, 4 dims). The partial rows of kBatch splits are loaded together before any
+  // is used (an empty split's o is read too, and weighted out by a select): one round trip to L2
+  // per kBatch splits (8: at 16 the 64-row D128 tile spilled).
+  constexpr int kBatch = 8;
+  for (int idx = threadIdx.x; idx < rows * (kD / 4); idx += kThreads) {
+    const int r = idx / (kD / 4), c4 = idx % (kD / 4);
+    const float2* ml = sml + r * splits;
+    float mx = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, ml[sp].x);
+    const int64_t grow = GlobalRow(p, q0, kvh, row0 + r);
+    const float4* o = reinterpret_cast<const float4*>(p.part_o + grow * splits * kD) + c4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float sum = 0.f;
+    for (int s0 = 0; s0 < splits; s0 += kBatch) {
+      float4 ov[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+        if (s0 + i < splits) ov[i] = __ldcg(o + (s0 + i) * (kD / 4));
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (s0 + i >= splits) break;
+        const float2 msp = ml[s0 + i];
+        const bool seen = msp.x != -INFINITY;
+        const float wt = seen ? exp2f(msp.x - mx) : 0.f;
+        sum += seen ? wt * msp.y : 0.f;
+        acc.x += seen ? wt * ov[i].x : 0.f;
+        acc.y += seen ? wt * ov[i].y : 0.f;
+        acc.z += seen ? wt * ov[i].z : 0.f;
+        acc.w += seen ? wt * ov[i].w : 0.f;
+      }
+    }
+    const int row = row0 + r;
+    const float inv = 1.f / sum;
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
+        p.out + (q0 + row / p.group) * p.out_token_stride + (kvh * p.group + row % p.group) * p.out_head_stride + 4 * c4);
+    dst[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+    dst[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_constant__ MmaParams p) {
   constexpr int kD = C::kD, kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStride = C::kStride;
@@ -132,10 +208,13 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
   bf16_t* sK = sQ + kBlockM * kStride;                // [2][kBlockN][kStride]
   bf16_t* sV = sK + 2 * kBlockN * kStride;            // [2][kBlockN][kStride]
 
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): q and the cache
+  TriggerDependents();
   const int b = blockIdx.z, kvh = blockIdx.y;
   const int split = blockIdx.x / p.row_tiles;
   // Latest rows first: under causality they see the most keys, so the long CTAs start early.
-  const int row0 = (p.row_tiles - 1 - static_cast<int>(blockIdx.x % p.row_tiles)) * kBlockM;
+  const int tile = p.row_tiles - 1 - static_cast<int>(blockIdx.x % p.row_tiles);
+  const int row0 = tile * kBlockM;
   const int q0 = p.query_start[b];
   const int q_len = p.query_start[b + 1] - q0;
   const int rows_total = q_len * p.group;
@@ -157,6 +236,7 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
       p.part_ml[2 * part] = -INFINITY;
       p.part_ml[2 * part + 1] = 0.f;
     }
+    if (p.counters != nullptr) ArriveAndMerge<C>(p, b, kvh, tile, q0, row0, min(row0 + kBlockM, rows_total));
     return;
   }
   const int warp = tid / 32, lane = tid % 32;
@@ -407,19 +487,47 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
       }
     }
   }
+  if (p.counters != nullptr) ArriveAndMerge<C>(p, b, kvh, tile, q0, row0, min(row0 + kBlockM, rows_total));
 }
 
+// Arrival counters of the fused merge, per stream (streams running at once must not share
+// them): zeroed in stream order on the stream's first use, and every launch leaves them zero.
+// Null when the first use would be inside a stream capture (the zeroing would only happen at
+// replay): that launch merges separately. Kept for the life of the process (16 KB a stream).
+constexpr int kMaxMergeCounters = 4096;
+int* MergeCounters(cudaStream_t s) {
+  static std::mutex mu;
+  static std::unordered_map<cudaStream_t, int*> counters;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = counters.find(s);
+  if (it != counters.end()) return it->second;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
+  int* c = nullptr;
+  COROLLA_CUDA_CHECK(cudaMalloc(&c, kMaxMergeCounters * sizeof(int)));
+  COROLLA_CUDA_CHECK(cudaMemsetAsync(c, 0, kMaxMergeCounters * sizeof(int), s));
+  counters.emplace(s, c);
+  return c;
+}
+
+// Launches one plan; true when the kernel merged the splits itself (fused merge).
 template <class C>
-void LaunchMma(const MmaParams& p, int num_seqs, cudaStream_t s) {
+bool LaunchMma(MmaParams p, int num_seqs, cudaStream_t s) {
   static const bool configured = [] {
     COROLLA_CUDA_CHECK(cudaFuncSetAttribute(AttentionMmaKernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(C::kSmemBytes)));
     return true;
   }();
   (void)configured;
+  p.counters = nullptr;
+  if (p.num_splits > 1 && Tuning().attention_fused_merge &&
+      static_cast<int64_t>(num_seqs) * p.kv_heads * p.row_tiles <= kMaxMergeCounters &&
+      sizeof(float2) * C::kBlockM * p.num_splits <= C::kSmemBytes)
+    p.counters = MergeCounters(s);
   dim3 grid(p.row_tiles * p.num_splits, p.kv_heads, num_seqs);
-  AttentionMmaKernel<C><<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  LaunchPdl(AttentionMmaKernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, s, 1, p);
+  return p.counters != nullptr;
 }
 
 }  // namespace
@@ -427,7 +535,7 @@ void LaunchMma(const MmaParams& p, int num_seqs, cudaStream_t s) {
 // Declared in attention.cu (its only caller), which has checked the tensors: q [T, Hq, kD] and
 // out [T, Hq, kD] with 16-byte aligned rows, contiguous k/v caches [num_blocks, Hk, bs, kD].
 template <int kD>
-void AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+bool AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                   int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
                   const TensorView& out, cudaStream_t s) {
   const int bs = cache.block_size();
@@ -456,19 +564,17 @@ void AttentionMma(const TensorView& q, const KvCacheView& cache, const Attention
               row_tiles,
               num_splits,
               part_o,
-              part_ml};
+              part_ml,
+              nullptr};
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
   using Tiles = MmaTiles<kD>;
-  if (rows_per_cta == Tiles::Decode::kBlockM) {
-    LaunchMma<typename Tiles::Decode>(p, num_seqs, s);
-  } else {
-    COROLLA_CHECK(rows_per_cta == Tiles::Prefill::kBlockM) << "attention mma: no " << rows_per_cta << "-row tile";
-    LaunchMma<typename Tiles::Prefill>(p, num_seqs, s);
-  }
+  if (rows_per_cta == Tiles::Decode::kBlockM) return LaunchMma<typename Tiles::Decode>(p, num_seqs, s);
+  COROLLA_CHECK(rows_per_cta == Tiles::Prefill::kBlockM) << "attention mma: no " << rows_per_cta << "-row tile";
+  return LaunchMma<typename Tiles::Prefill>(p, num_seqs, s);
 }
 
 #define COROLLA_ATTENTION_MMA(kD)                                                                              \
-  template void AttentionMma<kD>(const TensorView&, const KvCacheView&, const AttentionBatch&, float, int, int, \
+  template bool AttentionMma<kD>(const TensorView&, const KvCacheView&, const AttentionBatch&, float, int, int, \
                                  int, float*, float*, const TensorView&, cudaStream_t);
 COROLLA_ATTENTION_MMA(32)
 COROLLA_ATTENTION_MMA(64)

@@ -6,6 +6,7 @@
 // separate ops round them to bf16 in between).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -44,6 +45,8 @@ __device__ __forceinline__ float WeightAt(const void* w, bool f32, int i) {
 
 template <int kD>
 __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p) {
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
+  TriggerDependents();
   constexpr int kPer = kD / 32, kHalf = kD / 2;
   using Vec = BfVec<kPer>;
   const int heads = p.hq + 2 * p.hk;
@@ -131,10 +134,9 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
                    tokens, static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1))};
   const int64_t warps = tokens * (q.dim(1) + 2 * k.dim(1));
   const int grid = CeilDiv(warps * 32, 128);
-  if (d == 64) QkNormRopeKvWriteKernel<64><<<grid, 128, 0, s>>>(p);
-  else if (d == 128) QkNormRopeKvWriteKernel<128><<<grid, 128, 0, s>>>(p);
-  else QkNormRopeKvWriteKernel<256><<<grid, 128, 0, s>>>(p);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  if (d == 64) LaunchPdl(QkNormRopeKvWriteKernel<64>, dim3(grid), dim3(128), 0, s, 1, p);
+  else if (d == 128) LaunchPdl(QkNormRopeKvWriteKernel<128>, dim3(grid), dim3(128), 0, s, 1, p);
+  else LaunchPdl(QkNormRopeKvWriteKernel<256>, dim3(grid), dim3(128), 0, s, 1, p);
   return true;
 }
 

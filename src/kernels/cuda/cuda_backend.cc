@@ -22,6 +22,9 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_MMA")) t.attention_mma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GDN_CHUNKED_MIN_TOKENS")) t.gated_delta_chunked_min_tokens = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MLA_DECODE_SPLITS")) t.mla_decode_splits = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_FUSED_MERGE")) t.attention_fused_merge = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_PDL")) t.pdl = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_FUSED_ROUTER_MAX_TOKENS")) t.fused_router_max_tokens = std::atoi(v);
     return t;
   }();
   return tuning;
@@ -262,6 +265,12 @@ void CudaBackend::Attention(const TensorView& q, const KvCacheView& cache, const
 void CudaBackend::MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
                            const TensorView& topk_ids, const TensorView& topk_weights) {
   cuda::MoeRoute(router_logits, routing, topk_ids, topk_weights, stream_);
+}
+void CudaBackend::MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                            const TensorView& topk_ids, const TensorView& topk_weights) {
+  // A few tokens: one launch (router.cu); else the router GEMM and MoeRoute.
+  if (!cuda::MoeRouter(x, w_router, routing, topk_ids, topk_weights, stream_))
+    Backend::MoeRouter(x, w_router, routing, topk_ids, topk_weights);
 }
 void CudaBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids,
                              const TensorView& topk_weights, const TensorView& w_gate_up,

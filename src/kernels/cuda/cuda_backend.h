@@ -81,6 +81,8 @@ class CudaBackend final : public Backend {
   bool supports_graphs() const override { return true; }
   // Warm-up and capture with the allocator's graph pool on (relaxed capture mode).
   Result<std::unique_ptr<Graph>> CaptureGraph(const std::function<void()>& fn) override;
+  void MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                 const TensorView& topk_ids, const TensorView& topk_weights) override;
 
   // cuBLASLt block scaling for the weights it takes (fp8_gemm.h); the SIMT kernel for the rest.
   bool supports_linear_fp8(int64_t n, int64_t k) const override { return Fp8Linear::LtTakes(n, k); }

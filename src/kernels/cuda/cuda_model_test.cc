@@ -562,7 +562,6 @@ TEST(CudaPerf, HbmCopyAndMoeDecodeLayer) {
     Tensor qkv = gpu.Empty(DType::kBF16, {batch, (hq + 2 * hk) * d});
     Tensor attn = gpu.Empty(DType::kBF16, {batch, hq, d});
     Tensor y = gpu.Empty(DType::kBF16, {batch, h});
-    Tensor logits = gpu.Empty(DType::kF32, {batch, e});
     Tensor ids = gpu.Empty(DType::kI32, {batch, k}), wts = gpu.Empty(DType::kF32, {batch, k});
     auto heads = [&](int64_t first, int64_t n) {
       TensorView v = qkv.view();
@@ -571,34 +570,60 @@ TEST(CudaPerf, HbmCopyAndMoeDecodeLayer) {
       v.strides = {(hq + 2 * hk) * d, d, 1, 0};
       return v;
     };
+    // The ops Qwen3's forward issues for one MoE layer (qwen3.cc).
+    MoeRouting routing;
+    routing.top_k = static_cast<int>(k);
     auto layer = [&] {
       gpu.Linear(x, wqkv, qkv);
-      gpu.HeadRmsNorm(heads(0, hq), norm_w.view().Slice(0, d), 1e-6f);
-      gpu.HeadRmsNorm(heads(hq, hk), norm_w.view().Slice(0, d), 1e-6f);
-      gpu.Rope(heads(0, hq), heads(hq, hk), gpos, {static_cast<int>(d), 1e6f});
-      gpu.KvWrite(heads(hq, hk), heads(hq + hk, hk), cache, ab);
+      gpu.QkNormRopeKvWrite(heads(0, hq), heads(hq, hk), heads(hq + hk, hk), norm_w.view().Slice(0, d),
+                            norm_w.view().Slice(0, d), 1e-6f, gpos, {static_cast<int>(d), 1e6f}, cache, ab);
       gpu.Attention(heads(0, hq), cache, ab, 0.088f, attn);
       gpu.Linear(attn.view().Reshape({batch, hq * d}), wo, y);
       gpu.RmsNorm(y, norm_w, 1e-6f, x, &res.view());
-      gpu.Linear(x, wr, logits);
-      gpu.MoeRoute(logits, {static_cast<int>(k), true}, ids, wts);
+      gpu.MoeRouter(x, wr, routing, ids, wts);
       gpu.MoeExperts(x, ids, wts, wgu, wd, y);
       gpu.RmsNorm(y, norm_w, 1e-6f, x, &res.view());
     };
-    layer();
-    gpu.Synchronize();
-    const int iters = 50;
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) layer();
-    gpu.Synchronize();
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    // Host-timed loop of eager launches (launch overheads included), and the same work captured
+    // in a CUDA graph and replayed (as a decode step runs).
+    auto host_us = [&] {
+      layer();
+      gpu.Synchronize();
+      const int iters = 50;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) layer();
+      gpu.Synchronize();
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    };
+    auto graph_us = [&] {
+      auto graph = gpu.CaptureGraph([&] {
+        for (int i = 0; i < 10; ++i) layer();
+      });
+      if (!graph.ok()) return -1.0;
+      return time_us([&] { (*graph)->Replay(); }, 10) / 10;
+    };
+    const double us = host_us(), us_graph = graph_us();
+    // Before issue 4's batch-1 work: no programmatic dependent launch, router GEMV + MoeRoute,
+    // attention splits merged by a separate launch.
+    cuda::Tuning().pdl = false;
+    cuda::Tuning().fused_router_max_tokens = 0;
+    cuda::Tuning().attention_fused_merge = false;
+    const double us_old = host_us(), us_graph_old = graph_us();
+    cuda::Tuning() = defaults;
+    std::printf("decode layer (Qwen3-30B-A3B shapes), batch %ld, ctx %d, graph replay: %.1f us/layer (before: %.1f); "
+                "eager: %.1f (before: %.1f)\n",
+                static_cast<long>(batch), ctx, us_graph, us_graph_old, us, us_old);
+    Record("Perf.decode_layer_graph_us", "B" + std::to_string(batch) + " ctx1024", us_graph, 0);
+    Record("Perf.decode_layer_graph_before_us", "B" + std::to_string(batch) + " ctx1024", us_graph_old, 0);
     // Bytes a step must read: attention weights, router, the distinct experts touched (at most
     // min(E, batch * k)), and the KV of every sequence.
     const double experts_touched = std::min<double>(e, batch * k * 0.9 + 1);  // rough: random routing
     const double bytes = 2.0 * ((hq + 2 * hk) * d * h + h * hq * d + e * h) +
                          experts_touched * 2.0 * 3 * inter * h + batch * 2.0 * 2 * ctx * hk * d;
-    std::printf("decode layer (Qwen3-30B-A3B shapes), batch %ld, ctx %d: %.1f us/layer, ~%.1f MB read -> %.2f TB/s\n",
-                static_cast<long>(batch), ctx, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12);
+    std::printf("decode layer (Qwen3-30B-A3B shapes), batch %ld, ctx %d: %.1f us/layer, ~%.1f MB read -> %.2f TB/s "
+                "(graph replay %.2f TB/s)\n",
+                static_cast<long>(batch), ctx, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12,
+                bytes / (us_graph * 1e-6) / 1e12);
     Record("Perf.decode_layer_us", "B" + std::to_string(batch) + " ctx1024", us, 0);
     // The two largest parts alone, each variant (distinct experts: E (1 - (1 - k/E)^B)).
     auto moe = [&] { gpu.MoeExperts(x, ids, wts, wgu, wd, y); };

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -103,6 +104,8 @@ __device__ float BlockSum(float v) {
 
 template <bool kVec>
 __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
+  TriggerDependents();
   const int64_t row = blockIdx.x;
   const bf16_t* x = p.x + row * p.x_stride;
   bf16_t* res = p.residual ? p.residual + row * p.residual_stride : nullptr;
@@ -456,10 +459,9 @@ void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorVi
              (!residual || Vectorisable(*residual, cols));
   const int threads = vec ? std::clamp<int>((cols / 8 + 31) / 32 * 32, 32, 1024) : 256;
   if (vec)
-    RmsNormKernel<true><<<rows, threads, 0, s>>>(p);
+    LaunchPdl(RmsNormKernel<true>, dim3(rows), dim3(threads), 0, s, 1, p);
   else
-    RmsNormKernel<false><<<rows, threads, 0, s>>>(p);
-  COROLLA_CUDA_CHECK_LAUNCH();
+    LaunchPdl(RmsNormKernel<false>, dim3(rows), dim3(threads), 0, s, 1, p);
 }
 
 void HeadRmsNorm(const TensorView& x, const TensorView& w, float eps, cudaStream_t s) {

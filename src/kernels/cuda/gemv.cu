@@ -1,12 +1,13 @@
 // Linear for a few rows of x: memory-bound, so the kernel is a weight stream. Each warp owns
-// kRows rows of W [N, K]; every lane loads its 16-byte chunks of those rows (kUnroll chunks
-// ahead of the arithmetic) and multiplies them with the same chunks of each of the M rows of
+// kRows rows of W [N, K]; every lane loads its 16-byte chunks of those rows (two passes of
+// kUnroll chunks ahead of the arithmetic) and multiplies them with the same chunks of each of the M rows of
 // x (read through L1: every warp of the grid reads the same few rows). Warp reductions give
 // out[m, n] for the warp's rows, written by lane m * kRows + r.
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -25,23 +26,22 @@ struct GemvParams {
 };
 
 // kRows rows of W per warp (fewer rows, more CTAs: the host picks kRows so that small N still
-// fills the GPU); kLoadsInFlight / kRows chunks of each row ahead.
+// fills the GPU). Software-pipelined: a pass of kLoadsInFlight / kRows chunks of each row is in
+// flight while the previous pass is multiplied, so each lane has up to 2 kLoadsInFlight 16-byte
+// loads outstanding. The first pass is issued before GridDependencyWait (weights are not written
+// by any kernel): under programmatic dependent launch it overlaps the previous kernel's tail.
 template <int kM, int kRows>
 __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant__ GemvParams p) {
   constexpr int kUnroll = kLoadsInFlight / kRows;
+  constexpr int kPass = kUnroll * 32 * 8;  // columns of a row one pass of the warp covers
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.x * kWarps + warp) * kRows;
-  if (n0 >= p.n) return;
+  const bool active = n0 < p.n;
   const bf16_t* rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rows[r] = p.w + static_cast<int64_t>(min(n0 + r, p.n - 1)) * p.k;
-  float acc[kM][kRows] = {};
-  // With one or two rows of x, their chunks are loaded with the weights' (before any use);
-  // more rows are read at their use (registers).
-  constexpr bool kPrefetchX = kM <= 2;
-  for (int c0 = lane * 8; c0 < p.k; c0 += kUnroll * 32 * 8) {
-    Bf16x8 wv[kUnroll][kRows];
-    Bf16x8 xv[kUnroll][kPrefetchX ? kM : 1];
+  // Chunks c0 + j * 256 (j < kUnroll) of each row; those past K are left unloaded (and unused).
+  auto load_pass = [&](int c0, Bf16x8 (&wv)[kUnroll][kRows]) {
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
       const int c = c0 + j * 32 * 8;
@@ -51,11 +51,31 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant_
         const uint4 u = __ldcs(reinterpret_cast<const uint4*>(rows[r] + c));  // read once: stream past the caches
         memcpy(&wv[j][r], &u, sizeof(u));
       }
-      if constexpr (kPrefetchX)
+    }
+  };
+  Bf16x8 wv[kUnroll][kRows];
+  if (active) load_pass(lane * 8, wv);
+  GridDependencyWait();  // x is the previous kernel's output
+  TriggerDependents();
+  if (!active) return;
+  float acc[kM][kRows] = {};
+  // With one or two rows of x, their chunks are loaded at the start of the pass (before any
+  // use); more rows are read at their use (registers).
+  constexpr bool kPrefetchX = kM <= 2;
+  for (int c0 = lane * 8; c0 < p.k; c0 += kPass) {
+    Bf16x8 xv[kUnroll][kPrefetchX ? kM : 1];
+    if constexpr (kPrefetchX)
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int c = c0 + j * 32 * 8;
+        if (c >= p.k) break;
 #pragma unroll
         for (int m = 0; m < kM; ++m)
           if (m < p.m) xv[j][m] = *reinterpret_cast<const Bf16x8*>(p.x + m * p.x_stride + c);
-    }
+      }
+    Bf16x8 next[kUnroll][kRows];
+    const bool more = c0 + kPass < p.k;
+    if (more) load_pass(c0 + kPass, next);
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
       const int c = c0 + j * 32 * 8;
@@ -75,6 +95,11 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant_
           for (int i = 0; i < 8; ++i) acc[m][r] = fmaf(wf[r][i], xf[i], acc[m][r]);
       }
     }
+    if (more)
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) wv[j][r] = next[j][r];
   }
 #pragma unroll
   for (int m = 0; m < kM; ++m)
@@ -111,7 +136,7 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
   const int rows = n >= 4 * 132 * kWarps * 4 ? 4 : n >= 4 * 132 * kWarps * 2 ? 2 : 1;
   auto launch = [&](auto m_tag, auto rows_tag) {
     constexpr int kM = decltype(m_tag)::value, kRows = decltype(rows_tag)::value;
-    GemvKernel<kM, kRows><<<CeilDiv(n, kWarps * kRows), kWarps * 32, 0, s>>>(p);
+    LaunchPdl(GemvKernel<kM, kRows>, dim3(CeilDiv(n, kWarps * kRows)), dim3(kWarps * 32), 0, s, 1, p);
   };
   auto with_rows = [&](auto m_tag) {
     if (rows == 4) launch(m_tag, std::integral_constant<int, 4>{});
@@ -122,7 +147,6 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
   else if (m == 2) with_rows(std::integral_constant<int, 2>{});
   else if (m <= 4) with_rows(std::integral_constant<int, 4>{});
   else with_rows(std::integral_constant<int, 8>{});
-  COROLLA_CUDA_CHECK_LAUNCH();
   return true;
 }
 

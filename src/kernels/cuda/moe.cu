@@ -1,7 +1,5 @@
-// Mixture of experts on the GPU. MoeRoute: one warp per token, softmax (sum in double, as the
-// CPU twin) or sigmoid scores, optional selection bias, top-k with ties to the lower expert id,
-// group-limited selection (DeepSeek: the topk_groups best groups by the sum of their two best
-// scores), renormalisation and scaling, as the CPU twin.
+// Mixture of experts on the GPU. MoeRoute: one warp per token (RouteToken, moe_route.cuh: the
+// CPU twin's softmax/sigmoid, bias, group-limited top-k, renormalisation and scaling).
 // MoeExperts, all on the device with no host synchronisation:
 //   1. count tokens per expert, 2. exclusive scan -> row offsets and 64-row tile offsets,
 //   3. permute (token, slot) pairs into expert-contiguous rows,
@@ -14,27 +12,13 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe_decode.h"
+#include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace corolla::cuda {
 namespace {
 
 // ---- routing ----------------------------------------------------------------------------
-struct RouteParams {
-  const float* logits;
-  int64_t logits_stride;
-  const float* bias;  // [E] selection bias (DeepSeek), or null
-  int32_t* topk_ids;
-  int64_t ids_stride;
-  float* topk_weights;
-  int64_t weights_stride;
-  int64_t tokens;
-  int experts, top_k;
-  bool renormalize, sigmoid;
-  float scaling_factor;
-  int num_groups, topk_groups;
-};
-
 constexpr int kRouteWarps = 4;
 
 __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
@@ -44,97 +28,7 @@ __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
   if (t >= p.tokens) return;
   float* probs = route_smem + warp * (2 * p.experts + p.num_groups);
-  float* choice = probs + p.experts;
-  float* group_score = choice + p.experts;
-  const float* logit = p.logits + t * p.logits_stride;
-  if (p.sigmoid) {
-    for (int e = lane; e < p.experts; e += 32) probs[e] = 1.0f / (1.0f + expf(-logit[e]));
-  } else {
-    float mx = -INFINITY;
-    for (int e = lane; e < p.experts; e += 32) mx = fmaxf(mx, logit[e]);
-    mx = WarpMax(mx);
-    double sum = 0.0;
-    for (int e = lane; e < p.experts; e += 32) {
-      const float v = expf(logit[e] - mx);
-      probs[e] = v;
-      sum += v;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    for (int e = lane; e < p.experts; e += 32) probs[e] = static_cast<float>(probs[e] / sum);
-  }
-  for (int e = lane; e < p.experts; e += 32) choice[e] = p.bias ? probs[e] + p.bias[e] : probs[e];
-  __syncwarp();
-  if (p.num_groups > 1) {
-    // A group's score: its best plus its second best (the same comparisons as the CPU twin).
-    const int per_group = p.experts / p.num_groups;
-    for (int g = lane; g < p.num_groups; g += 32) {
-      const float* c = choice + g * per_group;
-      float best = -INFINITY, second = -INFINITY;
-      for (int i = 0; i < per_group; ++i) {
-        if (c[i] > best) {
-          second = best;
-          best = c[i];
-        } else if (c[i] > second) {
-          second = c[i];
-        }
-      }
-      group_score[g] = per_group > 1 ? best + second : best;
-    }
-    __syncwarp();
-    // Lane 0 picks the topk_groups best groups (ties to the lower index); experts of the other
-    // groups then score 0, as the reference masks them.
-    unsigned long long picked = 0;
-    if (lane == 0) {
-      for (int i = 0; i < p.topk_groups; ++i) {
-        int best_g = -1;
-        for (int g = 0; g < p.num_groups; ++g)
-          if (!((picked >> g) & 1ull) && (best_g < 0 || group_score[g] > group_score[best_g])) best_g = g;
-        picked |= 1ull << best_g;
-      }
-    }
-    picked = __shfl_sync(0xffffffffu, picked, 0);
-    for (int e = lane; e < p.experts; e += 32)
-      if (!((picked >> (e / per_group)) & 1ull)) choice[e] = 0.0f;
-    __syncwarp();
-  }
-  double norm = 0.0;
-  for (int i = 0; i < p.top_k; ++i) {
-    float best = -INFINITY;
-    int best_id = 0x7fffffff;
-    for (int e = lane; e < p.experts; e += 32) {
-      const float v = choice[e];
-      if (v > best || (best_id == 0x7fffffff && v == best)) {  // ascending e: ties keep the lower id
-        best = v;
-        best_id = e;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-      if (ob > best || (ob == best && oi < best_id)) {
-        best = ob;
-        best_id = oi;
-      }
-    }
-    __syncwarp();
-    const float pb = probs[best_id];
-    if (lane == 0) {
-      choice[best_id] = -INFINITY;  // taken (NaN-free: only valid ids are chosen)
-      p.topk_ids[t * p.ids_stride + i] = best_id;
-      p.topk_weights[t * p.weights_stride + i] = pb;
-    }
-    norm += pb;
-    __syncwarp();
-  }
-  if (p.sigmoid) norm += 1e-20;
-  if (lane == 0)
-    for (int i = 0; i < p.top_k; ++i) {
-      float& w = p.topk_weights[t * p.weights_stride + i];
-      const float weight = p.renormalize ? static_cast<float>(w / norm) : w;
-      w = weight * p.scaling_factor;
-    }
+  RouteToken(p, t, p.logits + t * p.logits_stride, probs, probs + p.experts, probs + 2 * p.experts, lane);
 }
 
 // ---- permutation ------------------------------------------------------------------------

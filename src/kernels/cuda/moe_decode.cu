@@ -6,6 +6,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -39,6 +40,8 @@ struct PairGemvParams {
 };
 
 __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_constant__ PairGemvParams p) {
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): ids come from routing
+  TriggerDependents();
   const int pair = blockIdx.x;
   const int t = pair / p.top_k, slot = pair % p.top_k;
   const int e = p.ids[t * p.ids_stride + slot];
@@ -96,6 +99,8 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_con
 }
 
 __global__ void __launch_bounds__(kWarps * 32) PairDownCombineKernel(const __grid_constant__ PairGemvParams p) {
+  GridDependencyWait();
+  TriggerDependents();
   const int t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h0 = (blockIdx.y * kWarps + warp) * kDownRows;
@@ -165,10 +170,8 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    topk_weights.ptr<float>(), topk_weights.strides[0], w_gate_up.ptr<bf16_t>(), w_down.ptr<bf16_t>(),
                    act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
-  PairGateUpKernel<<<dim3(tokens * k, CeilDiv(inter, kWarps * kGateUpN)), kWarps * 32, 0, s>>>(p);
-  COROLLA_CUDA_CHECK_LAUNCH();
-  PairDownCombineKernel<<<dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), kWarps * 32, 0, s>>>(p);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  LaunchPdl(PairGateUpKernel, dim3(tokens * k, CeilDiv(inter, kWarps * kGateUpN)), dim3(kWarps * 32), 0, s, 1, p);
+  LaunchPdl(PairDownCombineKernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s, 1, p);
 }
 
 }  // namespace corolla::cuda

@@ -33,8 +33,10 @@ class ScratchBuffer {
 
 // Process-wide choices between kernel variants, read at each launch (tests and benchmarks set
 // them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS, COROLLA_MOE_PAIR_GEMV_MAX_PAIRS,
-// COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS, COROLLA_ATTN_MMA and
-// COROLLA_GDN_CHUNKED_MIN_TOKENS in the environment set the defaults). Not synchronised: set them before launching work.
+// COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS, COROLLA_ATTN_MMA,
+// COROLLA_ATTN_FUSED_MERGE, COROLLA_PDL, COROLLA_FUSED_ROUTER_MAX_TOKENS,
+// COROLLA_GDN_CHUNKED_MIN_TOKENS and COROLLA_MLA_DECODE_SPLITS in the environment set the
+// defaults). Not synchronised: set them before launching work.
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
   // mma GEMMs (grouped_gemm.cu) above it. 256: from ~2 tokens per expert on (E 128, k 8:
@@ -65,11 +67,22 @@ struct KernelTuning {
   // MLA decode's KV splits per sequence: 0 plans them (mla_decode.cu), n > 0 forces n (capped
   // by the key tiles of max_seq_len; tests sweep it). COROLLA_MLA_DECODE_SPLITS sets it.
   int mla_decode_splits = 0;
+  // Split-KV decode on the tensor-core kernel merges the splits in the last CTA of each (row
+  // tile, KV head, sequence) to finish, instead of a separate merge launch.
+  bool attention_fused_merge = true;
+  // Decode kernels (GEMV, norms, attention prologue/attention, router, pair MoE) are launched
+  // with programmatic dependent launch (pdl.cuh).
+  bool pdl = true;
+  // MoeRouter (router GEMV + routing in one launch, router.cu) for up to this many tokens
+  // (<= 8); more take Linear + MoeRoute.
+  int fused_router_max_tokens = 8;
 };
 KernelTuning& Tuning();
 
 // gemv.cu: Linear (semantics: kernels/backend.h) for x of 1..Tuning().linear_gemv_max_rows
-// rows; false (nothing launched) for more rows or layouts it does not cover.
+// rows; false (nothing launched) for more rows or layouts it does not cover. Launched with
+// programmatic dependent launch: it reads w before the previous kernel has finished (w must be
+// a weight, which nothing writes during a forward).
 bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s);
 
 // elementwise.cu
@@ -124,6 +137,12 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
 void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                 const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                 CachingAllocator& alloc, cudaStream_t s);
+
+// router.cu: Backend::MoeRouter (router GEMV + MoeRoute) in one launch for x of at most
+// min(8, Tuning().fused_router_max_tokens) rows; false (nothing launched) for more rows or
+// layouts it does not cover (E not a multiple of 16, H not of 8, unaligned rows).
+bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
+               const TensorView& topk_weights, cudaStream_t s);
 
 // sampling.cu: one token per row of logits [B, V] (f32 or bf16, contiguous) into out_ids (host).
 // Synchronises the stream (the ids are needed on the host).

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 #include <set>
@@ -187,6 +188,176 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
     }
   }
   cuda::Tuning() = defaults;
+}
+
+
+// MoeRouter (router GEMV + routing in one launch, router.cu) against the CPU backend's default
+// (Linear into f32 logits, then MoeRoute), over 1..8 tokens (9 and 12 take the unfused path on
+// the GPU too), Qwen3 (E 128, k 8), Qwen3.5 (E 512, k 10), DeepSeek routing (sigmoid, bias,
+// groups, scaling) and small shapes; E 24 is not a multiple of 16 (unfused). Ids must match
+// except where the CPU's probabilities of the two ids are within 1e-5 (the GEMV sums in another
+// order); weights f32 within kF32Tol.
+TEST_F(CudaKernelTest, MoeRouterFused) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  struct Case { int experts, k; int64_t hidden; int groups, topk_groups; bool sigmoid, bias, renorm; };
+  for (Case c : {Case{128, 8, 2048, 1, 1, false, false, true}, Case{512, 10, 1024, 1, 1, false, false, true},
+                 Case{256, 8, 512, 8, 4, true, true, true}, Case{64, 4, 136, 1, 1, false, false, false},
+                 Case{16, 2, 8, 1, 1, false, false, true}, Case{24, 2, 64, 1, 1, false, false, true}})
+    for (int64_t t : {1, 2, 3, 5, 8, 9, 12}) {
+      const int64_t e = c.experts, h = c.hidden;
+      auto x = RandomBf16(t * h), w = RandomBf16(e * h, 3.f / std::sqrt(float(h)));
+      auto bias = RandomBf16(e, 0.1f);
+      MoeRouting r;
+      r.top_k = c.k;
+      r.renormalize = c.renorm;
+      r.sigmoid = c.sigmoid;
+      r.num_groups = c.groups;
+      r.topk_groups = c.topk_groups;
+      r.scaling_factor = c.sigmoid ? 2.5f : 1.0f;
+      Tensor cx = HostF32(x, {t, h}), cw = HostF32(w, {e, h}), cb = HostF32(bias, {e});
+      Tensor cids = Tensor::Empty(DType::kI32, {t, c.k}), cwt = Tensor::Empty(DType::kF32, {t, c.k});
+      Tensor clogits = Tensor::Empty(DType::kF32, {t, e});
+      if (c.bias) r.correction_bias = cb;
+      cpu->MoeRouter(cx, cw, r, cids, cwt);
+      cpu::Linear(cx, cw, clogits);  // the probabilities, for judging near ties
+      Tensor gx = Upload(gpu(), x, {t, h}, DType::kBF16), gw = gpu().LoadWeight(cw);
+      Tensor gb = Upload(gpu(), bias, {e}, DType::kF32);
+      Tensor gids = gpu().Empty(DType::kI32, {t, c.k}), gwt = gpu().Empty(DType::kF32, {t, c.k});
+      Poison(gpu(), gwt);
+      std::vector<int32_t> minus(t * c.k, -7);
+      gpu().CopyFromHost(minus.data(), gids);
+      r.correction_bias = c.bias ? gb.view() : TensorView();
+      gpu().MoeRouter(gx, gw, r, gids, gwt);
+      const std::vector<int32_t> ids = DownloadI32(gpu(), gids);
+      int mismatches = 0;
+      for (int64_t i = 0; i < t; ++i) {
+        const float* lg = clogits.ptr<float>() + i * e;
+        auto score = [&](int32_t id) {  // the selection score's order: logits order the softmax too
+          if (id < 0 || id >= e) return -INFINITY;
+          const float s = c.sigmoid ? 1.f / (1.f + std::exp(-lg[id])) : lg[id];
+          return c.bias ? s + bias[id] : s;
+        };
+        for (int j = 0; j < c.k; ++j) {
+          const int32_t want = cids.ptr<int32_t>()[i * c.k + j], got = ids[i * c.k + j];
+          if (got != want && !(std::fabs(score(got) - score(want)) < 1e-5f)) ++mismatches;
+        }
+      }
+      const double err =
+          RelError(Download(gpu(), gwt), std::vector<float>(cwt.ptr<float>(), cwt.ptr<float>() + t * c.k));
+      const std::string shape = "T" + std::to_string(t) + " E" + std::to_string(e) + " k" + std::to_string(c.k) + " H" +
+                                std::to_string(h) + (c.groups > 1 ? " grouped" : "") + (c.sigmoid ? " sigmoid" : "") +
+                                (c.bias ? " bias" : "") + (c.renorm ? "" : " no-renorm") +
+                                (t > 8 || e % 16 != 0 ? " (unfused)" : "");
+      Record("MoeRouter.weights", shape, err, kF32Tol);
+      Record("MoeRouter.id_mismatches", shape, mismatches, 0);
+      EXPECT_EQ(mismatches, 0) << shape;
+      EXPECT_LT(err, kF32Tol) << shape;
+    }
+}
+
+// Qwen3-30B-A3B batch-1..8 decode ops, new against old, each timed over 50 back-to-back calls
+// (so consecutive launches overlap as a decode step's do under programmatic dependent launch),
+// with the bytes each must read against the HBM copy rate measured here ("decode ops:" lines):
+//   GEMV (qkv 5120x2048, o_proj 2048x4096, router 128x2048 f32-out, 1536x2048): PDL on vs off
+//   (off is the pre-PDL launch; the kernel itself is the new pipelined one);
+//   router: MoeRouter fused vs Linear + MoeRoute;
+//   attention (Hq 32, Hk 4, D 128, ctx 1024 / 8192): fused split merge + PDL vs separate merge
+//   launch without PDL.
+TEST(CudaPerf, DecodeSmallBatchOps) {
+  Backend* gpu = Gpu();
+  if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
+  const cuda::KernelTuning defaults = cuda::Tuning();
+  double copy_tbps = 0;
+  {
+    Tensor a = gpu->Empty(DType::kBF16, {int64_t{1} << 29}), b = gpu->Empty(DType::kBF16, {int64_t{1} << 29});
+    const double us = TimeUs(stream, [&] {
+      cudaMemcpyAsync(b.view().data, a.view().data, size_t{1} << 30, cudaMemcpyDeviceToDevice, stream);
+    }, 10);
+    copy_tbps = 2.0 * (size_t{1} << 30) / (us * 1e-6) / 1e12;
+  }
+  std::printf("decode ops: HBM copy %.2f TB/s (read + write); fractions below are of it\n", copy_tbps);
+  auto frac = [&](double bytes, double us) { return bytes / (us * 1e-6) / 1e12 / copy_tbps; };
+
+  struct GemvShape { const char* name; int64_t n, k; DType out; };
+  std::printf("decode ops: gemv | M | PDL on us (of copy) | PDL off us (of copy)\n");
+  for (GemvShape sh : {GemvShape{"qkv", 5120, 2048, DType::kBF16}, GemvShape{"o_proj", 2048, 4096, DType::kBF16},
+                       GemvShape{"router", 128, 2048, DType::kF32}, GemvShape{"1536x2048", 1536, 2048, DType::kBF16}}) {
+    Tensor w = Upload(*gpu, RandomBf16(sh.n * sh.k, 0.02f), {sh.n, sh.k}, DType::kBF16);
+    for (int64_t m : {1, 2}) {
+      Tensor x = Upload(*gpu, RandomBf16(m * sh.k), {m, sh.k}, DType::kBF16);
+      Tensor out = gpu->Empty(sh.out, {m, sh.n});
+      auto run = [&] { gpu->Linear(x, w, out); };
+      cuda::Tuning().pdl = true;
+      const double on = TimeUs(stream, run, 50);
+      cuda::Tuning().pdl = false;
+      const double off = TimeUs(stream, run, 50);
+      const double bytes = 2.0 * sh.n * sh.k;
+      std::printf("decode ops: gemv %-9s | %lld | %7.2f (%.0f%%) | %7.2f (%.0f%%)\n", sh.name, static_cast<long long>(m),
+                  on, 100 * frac(bytes, on), off, 100 * frac(bytes, off));
+      Record(std::string("Perf.gemv_pdl_us.") + sh.name, "M" + std::to_string(m), on, 0);
+      Record(std::string("Perf.gemv_nopdl_us.") + sh.name, "M" + std::to_string(m), off, 0);
+    }
+  }
+  cuda::Tuning() = defaults;
+
+  {
+    const int64_t e = 128, h = 2048;
+    const int k = 8;
+    Tensor w = Upload(*gpu, RandomBf16(e * h, 0.02f), {e, h}, DType::kBF16);
+    std::printf("decode ops: router | T | fused us (of copy) | Linear + MoeRoute us (of copy)\n");
+    for (int64_t t : {1, 2, 4, 8}) {
+      Tensor x = Upload(*gpu, RandomBf16(t * h), {t, h}, DType::kBF16);
+      Tensor ids = gpu->Empty(DType::kI32, {t, k}), wt = gpu->Empty(DType::kF32, {t, k});
+      MoeRouting r;
+      r.top_k = k;
+      auto run = [&] { gpu->MoeRouter(x, w, r, ids, wt); };
+      cuda::Tuning().fused_router_max_tokens = 8;
+      const double fused = TimeUs(stream, run, 50);
+      cuda::Tuning().fused_router_max_tokens = 0;
+      const double old = TimeUs(stream, run, 50);
+      const double bytes = 2.0 * e * h;
+      std::printf("decode ops: router | %lld | %7.2f (%.0f%%) | %7.2f (%.0f%%)\n", static_cast<long long>(t), fused,
+                  100 * frac(bytes, fused), old, 100 * frac(bytes, old));
+      Record("Perf.router_fused_us", "T" + std::to_string(t), fused, 0);
+      Record("Perf.router_unfused_us", "T" + std::to_string(t), old, 0);
+    }
+    cuda::Tuning() = defaults;
+  }
+
+  {
+    const int64_t hq = 32, hk = 4, d = 128, bs = 16;
+    std::printf("decode ops: attention | B | ctx | fused merge + PDL us (of copy) | separate merge, no PDL us (of copy)\n");
+    for (int64_t ctx : {1024, 8192})
+      for (int64_t b : {1, 2, 8}) {
+        const int64_t blocks_per_seq = (ctx + bs - 1) / bs, num_blocks = b * blocks_per_seq;
+        Tensor q = Upload(*gpu, RandomBf16(b * hq * d), {b, hq, d}, DType::kBF16);
+        Tensor kc = gpu->Empty(DType::kBF16, {num_blocks, hk, bs, d}), vc = gpu->Empty(DType::kBF16, {num_blocks, hk, bs, d});
+        cudaMemsetAsync(kc.view().data, 0, kc.view().nbytes(), stream);  // zeros: the time does not depend on values
+        cudaMemsetAsync(vc.view().data, 0, vc.view().nbytes(), stream);
+        std::vector<int32_t> qs(b + 1), sl(b, static_cast<int32_t>(ctx)), tab(b * blocks_per_seq);
+        std::iota(qs.begin(), qs.end(), 0);
+        std::iota(tab.begin(), tab.end(), 0);
+        Tensor gqs = UploadI32(*gpu, qs, {b + 1}), gsl = UploadI32(*gpu, sl, {b});
+        Tensor gtab = UploadI32(*gpu, tab, {b, blocks_per_seq}), gslot = UploadI32(*gpu, std::vector<int32_t>(b, 0), {b});
+        Tensor out = gpu->Empty(DType::kBF16, {b, hq, d});
+        AttentionBatch batch{gqs, gsl, gtab, gslot, 1, static_cast<int>(ctx)};
+        auto run = [&] { gpu->Attention(q, KvCacheView{kc, vc}, batch, 0.088f, out); };
+        cuda::Tuning().attention_fused_merge = true;
+        cuda::Tuning().pdl = true;
+        const double fused = TimeUs(stream, run, 50);
+        cuda::Tuning().attention_fused_merge = false;
+        cuda::Tuning().pdl = false;
+        const double old = TimeUs(stream, run, 50);
+        const double bytes = 2.0 * b * ctx * hk * d * 2;  // K and V
+        std::printf("decode ops: attention | %lld | %lld | %7.2f (%.0f%%) | %7.2f (%.0f%%)\n", static_cast<long long>(b),
+                    static_cast<long long>(ctx), fused, 100 * frac(bytes, fused), old, 100 * frac(bytes, old));
+        const std::string shape = "B" + std::to_string(b) + " ctx" + std::to_string(ctx);
+        Record("Perf.attention_fused_merge_us", shape, fused, 0);
+        Record("Perf.attention_separate_merge_us", shape, old, 0);
+        cuda::Tuning() = defaults;
+      }
+  }
 }
 
 }  // namespace

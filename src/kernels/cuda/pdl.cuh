@@ -1,0 +1,54 @@
+// Programmatic dependent launch (sm_90): a kernel launched through LaunchPdl may start while the
+// kernel before it in the stream is still finishing, so its launch latency and its prologue
+// (block scheduling, index math, loads of weights) overlap the previous kernel's tail; inside a
+// CUDA graph the capture keeps this as a programmatic edge. The contract of a kernel launched
+// so: it calls GridDependencyWait() before it reads anything an earlier kernel of the stream
+// writes and before it writes anything at all; before the wait it may only read memory no
+// kernel writes during a forward (weights). GridDependencyWait() returns once every earlier
+// kernel has completed and its writes are visible (a no-op when launched without the
+// attribute), so the ordering stays transitive along the stream. TriggerDependents(), right
+// after the wait, lets the next such kernel be scheduled (it only takes resources this grid
+// leaves free: it fires once every CTA of this grid has reached it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.h"
+
+namespace corolla::cuda {
+
+__device__ __forceinline__ void GridDependencyWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void TriggerDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialisation allowed
+// when Tuning().pdl is on (COROLLA_PDL=0 turns it off), and optionally a thread block cluster
+// of cluster_x CTAs along x. Checks the launch.
+template <typename... Params, typename... Args>
+void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x,
+               Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = s;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[n].val.programmaticStreamSerializationAllowed = Tuning().pdl ? 1 : 0;
+  ++n;
+  if (cluster_x > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = static_cast<unsigned>(cluster_x);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  config.attrs = attrs;
+  config.numAttrs = n;
+  COROLLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace corolla::cuda

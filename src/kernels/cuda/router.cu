@@ -1,0 +1,172 @@
+// The MoE router of a few tokens in one launch (Backend::MoeRouter): router logits
+// x [T, H] @ w [E, H]^T in f32, then MoeRoute's routing (RouteToken, moe_route.cuh).
+// One thread block cluster of kRouterCtas CTAs splits the E router rows: each CTA streams its
+// E / kRouterCtas contiguous rows once (an L2 bulk prefetch of the whole slice is issued before
+// the grid dependency wait, so under programmatic dependent launch it overlaps the previous
+// kernel), its warps multiply them with every token's x (read through L1), and the CTA keeps its
+// logits [T, E / kRouterCtas] in shared memory. After a cluster barrier CTA r gathers token r's
+// whole logit row from the cluster's shared memory (DSMEM) and one warp routes it. Replaces a
+// 32-CTA GEMV (a quarter of the SMs) and a routing launch at batch 1.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_route.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kRouterCtas = 8;               // cluster size (the portable maximum)
+constexpr int kRouterMaxTokens = kRouterCtas;  // CTA r routes token r
+constexpr int kRouterWarps = 8;
+constexpr int kRouterRows = 2;    // router rows per warp in flight
+constexpr int kRouterUnroll = 8;  // 16-byte chunks of each row per lane in flight
+
+struct RouterParams {
+  const bf16_t* x;  // [T, H]
+  int64_t x_stride;
+  const bf16_t* w;  // [E, H]
+  int hidden;
+  int rows_per_cta;  // E / kRouterCtas, even
+  RouteParams route;  // tokens T <= kRouterMaxTokens; logits unused
+};
+
+// Dynamic shared memory (floats): this CTA's logits [kRouterMaxTokens][rows_per_cta], the routed
+// token's logit row [E], the routing scratch probs, choice [E] and group scores [num_groups].
+size_t RouterSmemBytes(int experts, int num_groups) {
+  return sizeof(float) * (kRouterMaxTokens * (experts / kRouterCtas) + 3 * experts + num_groups);
+}
+
+// L2 bulk prefetch of [p, p + bytes) (bytes a multiple of 16, p 16-byte aligned).
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+__global__ void __launch_bounds__(kRouterWarps * 32) RouterKernel(const __grid_constant__ RouterParams p) {
+  extern __shared__ __align__(16) float router_smem[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rpc = p.rows_per_cta, experts = p.route.experts, tokens = static_cast<int>(p.route.tokens);
+  float* s_logits = router_smem;                       // [kRouterMaxTokens][rpc]
+  float* s_row = s_logits + kRouterMaxTokens * rpc;    // [E]
+  float* probs = s_row + experts;                      // [E]
+  float* choice = probs + experts;                     // [E]
+  float* group_score = choice + experts;               // [num_groups]
+  const bf16_t* slice = p.w + static_cast<int64_t>(rank) * rpc * p.hidden;
+
+  // Weights are never written during a forward: start pulling this CTA's slice into L2 before
+  // waiting for x. Lanes of warp 0 take 16 KB pieces.
+  if (warp == 0) {
+    const int64_t bytes = static_cast<int64_t>(rpc) * p.hidden * sizeof(bf16_t);
+    constexpr int64_t kPiece = 16 * 1024;
+    for (int64_t off = lane * kPiece; off < bytes; off += 32 * kPiece)
+      PrefetchL2(reinterpret_cast<const char*>(slice) + off, static_cast<uint32_t>(bytes - off < kPiece ? bytes - off : kPiece));
+  }
+  GridDependencyWait();  // x is the previous kernel's output
+  TriggerDependents();
+
+  // Logits of rows [r0, r0 + kRouterRows) of the slice for every token.
+  for (int r0 = warp * kRouterRows; r0 < rpc; r0 += kRouterWarps * kRouterRows) {
+    const bf16_t* rows[kRouterRows];
+#pragma unroll
+    for (int r = 0; r < kRouterRows; ++r) rows[r] = slice + static_cast<int64_t>(r0 + r) * p.hidden;
+    float acc[kRouterMaxTokens][kRouterRows] = {};
+    for (int c0 = lane * 8; c0 < p.hidden; c0 += kRouterUnroll * 32 * 8) {
+      Bf16x8 wv[kRouterUnroll][kRouterRows];
+#pragma unroll
+      for (int j = 0; j < kRouterUnroll; ++j) {
+        const int c = c0 + j * 32 * 8;
+        if (c >= p.hidden) break;
+#pragma unroll
+        for (int r = 0; r < kRouterRows; ++r) {
+          const uint4 u = __ldcs(reinterpret_cast<const uint4*>(rows[r] + c));
+          memcpy(&wv[j][r], &u, sizeof(u));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kRouterUnroll; ++j) {
+        const int c = c0 + j * 32 * 8;
+        if (c >= p.hidden) break;
+        float wf[kRouterRows][8];
+#pragma unroll
+        for (int r = 0; r < kRouterRows; ++r) Unpack8(wv[j][r], wf[r]);
+#pragma unroll
+        for (int t = 0; t < kRouterMaxTokens; ++t) {
+          if (t >= tokens) break;
+          float xf[8];
+          Unpack8(*reinterpret_cast<const Bf16x8*>(p.x + t * p.x_stride + c), xf);
+#pragma unroll
+          for (int r = 0; r < kRouterRows; ++r)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[t][r] = fmaf(wf[r][i], xf[i], acc[t][r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kRouterMaxTokens; ++t) {
+      if (t >= tokens) break;
+#pragma unroll
+      for (int r = 0; r < kRouterRows; ++r) {
+        const float v = WarpSum(acc[t][r]);
+        if (lane == 0) s_logits[t * rpc + r0 + r] = v;
+      }
+    }
+  }
+  cluster.sync();  // every CTA's logits written and visible to the cluster
+
+  if (rank < tokens) {
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+      const float* peer = cluster.map_shared_rank(s_logits, e / rpc);
+      s_row[e] = peer[rank * rpc + e % rpc];
+    }
+    __syncthreads();
+    if (warp == 0) RouteToken(p.route, rank, s_row, probs, choice, group_score, lane);
+  }
+  cluster.sync();  // peers may still be reading this CTA's logits: stay until they are done
+}
+
+}  // namespace
+
+bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
+               const TensorView& topk_weights, cudaStream_t s) {
+  const int64_t tokens = x.dim(0), hidden = x.dim(1), experts = w.dim(0);
+  const int k = routing.top_k;
+  const int max_tokens = std::min(kRouterMaxTokens, Tuning().fused_router_max_tokens);
+  if (tokens > max_tokens) return false;
+  COROLLA_CHECK(x.dtype == DType::kBF16 && w.dtype == DType::kBF16 && x.rank() == 2 && w.rank() == 2 &&
+                w.dim(1) == hidden && topk_ids.dtype == DType::kI32 && topk_weights.dtype == DType::kF32 &&
+                k >= 1 && k <= experts && topk_ids.dim(0) == tokens && topk_ids.dim(1) == k &&
+                topk_weights.dim(0) == tokens && topk_weights.dim(1) == k)
+      << "moe_router x " << x.ToString() << " w " << w.ToString() << " ids " << topk_ids.ToString() << " weights "
+      << topk_weights.ToString() << " k " << k;
+  COROLLA_CHECK(routing.num_groups >= 1 && routing.num_groups <= 64 && experts % routing.num_groups == 0 &&
+                routing.topk_groups >= 1 && routing.topk_groups <= routing.num_groups)
+      << "moe_router: " << experts << " experts in " << routing.num_groups << " groups, top " << routing.topk_groups;
+  const bool has_bias = routing.correction_bias.data != nullptr && routing.correction_bias.numel() > 0;
+  if (has_bias)
+    COROLLA_CHECK(routing.correction_bias.dtype == DType::kF32 && routing.correction_bias.numel() == experts &&
+                  routing.correction_bias.device == Device::kCuda)
+        << "moe_router correction_bias " << routing.correction_bias.ToString();
+  const size_t smem = RouterSmemBytes(static_cast<int>(experts), routing.num_groups);
+  if (experts % (2 * kRouterCtas) != 0 || hidden % 8 != 0 || !w.is_contiguous() || x.strides[1] != 1 ||
+      reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
+      (tokens > 1 && x.strides[0] % 8 != 0) || smem > 48 * 1024)
+    return false;
+  if (tokens == 0) return true;
+  RouteParams route{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
+                    topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
+                    static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
+                    routing.num_groups, routing.topk_groups};
+  RouterParams p{x.ptr<bf16_t>(), tokens > 1 ? x.strides[0] : hidden, w.ptr<bf16_t>(), static_cast<int>(hidden),
+                 static_cast<int>(experts / kRouterCtas), route};
+  LaunchPdl(RouterKernel, dim3(kRouterCtas), dim3(kRouterWarps * 32), smem, s, kRouterCtas, p);
+  return true;
+}
+
+}  // namespace corolla::cuda
