@@ -21,7 +21,9 @@
 # hybrid (issue 7) with --tp 2 against one GPU and its golden, one prefill and token by token,
 # f32 and bf16 recurrent state, and its greedy generation. DP-EP (issue 6): logits of qwen3-moe and the qwen3.5 hybrid
 # with --dp 2 --ep 2 against one GPU for 1 sequence (rank 1 idle), 2 and 3; greedy generation of
-# two prompts; `bench decode` of Qwen3-30B-A3B (random weights) at batch 64 and 256 per GPU,
+# two prompts; the DeepSeek-V3 fixtures' logits and greedy generation with --dp 2 --ep 2 (MLA
+# whole per rank, routed experts split) and `bench decode` of its shape at 5 layers (batch 64
+# per GPU vs one GPU); `bench decode` of Qwen3-30B-A3B (random weights) at batch 64 and 256 per GPU,
 # DP 2 + EP 2 against one GPU at the same per-GPU batch (two independent replicas would do 2x).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -132,7 +134,7 @@ fi
 
 # --- DP-EP: each rank owns every 2nd sequence, experts split over both GPUs.
 if [ -z "${COROLLA_SKIP_DPEP:-}" ]; then
-  for m in qwen3-moe qwen3.5-moe-hybrid; do
+  for m in qwen3-moe qwen3.5-moe-hybrid deepseek-v3 deepseek-v3-fp8; do
     golden=tests/data/golden/$m.safetensors
     a=$(python3 scripts/compare_logits.py ids "$golden" ids_2); b=$(python3 scripts/compare_logits.py ids "$golden" ids_4)
     for spec in "1seq:$a" "2seqs:$a;$b" "3seqs:$b;$a;$a"; do
@@ -152,6 +154,27 @@ if [ -z "${COROLLA_SKIP_DPEP:-}" ]; then
   for i in 1 2 3; do
     note "demo greedy prompt $i of 3, dp2/ep2 vs 1 GPU: $(same_ids "$(echo "$a" | sed -n ${i}p)" "$(echo "$b" | sed -n ${i}p)")"
   done
+  # DeepSeek-V3 DP-EP (MLA whole per rank, routed experts split): greedy, equal prefix reported
+  # (bf16 near-ties of the tiny fixtures may flip a token; the logits above are the check).
+  for m in deepseek-v3 deepseek-v3-fp8; do
+    prompts="1,2,3,4,5;17,300,42,999,7,7,7,512,88;9,9,9"
+    a=$(timeout 120 $B/corolla generate --device cuda --model tests/data/models/$m --prompt-ids "$prompts" --max-tokens 32 --temperature 0 --ignore-eos 2>>"$OUT/dpep_generate.err") || note "$m generate 1 GPU FAILED"
+    b=$(timeout 120 $B/corolla generate --device cuda --model tests/data/models/$m --prompt-ids "$prompts" --max-tokens 32 --temperature 0 --ignore-eos --dp 2 --ep 2 2>>"$OUT/dpep_generate.err") || note "$m generate --dp 2 --ep 2 FAILED"
+    printf '%s 1 GPU:\n%s\n%s dp2/ep2:\n%s\n' "$m" "$a" "$m" "$b" >>"$OUT/dpep_generate.log"
+    for i in 1 2 3; do
+      note "$m greedy prompt $i of 3, dp2/ep2 vs 1 GPU: $(same_ids "$(echo "$a" | sed -n ${i}p)" "$(echo "$b" | sed -n ${i}p)")"
+    done
+  done
+  # DeepSeek-V3's shape, 5 layers (3 dense + 2 MoE, 256 experts, random bf16 weights): one GPU
+  # against DP 2 + EP 2 at the same per-GPU batch (COROLLA_SKIP_DS_DPEP_BENCH=1 skips it).
+  if [ -z "${COROLLA_SKIP_DS_DPEP_BENCH:-}" ]; then
+    ds="--config tests/data/configs/deepseek-v3.json --random-weights --layers 5 --device cuda --context 1024 --steps 20"
+    timeout 300 $B/corolla bench decode $ds --batch 64 >"$OUT/bench_ds_dpep_1gpu.log" 2>&1 || note "deepseek bench decode 1 GPU FAILED (rc $?)"
+    timeout 300 $B/corolla bench decode $ds --batch 64 --dp 2 --ep 2 >"$OUT/bench_ds_dpep_dp2.log" 2>&1 || note "deepseek bench decode dp2/ep2 FAILED (rc $?)"
+    cat "$OUT/bench_ds_dpep_1gpu.log" "$OUT/bench_ds_dpep_dp2.log"
+    note "deepseek-v3 5 layers batch 64/GPU, 1 GPU: $(grep -E '^  (eager|graph) ' "$OUT/bench_ds_dpep_1gpu.log" | tr -s ' ' | tr '\n' ';')"
+    note "deepseek-v3 5 layers batch 64/GPU, dp2/ep2: $(grep -E '^  (eager|graph) |aggregate' "$OUT/bench_ds_dpep_dp2.log" | tr -s ' ' | tr '\n' ';')"
+  fi
 
   if [ -z "${COROLLA_SKIP_DPEP_BENCH:-}" ]; then
     cfg=tests/data/configs/qwen3-30b-a3b.json

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "base/logging.h"
@@ -9,6 +11,9 @@
 #include "model/weights.h"
 #include "parallel/communicator.h"
 #include "parallel/expert_parallel.h"
+#ifdef COROLLA_HAVE_CUDA
+#include "parallel/cuda/nvl_ep_exchange.h"
+#endif
 
 namespace corolla {
 namespace {
@@ -81,6 +86,12 @@ class DeepseekV3Model final : public Model {
   void DecompressedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
                              const KvCacheView& cache, const TensorView& out);
   void Moe(const LayerWeights& lw, const TensorView& x, const TensorView& out);
+  // DP-EP: this rank's tokens x [T, H] go to the ranks of their experts (topk_ids global) and
+  // their routed outputs come back summed into out [T, H]; T may be 0.
+  void ExpertsOverRanks(const LayerWeights& lw, const TensorView& x, const TensorView& topk_ids,
+                        const TensorView& topk_weights, const TensorView& out);
+  // DP-EP with no tokens on this rank: only every MoE layer's exchanges, with zero rows.
+  void IdleStep();
   // Sums a row-parallel output over `comm`'s ranks (nothing without one).
   void AllReduce(Communicator* comm, const TensorView& x) {
     if (comm != nullptr) comm->AllReduceSum(x);
@@ -93,6 +104,7 @@ class DeepseekV3Model final : public Model {
   int num_heads_ = 0, first_head_ = 0;
   int num_local_experts_ = 0, first_expert_ = 0;
   MlaMode mode_ = MlaMode::kAuto;
+  std::unique_ptr<EpExchange> ep_exchange_;  // DP-EP only
   // DecompressedAttention's host copy of the forward's AttentionBatch (the same for every
   // layer); Forward invalidates it.
   struct HostBatchMeta {
@@ -131,8 +143,14 @@ Status DeepseekV3Model::PlanShard() {
     return InvalidArgument(c.model_type + " does not split over --tp " + std::to_string(tp) + " / --ep " +
                            std::to_string(shard_.ep_size) + ": " + why);
   };
-  if (shard_.dp_ep()) return Unsupported(c.model_type + ": DP-EP (--dp with --ep > --tp) is not implemented for MLA yet");
-  if (shard_.ep_size != tp) return fail("the experts must be split over the TP ranks (--ep = --tp)");
+  if (shard_.dp_ep()) {
+    // DP attention: each rank attends to its own sequences with all heads (no split), dense
+    // layers and shared experts whole; only the routed experts are split, over the EP ranks.
+    if (tp > 1) return Unsupported(c.model_type + ": DP attention with --tp > 1 is not implemented yet (use --tp 1 --dp D --ep D)");
+    if (shard_.ep == nullptr || shard_.ep->size() != shard_.ep_size) return Internal("DP-EP without an EP communicator");
+  } else if (shard_.ep_size != tp) {
+    return fail("the experts must be split over the TP ranks (TP-EP: --ep = --tp) or over all ranks with --dp (DP-EP: --ep = --dp x --tp)");
+  }
   if (tp > 1 && shard_.tp == nullptr) return Internal("--tp " + std::to_string(tp) + " without a TP communicator");
   if (c.num_attention_heads % tp != 0) return fail(std::to_string(c.num_attention_heads) + " attention heads");
   num_heads_ = c.num_attention_heads / tp;
@@ -145,6 +163,23 @@ Status DeepseekV3Model::PlanShard() {
   if (c.num_experts % shard_.ep_size != 0) return fail(std::to_string(c.num_experts) + " routed experts");
   num_local_experts_ = c.num_experts / shard_.ep_size;
   first_expert_ = shard_.ep_rank * num_local_experts_;
+  if (!shard_.dp_ep()) return Status::Ok();
+  if (shard_.ep_size > kMaxEpRanks) return fail("at most " + std::to_string(kMaxEpRanks) + " EP ranks");
+  // COROLLA_EP_EXCHANGE=nvl: the NVLink exchange on NCCL's device API (CUDA, fixed capacity).
+  const char* kind = std::getenv("COROLLA_EP_EXCHANGE");
+  if (kind != nullptr && std::string(kind) == "nvl") {
+#ifdef COROLLA_HAVE_CUDA
+    if (backend_.device() != Device::kCuda || shard_.ep_capacity <= 0)
+      return InvalidArgument("COROLLA_EP_EXCHANGE=nvl needs --device cuda and a fixed --ep-capacity > 0");
+    ASSIGN_OR_RETURN(ep_exchange_, MakeNvlEpExchange(backend_, *shard_.ep,
+                                                     {{c.num_experts, shard_.ep_capacity}, c.hidden_size,
+                                                      c.num_experts_per_token}));
+#else
+    return InvalidArgument("COROLLA_EP_EXCHANGE=nvl needs a CUDA build");
+#endif
+  } else {
+    ep_exchange_ = MakeAllToAllEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity});
+  }
   return Status::Ok();
 }
 
@@ -327,15 +362,41 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
   routing.scaling_factor = static_cast<float>(c.routed_scaling_factor);
   routing.correction_bias = lw.router_bias.view();
   backend_.MoeRoute(router_logits, routing, topk_ids, topk_weights);
-  // TP-EP: every rank routes all tokens and runs the pairs of its own experts.
-  if (shard_.ep_size > 1) ToLocalExpertIds(backend_, topk_ids, first_expert_);
-  backend_.MoeExperts(x, topk_ids, topk_weights, lw.experts_gate_up, lw.experts_down, out);
+  if (ep_exchange_) {
+    // DP-EP: routed on the token's own rank (above), run on the experts' ranks.
+    ExpertsOverRanks(lw, x, topk_ids, topk_weights, out);
+  } else {
+    // TP-EP: every rank routes all tokens and runs the pairs of its own experts.
+    if (shard_.ep_size > 1) ToLocalExpertIds(backend_, topk_ids, first_expert_);
+    backend_.MoeExperts(x, topk_ids, topk_weights, lw.experts_gate_up, lw.experts_down, out);
+  }
   if (c.num_shared_experts > 0) {
+    // TP: this rank's columns of the shared experts. DP-EP: all of them, on this rank's tokens.
     Tensor shared = backend_.Empty(backend_.activation_dtype(), {tokens, c.hidden_size});
-    Ffn(lw.shared, x, shared);  // this rank's columns of the shared experts
+    Ffn(lw.shared, x, shared);
     backend_.Add(out, shared);
   }
-  AllReduce(shard_.ep, out);  // local experts + shared-expert slice of every rank
+  // TP-EP: local experts + shared-expert slice of every rank. DP-EP: out is whole.
+  if (!ep_exchange_) AllReduce(shard_.ep, out);
+}
+
+void DeepseekV3Model::ExpertsOverRanks(const LayerWeights& lw, const TensorView& x, const TensorView& topk_ids,
+                                       const TensorView& topk_weights, const TensorView& out) {
+  ExpertInputs in = ep_exchange_->Dispatch(x, topk_ids, topk_weights);  // [R, H], [R, K] local ids
+  Tensor expert_out = backend_.Empty(backend_.activation_dtype(), {in.rows(), config_.hidden_size});  // [R, H]
+  if (in.rows() > 0)
+    backend_.MoeExperts(in.x, in.topk_ids, in.topk_weights, lw.experts_gate_up, lw.experts_down, expert_out);
+  ep_exchange_->Combine(expert_out, out);
+}
+
+void DeepseekV3Model::IdleStep() {
+  if (!ep_exchange_) return;
+  const int64_t hidden = config_.hidden_size, k = config_.num_experts_per_token;
+  Tensor x = backend_.Empty(backend_.activation_dtype(), {0, hidden});
+  Tensor ids = backend_.Empty(DType::kI32, {0, k});
+  Tensor weights = backend_.Empty(DType::kF32, {0, k});
+  for (const LayerWeights& lw : layers_)  // the decoder's MoE layers (the MTP modules do not run)
+    if (lw.is_moe) ExpertsOverRanks(lw, x, ids, weights, x);
 }
 
 // Scores against the latent: q_latent[h] = q_nope[h] W_UK[h] (kv_lora dims) joined with q_rope,
@@ -476,6 +537,7 @@ void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCache
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (batch.token_ids.rank() == 1 && batch.token_ids.dim(0) == 0) return IdleStep();
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
   const bool absorbed = mode_ == MlaMode::kAbsorbed || (mode_ == MlaMode::kAuto && batch.attention.max_q_len <= 1);
   host_meta_.valid = false;

@@ -6,7 +6,11 @@
 // and o_proj split by head, the o_proj outputs all-reduced) over the whole latent, which all
 // heads share, so the latent projections and the KV cache are the same on every rank; dense
 // MLPs and shared experts are split by intermediate column, routed experts over the same ranks
-// (TP-EP), one all-reduce per MLP/MoE block.
+// (TP-EP), one all-reduce per MLP/MoE block. DP-EP (--dp D --ep D, tp 1): each rank attends to
+// its own sequences with all heads and its own latent cache, dense layers and shared experts
+// whole; only the routed experts are split (E / D each). Tokens are routed on their own rank
+// and go through an EpExchange to their experts' ranks and back; the shared experts run locally
+// and are added after the combine. A forward with no tokens joins every MoE layer's exchange.
 #pragma once
 
 #include <memory>

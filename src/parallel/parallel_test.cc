@@ -360,7 +360,8 @@ TEST(TensorParallelCpu, UnsplittableShapesAreErrors) {
 
 // DP-EP: each rank takes every dp-th sequence (one rank has none with one sequence), experts
 // split over all ranks; the gathered logits equal one process's. The hybrid adds Gated DeltaNet
-// layers (per-rank states) and a shared expert (local on each rank).
+// layers (per-rank states) and a shared expert (local on each rank); DeepSeek-V3 MLA with whole
+// heads per rank, a dense first layer and group-limited routing.
 class DataParallelCpu : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
 
 TEST_P(DataParallelCpu, LogitsEqualOneProcess) {
@@ -392,7 +393,18 @@ INSTANTIATE_TEST_SUITE_P(
         // Eight ranks (issue 9's layouts, here as processes on the CPU): 2 experts each, 5 ranks empty.
         std::make_tuple("qwen3-moe", 8, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
         std::make_tuple("qwen3.5-moe-hybrid", 4, "3,141,59;265,358,979,323;846,264,338,327,950,288"),
-        std::make_tuple("qwen3.5-moe-hybrid", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288")));
+        std::make_tuple("qwen3.5-moe-hybrid", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288"),
+        // DeepSeek-V3: MLA whole on each rank (its own latent cache), the dense first layer and the
+        // shared expert replicated, routed experts split (16 / 8 in the fp8 fixture, whose experts
+        // load per rank from FP8); group-limited sigmoid routing on the token's own rank.
+        std::make_tuple("deepseek-v3", 2, "3,141,59,265,358,979,323"),                         // rank 1 empty
+        std::make_tuple("deepseek-v3", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("deepseek-v3", 4, "3,141,59,265,358,979,323"),                         // 3 ranks empty
+        std::make_tuple("deepseek-v3", 4, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("deepseek-v3-fp8", 2, "3,141,59,265,358,979,323"),
+        std::make_tuple("deepseek-v3-fp8", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("deepseek-v3-fp8", 4, "3,141,59,265,358,979,323"),
+        std::make_tuple("deepseek-v3-fp8", 4, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1")));
 
 TEST(DataParallelCpu, GenerateEqualsOneProcess) {
   // Three prompts over two ranks (2 + 1), greedy: the same ids in the same order.
@@ -403,6 +415,24 @@ TEST(DataParallelCpu, GenerateEqualsOneProcess) {
   ASSERT_TRUE(ok1 && ok2) << one << two;
   EXPECT_EQ(std::count(one.begin(), one.end(), '\n'), 3) << one;
   EXPECT_EQ(one, two);
+}
+
+// DP-EP on DeepSeek-V3: prefill decompressed, decode absorbed, each rank its own prompts (2 + 1
+// over two ranks; 1 + 1 + 1 + idle over four), greedy: one process's tokens in its order.
+TEST(DataParallelCpu, DeepseekGenerateEqualsOneProcess) {
+  for (const char* name : {"deepseek-v3", "deepseek-v3-fp8"}) {
+    const std::string args = std::string("generate --device cpu --threads 1 --model tests/data/models/") + name +
+                             " --prompt-ids '1,2,3;17,300,42,99,5;7' --max-tokens 12 --temperature 0 --ignore-eos";
+    auto [ok1, one] = RunCorolla(args, /*with_stderr=*/false);
+    ASSERT_TRUE(ok1) << one;
+    EXPECT_EQ(std::count(one.begin(), one.end(), '\n'), 3) << one;
+    for (int dp : {2, 4}) {
+      const std::string d = std::to_string(dp);
+      auto [ok, split] = RunCorolla(args + " --dp " + d + " --ep " + d, /*with_stderr=*/false);
+      ASSERT_TRUE(ok) << split;
+      EXPECT_EQ(one, split) << name << " --dp " << dp << " --ep " << dp;
+    }
+  }
 }
 
 // Decode steps run MLA in its absorbed form (W_UK / W_UV per local head), prefill in the
