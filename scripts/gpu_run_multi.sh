@@ -187,10 +187,10 @@ if [ -z "${COROLLA_SKIP_DPEP:-}" ]; then
       timeout 200 $B/corolla bench decode $common --batch $bs --dp 2 --ep 2 >"$OUT/bench_dpep_dp2_b$bs.log" 2>&1 || note "bench decode dp2/ep2 batch $bs FAILED (rc $?)"
       cat "$OUT/bench_dpep_dp2_b$bs.log"
     done
-    for bs in 64 256; do  # the NVLink exchange on NCCL's device API (parallel/cuda/nvl_ep_exchange.h)
-      echo "=== bench decode --dp 2 --ep 2, NVLink exchange (COROLLA_EP_EXCHANGE=nvl), batch $bs per GPU"
-      COROLLA_EP_EXCHANGE=nvl timeout 200 $B/corolla bench decode $common --batch $bs --dp 2 --ep 2 >"$OUT/bench_dpep_nvl_b$bs.log" 2>&1 || note "bench decode dp2/ep2 nvl exchange batch $bs FAILED (rc $?)"
-      cat "$OUT/bench_dpep_nvl_b$bs.log"
+    for bs in 64 256; do  # the default above is the NVLink exchange; here NCCL's all-to-all one
+      echo "=== bench decode --dp 2 --ep 2, NCCL all-to-all exchange (COROLLA_EP_EXCHANGE=alltoall), batch $bs per GPU"
+      COROLLA_EP_EXCHANGE=alltoall timeout 200 $B/corolla bench decode $common --batch $bs --dp 2 --ep 2 >"$OUT/bench_dpep_a2a_b$bs.log" 2>&1 || note "bench decode dp2/ep2 all-to-all exchange batch $bs FAILED (rc $?)"
+      cat "$OUT/bench_dpep_a2a_b$bs.log"
     done
     echo "=== bench decode --tp 2 (attention split, experts over both GPUs), batch 64 and 256 on both"
     timeout 200 $B/corolla bench decode $common --batch 64,256 --tp 2 >"$OUT/bench_tp2.log" 2>&1 || note "bench decode tp2 FAILED (rc $?)"

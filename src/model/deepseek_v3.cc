@@ -11,9 +11,6 @@
 #include "model/weights.h"
 #include "parallel/communicator.h"
 #include "parallel/expert_parallel.h"
-#ifdef COROLLA_HAVE_CUDA
-#include "parallel/cuda/nvl_ep_exchange.h"
-#endif
 
 namespace corolla {
 namespace {
@@ -165,21 +162,8 @@ Status DeepseekV3Model::PlanShard() {
   first_expert_ = shard_.ep_rank * num_local_experts_;
   if (!shard_.dp_ep()) return Status::Ok();
   if (shard_.ep_size > kMaxEpRanks) return fail("at most " + std::to_string(kMaxEpRanks) + " EP ranks");
-  // COROLLA_EP_EXCHANGE=nvl: the NVLink exchange on NCCL's device API (CUDA, fixed capacity).
-  const char* kind = std::getenv("COROLLA_EP_EXCHANGE");
-  if (kind != nullptr && std::string(kind) == "nvl") {
-#ifdef COROLLA_HAVE_CUDA
-    if (backend_.device() != Device::kCuda || shard_.ep_capacity <= 0)
-      return InvalidArgument("COROLLA_EP_EXCHANGE=nvl needs --device cuda and a fixed --ep-capacity > 0");
-    ASSIGN_OR_RETURN(ep_exchange_, MakeNvlEpExchange(backend_, *shard_.ep,
-                                                     {{c.num_experts, shard_.ep_capacity}, c.hidden_size,
-                                                      c.num_experts_per_token}));
-#else
-    return InvalidArgument("COROLLA_EP_EXCHANGE=nvl needs a CUDA build");
-#endif
-  } else {
-    ep_exchange_ = MakeAllToAllEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity});
-  }
+  ASSIGN_OR_RETURN(ep_exchange_, MakeEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity},
+                                               c.hidden_size, c.num_experts_per_token));
   return Status::Ok();
 }
 

@@ -1,12 +1,18 @@
 #include "parallel/expert_parallel.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
+#include "base/logging.h"
 #include "kernels/profiling_backend.h"
 #include "parallel/cuda/ep_kernels.h"
+#ifdef COROLLA_HAVE_CUDA
+#include "parallel/cuda/nvl_ep_exchange.h"
+#endif
 
 namespace corolla {
 namespace {
@@ -251,6 +257,27 @@ std::unique_ptr<EpExchange> MakeAllToAllEpExchange(Backend& backend, Communicato
   COROLLA_CHECK(comm.size() <= kMaxEpRanks && config.num_experts % comm.size() == 0 && config.capacity >= 0)
       << comm.size() << " EP ranks, " << config.num_experts << " experts, capacity " << config.capacity;
   return std::make_unique<AllToAllEpExchange>(backend, comm, config);
+}
+
+Result<std::unique_ptr<EpExchange>> MakeEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config,
+                                                   int64_t hidden, int top_k) {
+  const char* env = std::getenv("COROLLA_EP_EXCHANGE");
+  const std::string kind = env != nullptr && *env != '\0' ? env : "auto";
+  if (kind != "auto" && kind != "alltoall" && kind != "nvl")
+    return InvalidArgument("COROLLA_EP_EXCHANGE=" + kind + ": expected auto, alltoall or nvl");
+  const bool fixed_on_cuda = backend.device() == Device::kCuda && config.capacity > 0;
+  if (kind == "nvl" && !fixed_on_cuda)
+    return InvalidArgument("COROLLA_EP_EXCHANGE=nvl needs --device cuda and a fixed --ep-capacity > 0");
+  if (kind == "nvl" || (kind == "auto" && fixed_on_cuda && config.capacity <= kNvlExchangeMaxCapacity)) {
+#ifdef COROLLA_HAVE_CUDA
+    Result<std::unique_ptr<EpExchange>> made = MakeNvlEpExchange(backend, comm, {config, hidden, top_k});
+    if (made.ok() || kind == "nvl") return made;
+    LOG(WARNING) << "the DP-EP exchange stays on the all-to-all: " << made.status().ToString();
+#else
+    if (kind == "nvl") return InvalidArgument("COROLLA_EP_EXCHANGE=nvl needs a CUDA build");
+#endif
+  }
+  return MakeAllToAllEpExchange(backend, comm, config);
 }
 
 }  // namespace corolla

@@ -63,6 +63,15 @@ struct EpExchangeConfig {
 
 std::unique_ptr<EpExchange> MakeAllToAllEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config);
 
+// The exchange a DP-EP model uses. COROLLA_EP_EXCHANGE=auto (default): on CUDA with a fixed
+// capacity of at most kNvlExchangeMaxCapacity rows, the NVLink exchange on NCCL's device API
+// (parallel/cuda/nvl_ep_exchange.h; NCCL's all-to-all if it cannot be set up), else the
+// all-to-all one; =alltoall or =nvl force one. Collective over `comm`. hidden and top_k size
+// the NVLink exchange's windows.
+constexpr int kNvlExchangeMaxCapacity = 1024;
+Result<std::unique_ptr<EpExchange>> MakeEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config,
+                                                   int64_t hidden, int top_k);
+
 // The steps of AllToAllEpExchange on the tensors' device (plain loops on the CPU, kernels in
 // parallel/cuda/ep_kernels.cu on CUDA); public for tests. A destination rank's block of rows
 // starts at r * capacity, or (capacity 0) after the rows of ranks before it.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cmath>
 #include <functional>
@@ -49,13 +50,13 @@ TEST_P(CudaModelTest, GoldenLogits) {
   auto gpu = MakeCudaBackend(0);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   auto cpu = MakeCpuBackend();
-  auto gmodel = LoadModel("tests/data/models/" + name, **gpu);
-  ASSERT_TRUE(gmodel.ok()) << gmodel.status().ToString();
-  // deepseek-v3-fp8 runs native FP8 GEMMs on CUDA (activations quantised per 1 x 128 group);
-  // its CPU reference is then the FP8 twin (COROLLA_FP8=native), and its golden (a float32
-  // forward of the dequantised weights) is ~9e-2 away on that twin too (model/fp8_model_test.cc).
+  // deepseek-v3-fp8 runs native FP8 GEMMs here (activations quantised per 1 x 128 group; not
+  // the default); its CPU reference is then the FP8 twin, and its golden (a float32 forward of
+  // the dequantised weights) is ~9e-2 away on that twin too (model/fp8_model_test.cc).
   const bool native_fp8 = name == "deepseek-v3-fp8";
   if (native_fp8) setenv("COROLLA_FP8", "native", 1);
+  auto gmodel = LoadModel("tests/data/models/" + name, **gpu);
+  ASSERT_TRUE(gmodel.ok()) << gmodel.status().ToString();
   auto cmodel = LoadModel("tests/data/models/" + name, *cpu);
   if (native_fp8) unsetenv("COROLLA_FP8");
   ASSERT_TRUE(cmodel.ok()) << cmodel.status().ToString();
@@ -66,68 +67,82 @@ TEST_P(CudaModelTest, GoldenLogits) {
   // with every activation rounded to bf16 (states f32) is off its golden by 6e-3, 1.1e-2,
   // 2.3e-2, 6.8e-2, 1.0e-1 at 1, 5, 17, 64, 130 tokens (qwen3-moe stays at 6-7e-3). With its
   // zero-centred norm weights kept in f32 the GPU measured 6.2e-3, 1.1e-2, 6.6e-2, 6.0e-2,
-  // 6.6e-2 (in bf16 they alone had moved it to 2.1e-1). So its golden bound is 1e-1;
-  // chunked-vs-one-prefill stays 2e-2.
-  const double golden_tol = name == "qwen3.5-moe-hybrid" ? 1e-1 : native_fp8 ? 1.5e-1 : 2e-2;
-  const double cpu_tol = native_fp8 ? 5e-2 : golden_tol;
-  double worst_golden = 0, worst_cpu = 0;
-  for (int k = 0; k < 5; ++k) {
-    TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_" + std::to_string(k)));
-    std::vector<int32_t> ids(ids_view.ptr<int32_t>(), ids_view.ptr<int32_t>() + ids_view.numel());
-    TensorView ref = (*golden)->View(*(*golden)->Find("logits_" + std::to_string(k)));
-    auto g = ComputeLogits(**gmodel, **gpu, ids);
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    auto c = ComputeLogits(**cmodel, *cpu, ids);
-    ASSERT_TRUE(c.ok());
-    ASSERT_EQ(g->shape(), ref.shape);
-    double eg = 0, ec = 0;
-    for (int64_t p = 0; p < ref.dim(0); ++p) {
-      eg = std::max(eg, RowError(g->ptr<float>() + p * vocab, ref.ptr<float>() + p * vocab, vocab));
-      ec = std::max(ec, RowError(g->ptr<float>() + p * vocab, c->ptr<float>() + p * vocab, vocab));
-    }
-    std::printf("%s logits_%d (%zu tokens): max error vs golden %.3e, vs cpu %.3e (of max|ref|)\n",
-                name.c_str(), k, ids.size(), eg, ec);
-    Record("Model." + name, "logits_" + std::to_string(k) + " vs golden", eg, golden_tol);
-    Record("Model." + name, "logits_" + std::to_string(k) + " vs cpu", ec, cpu_tol);
-    worst_golden = std::max(worst_golden, eg);
-    worst_cpu = std::max(worst_cpu, ec);
-  }
-  EXPECT_LT(worst_golden, golden_tol);
-  EXPECT_LT(worst_cpu, cpu_tol);
-
-  // Chunked prefill and decode through the paged cache against one prefill, on the GPU.
-  TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_4"));
-  std::vector<int32_t> ids(ids_view.ptr<int32_t>(), ids_view.ptr<int32_t>() + ids_view.numel());
-  auto full = ComputeLogits(**gmodel, **gpu, ids);
-  ASSERT_TRUE(full.ok());
-  for (int chunk : {1, 7, 64}) {
-    const int bs = 16;
-    KvCache kv(**gpu, (*gmodel)->kv_cache_spec(), (static_cast<int>(ids.size()) + bs - 1) / bs + 3, bs,
-               (*gmodel)->state_spec(), 2);
-    ModelRunner runner(**gmodel, **gpu, kv);
-    Sequence s;
-    s.tokens = ids;
-    s.num_prompt_tokens = s.num_tokens();
-    for (int b = kv.num_blocks() - 1; b >= 0; --b) s.block_table.push_back(b);
-    kv.AllocateStateSlot();  // hybrid models: use slot 1, not the first
-    s.state_slot = kv.AllocateStateSlot();
-    double worst = 0;
-    while (s.num_computed_tokens < s.num_tokens()) {
-      int n = std::min(chunk, s.num_uncomputed());
-      ScheduledChunk c{&s, n};
-      Tensor logits = LogitsToHost(**gpu, runner.Execute({&c, 1}, /*all_logits=*/true));
-      for (int i = 0; i < n; ++i) {
-        int p = s.num_computed_tokens + i;
-        worst = std::max(worst, RowError(logits.ptr<float>() + i * vocab, full->ptr<float>() + p * vocab, vocab));
+  // 6.6e-2 (in bf16 they alone had moved it to 2.1e-1). So its golden bound is 1e-1 with the
+  // recurrent delta rule (pass 0 below). Prefills of >= 64 tokens run the chunked tensor-core
+  // kernel by default (pass 1), whose chunk products take bf16 operands (the state, the
+  // triangular inverse), as flash-linear-attention's do: 3e-3 of its CPU twin per layer
+  // (linear_attention_kernel_test.cc), which this fixture amplifies to 2.3e-1 off the golden at
+  // 130 tokens and 3.0e-1 between one prefill and token-by-token decode (an H200, session
+  // 3). Pass 1's bound is therefore 4e-1: it catches a broken kernel, pass 0 holds the model.
+  // deepseek-v3-fp8 native: the GPU quantises bf16 activations, the CPU twin f32 ones, so
+  // borderline values land one e4m3 step apart (12.5%); measured 1.4e-1 between the two.
+  const bool hybrid = name == "qwen3.5-moe-hybrid";
+  for (int pass = 0; pass < (hybrid ? 2 : 1); ++pass) {
+    const cuda::KernelTuning saved = cuda::Tuning();
+    if (hybrid && pass == 0) cuda::Tuning().gated_delta_chunked_min_tokens = INT64_MAX;
+    const double golden_tol = hybrid ? (pass == 0 ? 1e-1 : 4e-1) : native_fp8 ? 1.5e-1 : 2e-2;
+    const double cpu_tol = native_fp8 ? 2e-1 : golden_tol;
+    const std::string label = hybrid ? (pass == 0 ? " (recurrent)" : " (chunked)") : "";
+    double worst_golden = 0, worst_cpu = 0;
+    for (int k = 0; k < 5; ++k) {
+      TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_" + std::to_string(k)));
+      std::vector<int32_t> ids(ids_view.ptr<int32_t>(), ids_view.ptr<int32_t>() + ids_view.numel());
+      TensorView ref = (*golden)->View(*(*golden)->Find("logits_" + std::to_string(k)));
+      auto g = ComputeLogits(**gmodel, **gpu, ids);
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      auto c = ComputeLogits(**cmodel, *cpu, ids);
+      ASSERT_TRUE(c.ok());
+      ASSERT_EQ(g->shape(), ref.shape);
+      double eg = 0, ec = 0;
+      for (int64_t p = 0; p < ref.dim(0); ++p) {
+        eg = std::max(eg, RowError(g->ptr<float>() + p * vocab, ref.ptr<float>() + p * vocab, vocab));
+        ec = std::max(ec, RowError(g->ptr<float>() + p * vocab, c->ptr<float>() + p * vocab, vocab));
       }
-      s.num_computed_tokens += n;
+      std::printf("%s%s logits_%d (%zu tokens): max error vs golden %.3e, vs cpu %.3e (of max|ref|)\n",
+                  name.c_str(), label.c_str(), k, ids.size(), eg, ec);
+      Record("Model." + name + label, "logits_" + std::to_string(k) + " vs golden", eg, golden_tol);
+      Record("Model." + name + label, "logits_" + std::to_string(k) + " vs cpu", ec, cpu_tol);
+      worst_golden = std::max(worst_golden, eg);
+      worst_cpu = std::max(worst_cpu, ec);
     }
-    // Decode-sized steps run other kernels than a prefill (GEMVs for a few rows, the pair MoE
-    // path) whose bf16 rounding differs; each is within the golden tolerance of the reference,
-    // and so must be the two runs of each other.
-    std::printf("%s chunk %d vs one prefill: max error %.3e\n", name.c_str(), chunk, worst);
-    Record("Model." + name, "chunk " + std::to_string(chunk) + " vs prefill", worst, golden_tol);
-    EXPECT_LT(worst, golden_tol) << "chunk " << chunk;
+    EXPECT_LT(worst_golden, golden_tol) << label;
+    EXPECT_LT(worst_cpu, cpu_tol) << label;
+
+    // Chunked prefill and decode through the paged cache against one prefill, on the GPU.
+    TensorView ids_view = (*golden)->View(*(*golden)->Find("ids_4"));
+    std::vector<int32_t> ids(ids_view.ptr<int32_t>(), ids_view.ptr<int32_t>() + ids_view.numel());
+    auto full = ComputeLogits(**gmodel, **gpu, ids);
+    ASSERT_TRUE(full.ok());
+    for (int chunk : {1, 7, 64}) {
+      const int bs = 16;
+      KvCache kv(**gpu, (*gmodel)->kv_cache_spec(), (static_cast<int>(ids.size()) + bs - 1) / bs + 3, bs,
+                 (*gmodel)->state_spec(), 2);
+      ModelRunner runner(**gmodel, **gpu, kv);
+      Sequence s;
+      s.tokens = ids;
+      s.num_prompt_tokens = s.num_tokens();
+      for (int b = kv.num_blocks() - 1; b >= 0; --b) s.block_table.push_back(b);
+      kv.AllocateStateSlot();  // hybrid models: use slot 1, not the first
+      s.state_slot = kv.AllocateStateSlot();
+      double worst = 0;
+      while (s.num_computed_tokens < s.num_tokens()) {
+        int n = std::min(chunk, s.num_uncomputed());
+        ScheduledChunk c{&s, n};
+        Tensor logits = LogitsToHost(**gpu, runner.Execute({&c, 1}, /*all_logits=*/true));
+        for (int i = 0; i < n; ++i) {
+          int p = s.num_computed_tokens + i;
+          worst = std::max(worst, RowError(logits.ptr<float>() + i * vocab, full->ptr<float>() + p * vocab, vocab));
+        }
+        s.num_computed_tokens += n;
+      }
+      // Decode-sized steps run other kernels than a prefill (GEMVs for a few rows, the pair MoE
+      // path) whose bf16 rounding differs; each is within the golden tolerance of the reference,
+      // and so must be the two runs of each other.
+      std::printf("%s%s chunk %d vs one prefill: max error %.3e\n", name.c_str(), label.c_str(), chunk, worst);
+      Record("Model." + name + label, "chunk " + std::to_string(chunk) + " vs prefill", worst, golden_tol);
+      EXPECT_LT(worst, golden_tol) << "chunk " << chunk << label;
+    }
+    cuda::Tuning() = saved;
   }
 }
 
@@ -283,13 +298,13 @@ TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
   auto gpu = MakeCudaBackend(0);
   ASSERT_TRUE(gpu.ok());
   auto cpu = MakeCpuBackend();
-  auto gmodel = LoadModel("tests/data/models/" + name, **gpu);
-  ASSERT_TRUE(gmodel.ok()) << gmodel.status().ToString();
-  // deepseek-v3-fp8 runs native FP8 GEMMs on CUDA (activations quantised per 1 x 128 group);
-  // its CPU reference is then the FP8 twin (COROLLA_FP8=native), and its golden (a float32
-  // forward of the dequantised weights) is ~9e-2 away on that twin too (model/fp8_model_test.cc).
+  // deepseek-v3-fp8 runs native FP8 GEMMs here (activations quantised per 1 x 128 group; not
+  // the default); its CPU reference is then the FP8 twin, and its golden (a float32 forward of
+  // the dequantised weights) is ~9e-2 away on that twin too (model/fp8_model_test.cc).
   const bool native_fp8 = name == "deepseek-v3-fp8";
   if (native_fp8) setenv("COROLLA_FP8", "native", 1);
+  auto gmodel = LoadModel("tests/data/models/" + name, **gpu);
+  ASSERT_TRUE(gmodel.ok()) << gmodel.status().ToString();
   auto cmodel = LoadModel("tests/data/models/" + name, *cpu);
   if (native_fp8) unsetenv("COROLLA_FP8");
   ASSERT_TRUE(cmodel.ok());

@@ -324,7 +324,10 @@ TEST(CudaFp8Model, DeepseekFixtureNativeAndDequant) {
   };
   report("native fp8 vs golden", native_golden, 1.5e-1);
   report("dequant bf16 vs golden", dequant_golden, 2e-2);
-  report("native fp8 vs cpu twin", native_twin, 5e-2);
+  // The GPU quantises bf16 activations, the twin f32 ones: borderline values land one e4m3 step
+  // (12.5%) apart, and this tiny model carries that to 1.4e-1 (an H200, session 3); the
+  // kernels alone agree to ~3e-3 (LinearFp8 above).
+  report("native fp8 vs cpu twin", native_twin, 2e-1);
 }
 
 }  // namespace

@@ -74,8 +74,10 @@ struct KernelTuning {
   // with programmatic dependent launch (pdl.cuh).
   bool pdl = true;
   // MoeRouter (router GEMV + routing in one launch, router.cu) for up to this many tokens
-  // (<= 8); more take Linear + MoeRoute.
-  int fused_router_max_tokens = 8;
+  // (<= 8); more take Linear + MoeRoute. 0 (off): on an H200 the fused kernel took 9.8 us at
+  // 1 token against 8.3 for the GEMV + MoeRoute pair (22 vs 12 at 8): its 8-CTA cluster is
+  // bound by what 8 SMs pull from L2. Tests and benchmarks set it.
+  int fused_router_max_tokens = 0;
 };
 KernelTuning& Tuning();
 
