@@ -492,7 +492,9 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   if (l.shard.dp_size > 1)
     std::printf("  dp %d x ep %d: batch %d on each rank, %d in all; experts %s; per-rank bytes and times below\n",
                 l.shard.dp_size, l.shard.ep_size, num_seqs, num_seqs * l.shard.dp_size,
-                !dp_ep ? "replicated" : l.shard.ep_capacity > 0 ? "split, fixed-size all-to-all" : "split, all-to-all sized per layer");
+                !dp_ep                    ? "replicated"
+                : l.shard.ep_capacity > 0 ? "split, fixed-size exchange (NVLink on CUDA unless COROLLA_EP_EXCHANGE)"
+                                          : "split, all-to-all sized per layer");
   std::printf("  limit   memory copy bandwidth (%s, read + write): %.2f TB/s\n",
               backend.device() == Device::kCuda ? "4 GiB device to device" : "256 MiB on the host", copy_bw / 1e12);
   std::printf("  bytes a step must read: %.3f GB (weights %.3f GB with %.1f distinct experts/layer expected, KV + states %.3f GB)\n",
