@@ -16,28 +16,29 @@ std::vector<int> SequencesOfThisRank(int num_sequences, const LoadedModel& m) {
   return mine;
 }
 
-Result<std::vector<std::string>> GatherFromDpRanks(const LoadedModel& m, const std::string& blob) {
-  if (!IsDataParallel(m)) return std::vector<std::string>{blob};
-  ASSIGN_OR_RETURN(std::vector<std::string> all, m.parallel->store().AllGather(blob));
-  const RankLayout& l = m.parallel->layout();
+namespace {
+
+Result<std::vector<std::string>> GatherOver(ParallelContext& parallel, const std::string& blob) {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, parallel.store().AllGather(blob));
+  const RankLayout& l = parallel.layout();
   std::vector<std::string> per_dp_rank;
   for (int r = 0; r < l.dp_size; ++r) per_dp_rank.push_back(std::move(all[r * l.tp_size]));  // tp rank 0 of each
   return per_dp_rank;
 }
 
+}  // namespace
+
+Result<std::vector<std::string>> GatherFromDpRanks(const LoadedModel& m, const std::string& blob) {
+  if (!IsDataParallel(m)) return std::vector<std::string>{blob};
+  return GatherOver(*m.parallel, blob);
+}
+
 void RunEmptyForward(Model& model, const LoadedModel& m) {
-  if (!IsDpEp(m)) return;
-  const Device device = m.backend->device();
-  const TensorView none(nullptr, DType::kI32, {0}, device);
-  ForwardBatch batch;
-  batch.token_ids = none;
-  batch.positions = none;
-  batch.logits_rows = none;
-  batch.attention.query_start = TensorView(nullptr, DType::kI32, {1}, device);
-  batch.attention.seq_lens = none;
-  batch.attention.slot_mapping = none;
-  const TensorView logits(nullptr, DType::kF32, {0, model.config().vocab_size}, device);
-  model.Forward(batch, {}, logits);
+  if (IsDpEp(m)) corolla::RunEmptyForward(model, m.backend->device());
+}
+
+DpAllGather DpRoundExchange(ParallelContext& parallel) {
+  return [&parallel](const std::string& blob) { return GatherOver(parallel, blob); };
 }
 
 Status StepInLockstep(Engine& engine, CountingModel& model, const LoadedModel& m) {

@@ -1,6 +1,7 @@
-// Data parallelism in the commands that run a model over several sequences (logits, generate):
-// which of the input's sequences a rank takes (every dp-th), the gathering of per-sequence
-// results on rank 0, and keeping the ranks in step. Under DP-EP every model forward is
+// Data parallelism in the commands that run a model over several sequences (logits, generate;
+// serve's rounds are engine/dp_engine.h, over DpRoundExchange here): which of the input's
+// sequences a rank takes (every dp-th), the gathering of per-sequence results on rank 0, and
+// keeping the ranks in step. Under DP-EP every model forward is
 // collective (each MoE layer exchanges tokens with all EP ranks), so all ranks run the same
 // number of forwards and a rank without work runs empty ones (Model: a batch of zero tokens).
 // Used by the command's one thread.
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cli/model_options.h"
+#include "engine/dp_engine.h"  // CountingModel
 #include "engine/engine.h"
 
 namespace corolla::cli {
@@ -27,24 +29,9 @@ Result<std::vector<std::string>> GatherFromDpRanks(const LoadedModel& m, const s
 // Under DP-EP, one forward of no tokens: it joins every MoE layer's exchanges. Otherwise nothing.
 void RunEmptyForward(Model& model, const LoadedModel& m);
 
-// A Model that forwards to another and counts its forwards, so that a caller can tell whether
-// an engine step ran one.
-class CountingModel final : public Model {
- public:
-  explicit CountingModel(Model& inner) : inner_(inner) {}
-  const ModelConfig& config() const override { return inner_.config(); }
-  KvCacheSpec kv_cache_spec() const override { return inner_.kv_cache_spec(); }
-  StateSpec state_spec() const override { return inner_.state_spec(); }
-  void Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches, const TensorView& logits) override {
-    ++num_forwards_;
-    inner_.Forward(batch, kv_caches, logits);
-  }
-  int64_t num_forwards() const { return num_forwards_; }
-
- private:
-  Model& inner_;
-  int64_t num_forwards_ = 0;
-};
+// The all-gather of DP serving's rounds (engine/dp_engine.h): GatherFromDpRanks over the
+// TcpStore of `parallel`, which must outlive its use.
+DpAllGather DpRoundExchange(ParallelContext& parallel);
 
 // Steps `engine` (built on `model`, which wraps m.model) until every DP rank's engine is done.
 // Each round, all ranks learn whether any still has work (one host all-gather); a rank whose

@@ -1,6 +1,8 @@
 // corolla serve: the OpenAI-compatible HTTP server. It listens first (GET /health answers 503
 // while the model loads), then loads the model and serves until SIGTERM/SIGINT, when it stops
 // accepting, lets in-flight requests finish for a grace period, aborts the rest, and exits 0.
+// With --dp D (--ep D) it starts D ranks (parallel/launcher.h): rank 0 serves HTTP and hands each
+// request to the least loaded rank; all ranks step in lockstep (engine/dp_engine.h).
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -10,9 +12,12 @@
 
 #include "base/logging.h"
 #include "cli/commands.h"
+#include "cli/data_parallel.h"
 #include "cli/model_options.h"
+#include "engine/dp_engine.h"
 #include "engine/kv_budget.h"
 #include "model/safetensors.h"
+#include "parallel/launcher.h"
 #include "server/server.h"
 
 namespace corolla::cli {
@@ -97,6 +102,55 @@ struct ServeOptions {
   std::string async_scheduling;  // on|off; unset: on for cuda
 };
 
+Result<EngineOptions> MakeEngineOptions(const ServeOptions& o, const LoadedModel& loaded, bool async_scheduling) {
+  EngineOptions eo;
+  eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
+  eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
+  // With --gpu-memory-utilization the KV cache takes what the fraction leaves after the weights
+  // (now loaded) and activations.
+  ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
+                                                          o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
+  eo.max_model_len = static_cast<int>(o.max_model_len);
+  eo.enable_prefix_caching = o.prefix_caching;
+  eo.async_scheduling = async_scheduling;
+  ASSIGN_OR_RETURN(eo.linear_state_dtype, o.model.LinearStateDtype());
+  return eo;
+}
+
+// --dp: this rank's engine over `model`. Under DP-EP (experts split over the DP ranks) every
+// forward is collective and the ranks run one per round: no decode graphs, whose capture warms
+// up with forwards of its own.
+Result<std::unique_ptr<DpRankEngine>> MakeRankEngine(Model& model, Backend& backend, const EngineOptions& eo,
+                                                     const ParallelContext& parallel) {
+  const RankLayout& l = parallel.layout();
+  const bool dp_ep = l.ep_size > l.tp_size;
+  if (dp_ep) setenv("COROLLA_CUDA_GRAPHS", "0", 1);
+  return DpRankEngine::Create(model, backend, eo, l.dp_rank, dp_ep);
+}
+
+// --dp: the smallest of the ranks' maximum model lengths (each rank's KV cache may differ).
+Result<int> AgreeOnMaxModelLen(const DpAllGather& exchange, int mine) {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, exchange(std::to_string(mine)));
+  int smallest = mine;
+  for (const std::string& s : all) smallest = std::min(smallest, std::stoi(s));
+  return smallest;
+}
+
+// --dp, ranks 1..D-1: no HTTP; the rounds of rank 0's DataParallelEngine until it stops them.
+// Once serving, SIGTERM/SIGINT are ignored (blocking them is not enough: threads started before
+// main, such as OpenBLAS's, would take them and die): rank 0 drains, then tells every rank to stop.
+Status RunFollower(const ServeOptions& o, bool async_scheduling) {
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelFromOptions(o.model));
+  ASSIGN_OR_RETURN(EngineOptions eo, MakeEngineOptions(o, loaded, async_scheduling));
+  ASSIGN_OR_RETURN(std::unique_ptr<DpRankEngine> rank, MakeRankEngine(*loaded.model, *loaded.backend, eo, *loaded.parallel));
+  const DpAllGather exchange = DpRoundExchange(*loaded.parallel);
+  std::signal(SIGTERM, SIG_IGN);  // before rank 0 can say it is ready
+  std::signal(SIGINT, SIG_IGN);
+  RETURN_IF_ERROR(AgreeOnMaxModelLen(exchange, rank->engine().max_model_len()).status());
+  LOG(INFO) << loaded.parallel->layout().ToString() << ": KV cache " << rank->engine().num_kv_blocks() << " blocks; serving";
+  return RunDpFollower(*rank, exchange);
+}
+
 Status Run(const ServeOptions& o) {
   if (o.port < 0 || o.port > 65535) return InvalidArgument("--port must be in [0, 65535]");
   if (o.max_num_seqs <= 0 || o.max_batch_tokens <= 0) return InvalidArgument("--max-num-seqs and --max-batch-tokens must be positive");
@@ -112,7 +166,10 @@ Status Run(const ServeOptions& o) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  ASSIGN_OR_RETURN(const ProcessEnv env, ReadProcessEnv());
+  if (o.model.world_size() > 1 && env.rank != 0) return RunFollower(o, async_scheduling);
 
+  std::unique_ptr<ParallelContext> parallel;  // --dp: outlives the server, whose engine uses it
   server::ServerOptions so;
   so.http.host = o.host;
   so.http.port = static_cast<int>(o.port);
@@ -134,27 +191,36 @@ Status Run(const ServeOptions& o) {
   LOG(INFO) << "loaded " << loaded.model->config().model_type << " (" << loaded.model->config().num_layers
             << " layers, vocab " << loaded.model->config().vocab_size << ") in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s";
-  EngineOptions eo;
-  eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
-  eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
-  // With --gpu-memory-utilization the KV cache takes what the fraction leaves after the weights
-  // (now loaded) and activations.
-  ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
-                                                          o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
-  eo.max_model_len = static_cast<int>(o.max_model_len);
-  eo.enable_prefix_caching = o.prefix_caching;
-  eo.async_scheduling = async_scheduling;
-  ASSIGN_OR_RETURN(eo.linear_state_dtype, o.model.LinearStateDtype());
+  ASSIGN_OR_RETURN(const EngineOptions eo, MakeEngineOptions(o, loaded, async_scheduling));
   AsyncEngineOptions ao;
   ao.max_waiting = static_cast<int>(o.max_waiting);
+  server::EngineFactory make_engine = [&](Model& model, Backend& backend) -> Result<std::unique_ptr<ServingEngine>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(model, backend, eo));
+    return std::unique_ptr<ServingEngine>(new AsyncEngine(std::move(engine), ao));
+  };
+  DataParallelEngine* dp_engine = nullptr;
+  if (IsDataParallel(loaded)) {
+    parallel = std::move(loaded.parallel);
+    make_engine = [&](Model& model, Backend& backend) -> Result<std::unique_ptr<ServingEngine>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<DpRankEngine> rank, MakeRankEngine(model, backend, eo, *parallel));
+      const DpAllGather exchange = DpRoundExchange(*parallel);
+      ASSIGN_OR_RETURN(const int max_model_len, AgreeOnMaxModelLen(exchange, rank->engine().max_model_len()));
+      // A failed round (a rank died) aborts every request; the SIGTERM then ends this process.
+      auto engine = std::make_unique<DataParallelEngine>(std::move(rank), exchange, parallel->layout().dp_size,
+                                                         max_model_len, ao, [](const Status&) { ::kill(::getpid(), SIGTERM); });
+      dp_engine = engine.get();
+      return std::unique_ptr<ServingEngine>(std::move(engine));
+    };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<server::ServedModel> served,
-                   server::MakeServedModel(loaded.dir, std::move(loaded.backend), std::move(loaded.model), eo, ao,
+                   server::MakeServedModel(loaded.dir, std::move(loaded.backend), std::move(loaded.model), make_engine,
                                            o.served_model_name.empty() ? loaded.name : o.served_model_name));
   EngineStats stats = served->engine->Stats();
   LOG(INFO) << "serving model '" << served->name << "': KV cache " << stats.num_kv_blocks << " blocks of "
             << stats.block_size << " = " << static_cast<int64_t>(stats.num_kv_blocks) * stats.block_size
-            << " tokens, max model length " << served->engine->max_model_len() << ", max " << o.max_num_seqs
-            << " sequences per step";
+            << " tokens" << (parallel ? " over " + std::to_string(parallel->layout().dp_size) + " data-parallel ranks" : "")
+            << ", max model length " << served->engine->max_model_len() << ", max " << o.max_num_seqs
+            << " sequences per step" << (parallel ? " per rank" : "");
   srv->Attach(std::move(served));
   LOG(INFO) << "ready: http://" << o.host << ":" << srv->port() << "/v1";
 
@@ -163,6 +229,7 @@ Status Run(const ServeOptions& o) {
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining in-flight requests (up to "
             << o.drain_seconds << " s)";
   srv->Shutdown(std::chrono::seconds(o.drain_seconds));
+  if (dp_engine != nullptr) RETURN_IF_ERROR(dp_engine->status());
   LOG(INFO) << "stopped";
   return Status::Ok();
 }
@@ -197,6 +264,10 @@ int ServeMain(int argc, char** argv) {
   bool help = false;
   Status s = flags.Parse(argc, argv, 2, &help);
   if (help) return 0;
+  if (s.ok() && o.model.tp > 1)
+    s = Unsupported("serve --tp is not supported yet (every TP rank would have to run each step); --dp D --ep D is");
+  if (s.ok())
+    if (std::optional<int> rc = SpawnLocalRanks(o.model.world_size(), argc, argv)) return *rc;
   if (s.ok()) s = Run(o);
   return ReportStatus("serve", s);
 }

@@ -14,7 +14,7 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions opti
 
 AsyncEngine::~AsyncEngine() { Shutdown(); }
 
-Result<uint64_t> AsyncEngine::Submit(GenerationRequest request, OutputCallback callback) {
+Result<uint64_t> ServingEngine::Submit(GenerationRequest request, OutputCallback callback) {
   std::vector<GenerationRequest> requests;
   requests.push_back(std::move(request));
   std::vector<OutputCallback> callbacks;

@@ -58,12 +58,12 @@ struct EngineStats {
   double kv_usage() const { return num_kv_blocks ? static_cast<double>(num_used_kv_blocks) / num_kv_blocks : 0.0; }
 };
 
-class AsyncEngine {
+// What a server drives: requests in, outputs to callbacks, with the contract above. AsyncEngine
+// is the one-process implementation; DataParallelEngine (engine/dp_engine.h) spreads requests
+// over the engines of data-parallel ranks. Thread-safe.
+class ServingEngine {
  public:
-  AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options);
-  ~AsyncEngine();  // Shutdown with no drain time
-  AsyncEngine(const AsyncEngine&) = delete;
-  AsyncEngine& operator=(const AsyncEngine&) = delete;
+  virtual ~ServingEngine() = default;
 
   // Validates and queues a request; returns its id. Errors: the request's own (InvalidArgument,
   // OutOfRange), ResourceExhausted when the waiting queue is full, Cancelled after Shutdown.
@@ -72,17 +72,33 @@ class AsyncEngine {
   // returns their ids in order. The first computes the prompt; the others join the batch once
   // it has, so their prompt comes from the prefix cache and is computed once (without prefix
   // caching they all start at once). Each ends with its own final output; Cancel each id.
-  Result<std::vector<uint64_t>> SubmitAll(std::vector<GenerationRequest> requests,
-                                          std::vector<OutputCallback> callbacks);
+  virtual Result<std::vector<uint64_t>> SubmitAll(std::vector<GenerationRequest> requests,
+                                                  std::vector<OutputCallback> callbacks) = 0;
   // Ends a request at the next step boundary, freeing its blocks; its callback gets a final
   // kAbort output. Unknown or finished ids are ignored.
-  void Cancel(uint64_t request_id);
+  virtual void Cancel(uint64_t request_id) = 0;
   // Stops accepting, lets in-flight requests run for up to `drain`, aborts the rest, and joins
   // the step thread. Idempotent.
-  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(0));
+  virtual void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(0)) = 0;
 
-  EngineStats Stats() const;
-  int max_model_len() const { return max_model_len_; }
+  virtual EngineStats Stats() const = 0;
+  virtual int max_model_len() const = 0;
+};
+
+class AsyncEngine final : public ServingEngine {
+ public:
+  AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options);
+  ~AsyncEngine() override;  // Shutdown with no drain time
+  AsyncEngine(const AsyncEngine&) = delete;
+  AsyncEngine& operator=(const AsyncEngine&) = delete;
+
+  Result<std::vector<uint64_t>> SubmitAll(std::vector<GenerationRequest> requests,
+                                          std::vector<OutputCallback> callbacks) override;
+  void Cancel(uint64_t request_id) override;
+  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(0)) override;
+
+  EngineStats Stats() const override;
+  int max_model_len() const override { return max_model_len_; }
 
  private:
   struct Submission {

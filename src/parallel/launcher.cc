@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -36,13 +38,15 @@ constexpr int kMaxLocalRanks = 256;
 volatile pid_t g_ranks[kMaxLocalRanks];
 volatile int g_num_ranks = 0;
 
+volatile sig_atomic_t g_num_signals = 0;
+
 // SIGTERM / SIGINT to the launcher (a timeout, Ctrl-C) go on to its ranks, which would
-// otherwise keep their GPUs, waiting on each other; then the launcher dies of the signal.
+// otherwise keep their GPUs, waiting on each other; the launcher then waits for them and exits
+// as they do (a server's ranks drain first). A second signal kills them.
 void ForwardToRanks(int sig) {
+  g_num_signals = g_num_signals + 1;
   for (int i = 0; i < g_num_ranks; ++i)
-    if (g_ranks[i] > 0) ::kill(g_ranks[i], sig);
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
+    if (g_ranks[i] > 0) ::kill(g_ranks[i], g_num_signals > 1 ? SIGKILL : sig);
 }
 
 }  // namespace
@@ -94,6 +98,7 @@ std::optional<int> SpawnLocalRanks(int world_size, int argc, char** argv) {
   while (remaining > 0) {
     int status = 0;
     pid_t done = ::waitpid(-1, &status, 0);
+    if (done < 0 && errno == EINTR) continue;  // a forwarded signal
     if (done < 0) break;
     bool ours = false;
     for (pid_t& p : pids)

@@ -2,7 +2,8 @@
 // GPU. The parent re-executes its own binary with the same arguments once per local rank, with
 // RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set (as torchrun, mpirun or Slurm
 // would set them), waits for all, and exits with the first failure. Rank 0 keeps stdout; the
-// other ranks' stdout goes to /dev/null, their stderr stays.
+// other ranks' stdout goes to /dev/null, their stderr stays. SIGTERM/SIGINT go on to the ranks
+// (a second one kills them); the launcher waits for them either way.
 #pragma once
 
 #include <optional>

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -323,6 +324,16 @@ std::string StripQuery(const std::string& target) { return target.substr(0, targ
 Result<std::unique_ptr<ServedModel>> MakeServedModel(const std::string& dir, std::unique_ptr<Backend> backend,
                                                      std::unique_ptr<Model> model, const EngineOptions& engine_options,
                                                      const AsyncEngineOptions& async_options, std::string name) {
+  EngineFactory make_engine = [&](Model& served_model, Backend& served_backend) -> Result<std::unique_ptr<ServingEngine>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(served_model, served_backend, engine_options));
+    return std::unique_ptr<ServingEngine>(new AsyncEngine(std::move(engine), async_options));
+  };
+  return MakeServedModel(dir, std::move(backend), std::move(model), make_engine, std::move(name));
+}
+
+Result<std::unique_ptr<ServedModel>> MakeServedModel(const std::string& dir, std::unique_ptr<Backend> backend,
+                                                     std::unique_ptr<Model> model, const EngineFactory& make_engine,
+                                                     std::string name) {
   auto m = std::make_unique<ServedModel>();
   if (name.empty() && !dir.empty()) {
     std::string trimmed = dir;
@@ -330,22 +341,27 @@ Result<std::unique_ptr<ServedModel>> MakeServedModel(const std::string& dir, std
     name = trimmed.substr(trimmed.find_last_of('/') + 1);
   }
   m->name = name.empty() ? "model" : name;
-  if (dir.empty()) {
+  // A checkpoint without a tokenizer (the test fixtures) is served like random weights.
+  const bool has_tokenizer = !dir.empty() && std::filesystem::exists(dir + "/tokenizer.json");
+  if (!has_tokenizer) {
     LOG(WARNING) << "no tokenizer: /v1/completions takes token-id prompts and returns token_ids; chat, text prompts, "
                     "/tokenize and /detokenize answer 400";
+  }
+  if (dir.empty()) {
     m->generation.eos_token_ids = model->config().eos_token_ids;
   } else {
-    ASSIGN_OR_RETURN(m->tokenizer, Tokenizer::LoadFromDir(dir));
-    Result<ChatTemplate> chat_template = ChatTemplate::LoadFromDir(dir);
-    if (chat_template.ok()) {
-      m->chat_template = std::move(chat_template).value();
-    } else {
-      LOG(WARNING) << "no chat template (" << chat_template.status().message() << "); /v1/chat/completions will fail";
+    if (has_tokenizer) {
+      ASSIGN_OR_RETURN(m->tokenizer, Tokenizer::LoadFromDir(dir));
+      Result<ChatTemplate> chat_template = ChatTemplate::LoadFromDir(dir);
+      if (chat_template.ok()) {
+        m->chat_template = std::move(chat_template).value();
+      } else {
+        LOG(WARNING) << "no chat template (" << chat_template.status().message() << "); /v1/chat/completions will fail";
+      }
     }
     ASSIGN_OR_RETURN(m->generation, LoadGenerationConfig(dir, model->config()));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, *backend, engine_options));
-  m->engine = std::make_unique<AsyncEngine>(std::move(engine), async_options);
+  ASSIGN_OR_RETURN(m->engine, make_engine(*model, *backend));
   m->backend = std::move(backend);
   m->model = std::move(model);
   return m;
@@ -597,7 +613,7 @@ void OpenAiServer::Handle(HttpRequest req, std::shared_ptr<HttpResponder> respon
     SendError(r, e);
     return;
   }
-  AsyncEngine* engine = m->engine.get();
+  ServingEngine* engine = m->engine.get();
   r.OnDisconnect([engine, ids = *ids] {
     for (uint64_t id : ids) engine->Cancel(id);
   });

@@ -1,6 +1,7 @@
-// OpenAiServer: the OpenAI-compatible HTTP API over an AsyncEngine. It listens at once and
-// answers /health with 503 until a model is attached (so load progress is observable), then
-// serves /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /metrics.
+// OpenAiServer: the OpenAI-compatible HTTP API over a ServingEngine (an AsyncEngine, or under
+// --dp rank 0's DataParallelEngine). It listens at once and answers /health with 503 until a
+// model is attached (so load progress is observable), then serves /v1/chat/completions,
+// /v1/completions, /v1/models, /tokenize, /detokenize, /metrics.
 // Requests are validated on the I/O threads, tokens are detokenized and checked for stop
 // strings on the engine's output thread (overlapping the next step), and responses go back
 // through the connection's strand.
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,17 +39,25 @@ struct ServedModel {
   std::unique_ptr<Tokenizer> tokenizer;  // null: token-id prompts through /v1/completions only
   std::optional<ChatTemplate> chat_template;
   GenerationConfig generation;
-  std::unique_ptr<AsyncEngine> engine;
+  std::unique_ptr<ServingEngine> engine;  // over model and backend
 };
 
 // Loads the tokenizer, chat template (optional) and generation config of model directory `dir`
 // and starts an AsyncEngine over the loaded model. `name` empty: the directory's name. `dir`
 // empty (random weights without a checkpoint): no tokenizer, the generation config from the
-// model's config; completions then take token-id prompts, stream and return "token_ids" beside
-// an empty "text", and every endpoint that needs text answers 400.
+// model's config; a directory without tokenizer.json (the test fixtures): no tokenizer either.
+// Without one, completions take token-id prompts, stream and return "token_ids" beside an
+// empty "text", and every endpoint that needs text answers 400.
 Result<std::unique_ptr<ServedModel>> MakeServedModel(const std::string& dir, std::unique_ptr<Backend> backend,
                                                      std::unique_ptr<Model> model, const EngineOptions& engine_options,
                                                      const AsyncEngineOptions& async_options, std::string name);
+
+// The same with the engine from `make_engine`, called last with the model and backend that the
+// ServedModel then owns (it may keep references to both).
+using EngineFactory = std::function<Result<std::unique_ptr<ServingEngine>>(Model& model, Backend& backend)>;
+Result<std::unique_ptr<ServedModel>> MakeServedModel(const std::string& dir, std::unique_ptr<Backend> backend,
+                                                     std::unique_ptr<Model> model, const EngineFactory& make_engine,
+                                                     std::string name);
 
 class OpenAiServer {
  public:
