@@ -7,22 +7,29 @@
 //
 // CTA = (value columns [32 x, 32 x + 32), value head, sequence), 4 warps; it loops over its
 // sequence's chunks with its slice of S in f32 registers (mma C fragments: warp w owns the 8
-// columns [8w, 8w + 8) for all Dk rows) and a bf16 copy in shared memory as the B operand.
-// Per chunk:
+// columns [8w, 8w + 8) for all Dk rows). A C fragment becomes a B operand (S in K S0 and Q S0,
+// delta in the solve, P delta and K^T delta) in registers: split into bf16 hi + lo and each
+// 8x8 piece transposed by movmatrix. Per chunk:
 //   1. q, k (raw bf16, the norms stay f32 scalars applied after the products), v slice, gates:
 //      cp.async, K double-buffered, Q and V refilled once the chunk's products are done.
 //   2. per-token scalars: 1/|q| * Dk^-0.5, 1/|k|, beta, G (log2 domain, one warp's scan).
 //   3. K S0 and Q S0 (warp w: its 8 columns, all 64 tokens) -> rhs and O's first term in
-//      registers; the lower 16x16 blocks of K K^T and Q K^T shared out 5 per warp -> -A (bf16),
-//      P = D o Q K^T (bf16), A's diagonal blocks in f32, each inverted by the warp that made it
-//      (forward substitution, lane = column) -> T_ii (bf16).
+//      registers; the lower 16x16 blocks of K K^T and Q K^T shared out 5 per warp -> -A,
+//      P = D o Q K^T (bf16 hi + lo), A's diagonal blocks in f32, each inverted by the warp that
+//      made it (forward substitution, lane = column) -> T_ii (bf16 hi + lo).
 //   4. warp-local from here (its columns): blocked forward substitution over the four 16-token
 //      blocks, delta_i = T_ii (rhs_i - sum_j<i A_ij delta_j); O += P delta; S = gamma S + K^T
 //      (delta scaled by 1/|k| D[C-1][t]).
-// Three CTA barriers per chunk. Operands are bf16 with f32 accumulation (as flash-linear-
-// attention's kernels); the state itself accumulates in f32 and is rounded to the state dtype
-// once at the end. A ragged last chunk zero-fills its missing rows and gives them beta 0, 1/|k| 0
-// and log decay 0, so they add nothing and G_{C-1} is the last real token's.
+// Three CTA barriers per chunk. Precision: every f32 quantity used as an mma operand (S, -A, P,
+// T, the solve's right side, delta) is split x = hi + lo, hi = bf16(x), lo = bf16(x - hi), and
+// its products take two mma (exact bf16 q / k times hi and lo) or three (hi hi, hi lo, lo hi),
+// f32 accumulation: about 2^-16 relative per operand instead of bf16's 2^-9, so the kernel
+// tracks its f32 twin to near f32 accuracy (host emulation: ~5e-6 relative). Per warp and chunk
+// at Dk 128 that is 332 mma instead of 196; shared memory 103.3 KB (was 102.3: S and delta no
+// longer pass through it, -A, P, T gained lo copies), still two CTAs per SM. The state
+// accumulates in f32 and is rounded to the state dtype once at the end. A ragged last chunk
+// zero-fills its missing rows and gives them beta 0, 1/|k| 0 and log decay 0, so they add
+// nothing and G_{C-1} is the last real token's.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -47,26 +54,28 @@ static_assert(kChunk == 64 && kWarps == 4, "the Gram task table below assumes 4 
 template <int kDk>
 struct ChunkSmem {
   static constexpr int kQkStride = kDk + 8;      // q, k rows
-  static constexpr int kColStride = kCols + 8;   // v, state, delta rows
+  static constexpr int kColStride = kCols + 8;   // v rows
   static constexpr int kTriStride = kChunk + 8;  // -A and P rows
   static constexpr int kTStride = 24;            // T_ii rows
   static constexpr int kDiagStride = 17;         // f32 diagonal blocks of A (scalar reads only)
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + sizeof(bf16_t) * kChunk * kQkStride;  // 2 stages
   static constexpr size_t kV = kK + sizeof(bf16_t) * 2 * kChunk * kQkStride;
+  // -A, P and T as bf16 hi then lo (each lo array follows its hi array at kTriBytes / kTBytes).
+  static constexpr size_t kTriBytes = sizeof(bf16_t) * kChunk * kTriStride;
+  static constexpr size_t kTBytes = sizeof(bf16_t) * kBlocks * 16 * kTStride;
   static constexpr size_t kNegA = kV + sizeof(bf16_t) * kChunk * kColStride;
-  static constexpr size_t kP = kNegA + sizeof(bf16_t) * kChunk * kTriStride;
-  static constexpr size_t kS = kP + sizeof(bf16_t) * kChunk * kTriStride;
-  static constexpr size_t kDelta = kS + sizeof(bf16_t) * kDk * kColStride;
-  static constexpr size_t kDeltaS = kDelta + sizeof(bf16_t) * kChunk * kColStride;
-  static constexpr size_t kT = kDeltaS + sizeof(bf16_t) * kChunk * kColStride;
-  static constexpr size_t kDiag = kT + sizeof(bf16_t) * kBlocks * 16 * kTStride;
+  static constexpr size_t kP = kNegA + 2 * kTriBytes;
+  static constexpr size_t kT = kP + 2 * kTriBytes;
+  static constexpr size_t kDiag = kT + 2 * kTBytes;
   static constexpr size_t kScalars = kDiag + sizeof(float) * kBlocks * 16 * kDiagStride;  // 4 x [C] f32
   static constexpr size_t kBytes = kScalars + sizeof(float) * 4 * kChunk;
-  static_assert(kK % 16 == 0 && kV % 16 == 0 && kNegA % 16 == 0 && kP % 16 == 0 && kS % 16 == 0 &&
-                    kDelta % 16 == 0 && kDeltaS % 16 == 0 && kT % 16 == 0 && kDiag % 16 == 0 && kScalars % 16 == 0,
+  static_assert(kK % 16 == 0 && kV % 16 == 0 && kNegA % 16 == 0 && kP % 16 == 0 && kTriBytes % 16 == 0 &&
+                    kT % 16 == 0 && kTBytes % 16 == 0 && kDiag % 16 == 0 && kScalars % 16 == 0,
                 "ldmatrix and cp.async need 16-byte aligned rows");
-  static_assert(kDk % 32 == 0, "K S0 steps over 32 rows of S per ldmatrix.x4");
+  static_assert(kDk % 16 == 0, "K S0 steps over 16 rows of S (one state tile) per k-step");
+  // Two CTAs per SM: 228 KB per SM, 1 KB of it reserved per CTA (105.7 KB at Dk 128).
+  static_assert(2 * (kBytes + 1024) <= 228 * 1024, "two CTAs per SM");
 };
 
 // The 10 lower 16x16 blocks of K K^T and of Q K^T, 5 per warp; each warp's first task is the
@@ -90,6 +99,45 @@ __device__ __forceinline__ void StateStore(bf16_t* p, float v) { *p = __float2bf
 __device__ __forceinline__ void StorePair(bf16_t* p, float lo, float hi) {
   *reinterpret_cast<uint32_t*>(p) = PackBf16x2(lo, hi);
 }
+// x0, x1 (a fragment's lower and upper column) as bf16x2 hi and lo: x = hi + lo to ~2^-16.
+__device__ __forceinline__ void SplitPair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = PackBf16x2(x0 - hf.x, x1 - hf.y);  // x - hi is exact in f32
+}
+// The pair stored as hi at p and lo at p + lo_offset (elements).
+__device__ __forceinline__ void StoreSplit(bf16_t* p, size_t lo_offset, float x0, float x1) {
+  uint32_t hi, lo;
+  SplitPair(x0, x1, hi, lo);
+  *reinterpret_cast<uint32_t*>(p) = hi;
+  *reinterpret_cast<uint32_t*>(p + lo_offset) = lo;
+}
+// An 8x8 b16 matrix in the ldmatrix layout (lane l: row l / 4, columns 2 (l % 4), +1) transposed
+// across the warp: lane l gets column l / 4, rows 2 (l % 4), +1.
+__device__ __forceinline__ uint32_t MovTrans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+// A 16x8 f32 C fragment (rows k, columns n: {(g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1)}) as the
+// B operands of m16n8k16 (k 2c..+1 and 2c+8..+9, n g), bf16 hi and lo.
+__device__ __forceinline__ void CToB(const float (&x)[4], uint32_t (&hi)[2], uint32_t (&lo)[2]) {
+  uint32_t h0, l0, h1, l1;
+  SplitPair(x[0], x[1], h0, l0);
+  SplitPair(x[2], x[3], h1, l1);
+  hi[0] = MovTrans(h0);
+  hi[1] = MovTrans(h1);
+  lo[0] = MovTrans(l0);
+  lo[1] = MovTrans(l1);
+}
+// d += a b for a = ah + al, b = bh + bl (the al bl term, ~2^-16 of the product, left out).
+__device__ __forceinline__ void Mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                     const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+  Mma16816(d, al, bh[0], bh[1]);
+  Mma16816(d, ah, bl[0], bl[1]);
+  Mma16816(d, ah, bh[0], bh[1]);
+}
 
 template <int kDk, typename StateT>
 __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __grid_constant__ DeltaRuleParams p) {
@@ -110,12 +158,10 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem + L::kQ);          // [C][kQkStride]
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem + L::kK);          // [2][C][kQkStride]
   bf16_t* sV = reinterpret_cast<bf16_t*>(smem + L::kV);          // [C][kColStride]
-  bf16_t* sNegA = reinterpret_cast<bf16_t*>(smem + L::kNegA);    // [C][kTriStride], -A
-  bf16_t* sP = reinterpret_cast<bf16_t*>(smem + L::kP);          // [C][kTriStride]
-  bf16_t* sS = reinterpret_cast<bf16_t*>(smem + L::kS);          // [Dk][kColStride], bf16(S)
-  bf16_t* sDelta = reinterpret_cast<bf16_t*>(smem + L::kDelta);  // [C][kColStride]
-  bf16_t* sDeltaS = reinterpret_cast<bf16_t*>(smem + L::kDeltaS);  // [C][kColStride], scaled for S
-  bf16_t* sT = reinterpret_cast<bf16_t*>(smem + L::kT);          // [4][16][kTStride], T_ii
+  constexpr size_t kTriLo = L::kTriBytes / sizeof(bf16_t), kTLo = L::kTBytes / sizeof(bf16_t);  // lo offsets
+  bf16_t* sNegA = reinterpret_cast<bf16_t*>(smem + L::kNegA);    // [2][C][kTriStride], -A hi, lo
+  bf16_t* sP = reinterpret_cast<bf16_t*>(smem + L::kP);          // [2][C][kTriStride], P hi, lo
+  bf16_t* sT = reinterpret_cast<bf16_t*>(smem + L::kT);          // [2][4][16][kTStride], T_ii hi, lo
   float* sDiag = reinterpret_cast<float*>(smem + L::kDiag);      // [4][16][kDiagStride], A_ii
   float* sQinv = reinterpret_cast<float*>(smem + L::kScalars);   // [C] 1/|q| Dk^-0.5 (0 past the chunk)
   float* sKinv = sQinv + kChunk;                                  // [C] 1/|k|
@@ -180,15 +226,6 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
       const int row = 16 * mt + g + 8 * (e / 2), col = wc + 2 * c + (e & 1);
       st[mt][e] = fresh ? 0.f : StateLoad(S + static_cast<int64_t>(row) * p.dv + col);
     }
-  // bf16(S) of this warp's columns -> sS (read by this warp only).
-  auto publish_state = [&] {
-#pragma unroll
-    for (int mt = 0; mt < kStateTiles; ++mt) {
-      StorePair(sS + (16 * mt + g) * kColStride + wc + 2 * c, st[mt][0], st[mt][1]);
-      StorePair(sS + (16 * mt + g + 8) * kColStride + wc + 2 * c, st[mt][2], st[mt][3]);
-    }
-  };
-  publish_state();
 
   for (int ci = 0; ci < num_chunks; ++ci) {
     const int tok0 = begin + ci * kChunk, n = min(kChunk, end - tok0);
@@ -257,22 +294,21 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
 #pragma unroll
       for (int e = 0; e < 4; ++e) rhs[mt][e] = o[mt][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < kDk / 32; ++kk) {
-      // B = S rows 32 kk .. +31 (k) x this warp's 8 columns (n), stored [k][n]: .trans gives
-      // b0, b1 of k-step 2 kk, then of 2 kk + 1.
-      uint32_t bs[4];
-      LdMatrixX4Trans(bs, sS + (32 * kk + lane) * kColStride + wc);
+    for (int kk = 0; kk < kStateTiles; ++kk) {
+      // B = S rows 16 kk .. +15 (k) x this warp's 8 columns (n): state tile kk, hi and lo.
+      uint32_t bh[2], bl[2];
+      CToB(st[kk], bh, bl);
 #pragma unroll
-      for (int mt = 0; mt < kBlocks; ++mt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int dcol = 32 * kk + 16 * half + (lane / 16) * 8;
-          uint32_t ak[4], aq[4];
-          LdMatrixX4(ak, sKc + (16 * mt + lane % 16) * kQkStride + dcol);
-          LdMatrixX4(aq, sQ + (16 * mt + lane % 16) * kQkStride + dcol);
-          Mma16816(rhs[mt], ak, bs[2 * half], bs[2 * half + 1]);
-          Mma16816(o[mt], aq, bs[2 * half], bs[2 * half + 1]);
-        }
+      for (int mt = 0; mt < kBlocks; ++mt) {
+        const int dcol = 16 * kk + (lane / 16) * 8;
+        uint32_t ak[4], aq[4];
+        LdMatrixX4(ak, sKc + (16 * mt + lane % 16) * kQkStride + dcol);
+        LdMatrixX4(aq, sQ + (16 * mt + lane % 16) * kQkStride + dcol);
+        Mma16816(rhs[mt], ak, bl[0], bl[1]);
+        Mma16816(o[mt], aq, bl[0], bl[1]);
+        Mma16816(rhs[mt], ak, bh[0], bh[1]);
+        Mma16816(o[mt], aq, bh[0], bh[1]);
+      }
     }
 #pragma unroll
     for (int mt = 0; mt < kBlocks; ++mt)
@@ -314,14 +350,14 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
           }
           const int i0 = 16 * gt.bj + 8 * nt + 2 * c;
           if (gt.kk) {
-            StorePair(sNegA + r * kTriStride + i0, -val[0], -val[1]);
+            StoreSplit(sNegA + r * kTriStride + i0, kTriLo, -val[0], -val[1]);
             if (gt.bi == gt.bj) {
               float* d = sDiag + r * kDiagStride + (i0 - 16 * gt.bj);  // block bi's rows are rows r
               d[0] = val[0];
               d[1] = val[1];
             }
           } else {
-            StorePair(sP + r * kTriStride + i0, val[0], val[1]);
+            StoreSplit(sP + r * kTriStride + i0, kTriLo, val[0], val[1]);
           }
         }
     }
@@ -340,7 +376,11 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
       }
       if (lane < 16) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) sT[(warp * 16 + i) * kTStride + col] = __float2bfloat16(t[i]);
+        for (int i = 0; i < 16; ++i) {
+          const bf16_t hi = __float2bfloat16(t[i]);
+          sT[(warp * 16 + i) * kTStride + col] = hi;
+          sT[kTLo + (warp * 16 + i) * kTStride + col] = __float2bfloat16(t[i] - __bfloat162float(hi));
+        }
       }
     }
     __syncthreads();  // -A, P, T visible; every warp is done with sQ and sV
@@ -349,61 +389,49 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
       CpAsyncCommit();
     }
 
-    // ---- delta by blocked forward substitution (this warp's columns) ---------------------
+    // ---- delta by blocked forward substitution (this warp's columns, in registers) ----------
+    // dh/dl: delta's B fragments (block bj's tokens as k, this warp's columns as n), hi and lo;
+    // sh/sl: the same of delta scaled by 1/|k_t| D[C-1][t] for the state update.
     const float g_last = sG[kChunk - 1];
+    uint32_t dh[kBlocks][2], dl[kBlocks][2], sh[kBlocks][2], sl[kBlocks][2];
 #pragma unroll
     for (int bi = 0; bi < kBlocks; ++bi) {
       float x[4] = {rhs[bi][0], rhs[bi][1], rhs[bi][2], rhs[bi][3]};
 #pragma unroll
       for (int bj = 0; bj < bi; ++bj) {
-        uint32_t af[4], b0, b1;
-        LdMatrixX4(af, sNegA + (16 * bi + lane % 16) * kTriStride + 16 * bj + (lane / 16) * 8);
-        LdMatrixX2Trans(b0, b1, sDelta + (16 * bj + lane % 16) * kColStride + wc);
-        Mma16816(x, af, b0, b1);
+        uint32_t ah[4], al[4];
+        const bf16_t* a = sNegA + (16 * bi + lane % 16) * kTriStride + 16 * bj + (lane / 16) * 8;
+        LdMatrixX4(ah, a);
+        LdMatrixX4(al, a + kTriLo);
+        Mma3(x, ah, al, dh[bj], dl[bj]);
       }
-      // x (C fragment) -> B fragment through this block's rows of sDelta, then delta = T x.
-      bf16_t* rows = sDelta + (16 * bi) * kColStride + wc + 2 * c;
-      StorePair(rows + g * kColStride, x[0], x[1]);
-      StorePair(rows + (g + 8) * kColStride, x[2], x[3]);
-      __syncwarp();
-      uint32_t at[4], b0, b1;
-      LdMatrixX4(at, sT + (16 * bi + lane % 16) * kTStride + (lane / 16) * 8);
-      LdMatrixX2Trans(b0, b1, sDelta + (16 * bi + lane % 16) * kColStride + wc);
+      uint32_t xh[2], xl[2], th[4], tl[4];
+      CToB(x, xh, xl);
+      const bf16_t* t = sT + (16 * bi + lane % 16) * kTStride + (lane / 16) * 8;
+      LdMatrixX4(th, t);
+      LdMatrixX4(tl, t + kTLo);
       float d[4] = {0.f, 0.f, 0.f, 0.f};
-      Mma16816(d, at, b0, b1);
-      __syncwarp();  // every lane read x before delta overwrites it
-      StorePair(rows + g * kColStride, d[0], d[1]);
-      StorePair(rows + (g + 8) * kColStride, d[2], d[3]);
+      Mma3(d, th, tl, xh, xl);
+      CToB(d, dh[bi], dl[bi]);
       float ds[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * bi + g + 8 * (e / 2);
         ds[e] = d[e] * sKinv[r] * exp2f(g_last - sG[r]);
       }
-      bf16_t* srows = sDeltaS + (16 * bi) * kColStride + wc + 2 * c;
-      StorePair(srows + g * kColStride, ds[0], ds[1]);
-      StorePair(srows + (g + 8) * kColStride, ds[2], ds[3]);
-      __syncwarp();
+      CToB(ds, sh[bi], sl[bi]);
     }
 
     // ---- O += P delta; write the chunk's outputs ------------------------------------------
-    uint32_t bd[kBlocks][2];
-#pragma unroll
-    for (int j = 0; j < kBlocks / 2; ++j) {
-      uint32_t r4[4];
-      LdMatrixX4Trans(r4, sDelta + (32 * j + lane) * kColStride + wc);
-      bd[2 * j][0] = r4[0];
-      bd[2 * j][1] = r4[1];
-      bd[2 * j + 1][0] = r4[2];
-      bd[2 * j + 1][1] = r4[3];
-    }
 #pragma unroll
     for (int mt = 0; mt < kBlocks; ++mt) {
 #pragma unroll
       for (int kt = 0; kt <= mt; ++kt) {
-        uint32_t af[4];
-        LdMatrixX4(af, sP + (16 * mt + lane % 16) * kTriStride + 16 * kt + (lane / 16) * 8);
-        Mma16816(o[mt], af, bd[kt][0], bd[kt][1]);
+        uint32_t ph[4], pl[4];
+        const bf16_t* a = sP + (16 * mt + lane % 16) * kTriStride + 16 * kt + (lane / 16) * 8;
+        LdMatrixX4(ph, a);
+        LdMatrixX4(pl, a + kTriLo);
+        Mma3(o[mt], ph, pl, dh[kt], dl[kt]);
       }
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -415,15 +443,6 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
     }
 
     // ---- S = gamma_last S + K^T delta_scaled ----------------------------------------------
-#pragma unroll
-    for (int j = 0; j < kBlocks / 2; ++j) {
-      uint32_t r4[4];
-      LdMatrixX4Trans(r4, sDeltaS + (32 * j + lane) * kColStride + wc);
-      bd[2 * j][0] = r4[0];
-      bd[2 * j][1] = r4[1];
-      bd[2 * j + 1][0] = r4[2];
-      bd[2 * j + 1][1] = r4[3];
-    }
     const float gamma_last = exp2f(g_last);
 #pragma unroll
     for (int mt = 0; mt < kStateTiles; ++mt) {
@@ -437,10 +456,10 @@ __global__ void __launch_bounds__(kThreads, 2) GatedDeltaChunkedKernel(const __g
         // 16 mt + 8 ((l / 8) % 2).
         uint32_t af[4];
         LdMatrixX4Trans(af, sKc + (16 * kt + lane % 8 + 8 * (lane / 16)) * kQkStride + 16 * mt + 8 * ((lane / 8) % 2));
-        Mma16816(st[mt], af, bd[kt][0], bd[kt][1]);
+        Mma16816(st[mt], af, sl[kt][0], sl[kt][1]);
+        Mma16816(st[mt], af, sh[kt][0], sh[kt][1]);
       }
     }
-    publish_state();
   }
 
 #pragma unroll

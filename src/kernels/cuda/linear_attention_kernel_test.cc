@@ -135,13 +135,16 @@ struct DeltaPath {
 constexpr DeltaPath kDeltaPaths[] = {{"recurrent", std::numeric_limits<int64_t>::max()}, {"default", 0}, {"chunked", 1}};
 
 // The recurrent state in f32 and in bf16 (--linear-state-dtype bf16: read widened, written back
-// rounded once per chunk, on both backends), through each kernel path. Bounds: outputs bf16.
-// The state: recurrent f32 1e-3 (f32 math both sides); the chunked kernel's operands are bf16
-// (f32 accumulation, state kept in f32), so its f32 state is held to the bf16 bound; a bf16
-// state is too (where the two backends' f32 sums differ in the last bits, a rounding may go the
-// other way: one ulp).
+// rounded once per chunk, on both backends), through each kernel path. Both kernels track the
+// f32 twin to near f32 accuracy (the chunked one splits its f32 mma operands into bf16 hi + lo;
+// host emulation of its fragments: ~5e-6 relative, outputs before rounding and state). Bounds:
+// outputs are rounded to bf16 once (~1.6e-3 relative rms, as the twin's f32 against them), 3e-3;
+// the f32 state kF32Tol (measured ~1e-7 recurrent, predicted ~5e-6 chunked); a bf16 state 2e-3
+// (where the two backends' f32 sums differ in the last bits, a rounding may go the other way:
+// one ulp on a small fraction of the elements, predicted ~2e-4).
 TEST_F(CudaKernelTest, GatedDeltaRule) {
   DefaultTuning();  // captured before this test changes Tuning()
+  constexpr double kOutTol = 3e-3, kBf16StateTol = 2e-3;
   struct Heads { int64_t hk, hv, dk, dv; };
   auto batches = LinearBatches();
   // Both kernels in one varlen batch: around the chunk (63, 64, 65), several chunks with a
@@ -200,13 +203,12 @@ TEST_F(CudaKernelTest, GatedDeltaRule) {
                                     std::to_string(h.dk) + " Dv" + std::to_string(h.dv) + " " + lb.Name() +
                                     (bf16_state ? " bf16 state" : "");
           const std::string kernel = std::string("GatedDeltaRule.") + path.name;
-          const bool recurrent_only = path.chunked_min_tokens == std::numeric_limits<int64_t>::max();
-          const double state_tol = bf16_state || !recurrent_only ? kBf16Tol : 1e-3;
+          const double state_tol = bf16_state ? kBf16StateTol : kF32Tol;
           const double e = RelError(Download(gpu(), gout), ref_out);
           const double es = RelError(Download(gpu(), gst), ref_state);
-          Record(kernel, shape, e, kBf16Tol);
+          Record(kernel, shape, e, kOutTol);
           Record(kernel + ".state", shape, es, state_tol);
-          EXPECT_LT(e, kBf16Tol) << path.name << " " << shape;
+          EXPECT_LT(e, kOutTol) << path.name << " " << shape;
           EXPECT_LT(es, state_tol) << path.name << " " << shape;
         }
         cuda::Tuning() = DefaultTuning();
