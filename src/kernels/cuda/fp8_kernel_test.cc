@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/model_runner.h"
@@ -133,6 +135,42 @@ TEST_F(CudaKernelTest, Fp8QuantizeGroups) {
   }
 }
 
+// The helpers of the cuBLASLt variants: the weight's block scales expanded per row ([L, N]) and
+// the bf16 transpose of an out^T result into strided rows, exact against the host.
+TEST_F(CudaKernelTest, Fp8ScaleExpandAndTranspose) {
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{208, 384}, {2112, 7168}, {96, 160}}) {
+    Fp8Weight w = MakeWeight(gpu(), n, k);
+    const int64_t groups = (k + kFp8Block - 1) / kFp8Block, ld = Fp8ScaleStride(k);
+    Tensor out = gpu().Empty(DType::kF32, {groups, n});
+    Poison(gpu(), out);
+    cuda::ExpandFp8WeightScales(w.dev_scale_view(), out, stream);
+    const std::vector<float> got = Download(gpu(), out);
+    int64_t bad = 0;
+    for (int64_t l = 0; l < groups; ++l)
+      for (int64_t r = 0; r < n; ++r) bad += got[l * n + r] != w.host_scale.ptr<float>()[(r / kFp8Block) * ld + l];
+    Record("Fp8ExpandScales.mismatches", "N" + std::to_string(n) + " K" + std::to_string(k), double(bad), 0);
+    EXPECT_EQ(bad, 0) << n << " x " << k;
+  }
+  for (auto [n, rows, m4, pad] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2112, 1, 4, 0},
+                                  {100, 7, 8, 12},
+                                  {4096, 300, 300, 0},
+                                  {33, 65, 68, 5}}) {
+    const std::vector<float> dt = RandomBf16(n * m4);
+    Tensor gdt = Upload(gpu(), dt, {n, m4}, DType::kBF16);
+    Tensor gout = gpu().Empty(DType::kBF16, {rows, n + pad});
+    Poison(gpu(), gout);
+    cuda::TransposeBf16(gdt, Cols(gout, n), stream);
+    const std::vector<float> got = Rows(Download(gpu(), gout), rows, n + pad, n);
+    int64_t bad = 0;
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < n; ++j) bad += got[t * n + j] != dt[j * m4 + t];
+    const std::string shape = "N" + std::to_string(n) + " T" + std::to_string(rows) + (pad ? " strided" : "");
+    Record("TransposeBf16.mismatches", shape, double(bad), 0);
+    EXPECT_EQ(bad, 0) << shape;
+  }
+}
+
 TEST_F(CudaKernelTest, LinearFp8) {
   auto& fp8 = dynamic_cast<cuda::CudaBackend&>(gpu()).fp8_linear();
   const cuda::Fp8Linear::Path default_path = fp8.path();
@@ -167,8 +205,13 @@ TEST_F(CudaKernelTest, LinearFp8) {
           RelError(want_v, std::vector<float>(exact.ptr<float>(), exact.ptr<float>() + m * c.n));
 
       Tensor gx = Upload(gpu(), x, {m, xw}, DType::kBF16);
-      for (auto path : {cuda::Fp8Linear::Path::kAuto, cuda::Fp8Linear::Path::kSimt}) {
+      // Each production cuBLASLt variant (kFp8LtVariants, Run falling through to the later ones
+      // where one is declined), then the SIMT kernel.
+      for (int variant = 0; variant <= cuda::kNumFp8LtVariants; ++variant) {
+        const auto path =
+            variant < cuda::kNumFp8LtVariants ? cuda::Fp8Linear::Path::kAuto : cuda::Fp8Linear::Path::kSimt;
         fp8.set_path(path);
+        fp8.set_first_variant(variant < cuda::kNumFp8LtVariants ? variant : 0);
         const int64_t declined = fp8.num_declined();
         Tensor gout = gpu().Empty(DType::kBF16, {m, ow});
         Poison(gpu(), gout);
@@ -178,18 +221,201 @@ TEST_F(CudaKernelTest, LinearFp8) {
         const bool lt = path == cuda::Fp8Linear::Path::kAuto && gpu().supports_linear_fp8(c.n, c.k) &&
                         fp8.num_declined() == declined;
         const std::string shape = ShapeName(m, c.n, c.k) + (c.x_pad || c.out_pad ? " strided" : "");
-        Record(lt ? "LinearFp8.cublaslt" : "LinearFp8.simt", shape, e, kBf16Tol);
-        EXPECT_LT(e, kBf16Tol) << shape << (lt ? " cublaslt" : " simt");
+        const std::string what = lt ? "cublaslt from variant " + std::to_string(variant) : std::string("simt");
+        Record("LinearFp8." + what, shape, e, kBf16Tol);
+        EXPECT_LT(e, kBf16Tol) << shape << " " << what;
       }
       Record("LinearFp8.act_quant_vs_unquantised", ShapeName(m, c.n, c.k), quant_err, 0.1);
       EXPECT_LT(quant_err, 0.1) << ShapeName(m, c.n, c.k);
     }
   }
   fp8.set_path(default_path);
+  fp8.set_first_variant(0);
   std::printf("LinearFp8: cuBLASLt declined %lld problem(s) (ran on the SIMT kernel)\n",
               static_cast<long long>(fp8.num_declined()));
   // The DeepSeek-V3 shapes must run on cuBLASLt, else the speed below is the SIMT kernel's.
   EXPECT_TRUE(gpu().supports_linear_fp8(2112, 7168));
+}
+
+// Which cuBLASLt configuration takes our block-scaled GEMM (issue 8: CUDA 13.0 declined every
+// problem of the session-3 code). For DeepSeek-V3 shapes (N x K 24576 x 1536, 2112 x 7168,
+// 7168 x 2048; M 1, 4, 128, 4096) each Fp8LtVariant (fp8_gemm.h: operand roles, weight scale
+// mode BLK128x128 / VEC128, D bf16 / f32 / row order, fast accumulation, scale pointers at the
+// heuristic or after it, alignment preferences) runs once through Fp8Linear::RunVariant on the
+// same quantised operands, checked against the CPU twin on 4 sampled rows (all columns). One
+// "fp8 lt probe:" line per variant; per shape a code: '.' ran and matched, 'H' the heuristic
+// returned an error status, '0' it found no algorithm, 'R' cublasLtMatmul returned an error,
+// 'E' ran but off the twin by more than kBf16Tol. Production (Fp8Linear::Run) tries the first
+// three lines' variants in that order. Filter: --gtest_filter='CudaKernelTest.Fp8CublasLtProbe'.
+TEST_F(CudaKernelTest, Fp8CublasLtProbe) {
+  auto& cb = dynamic_cast<cuda::CudaBackend&>(gpu());
+  auto& fp8 = cb.fp8_linear();
+  cudaStream_t stream = cb.stream();
+  int dev = 0;
+  cudaDeviceProp prop{};
+  COROLLA_CUDA_CHECK(cudaGetDevice(&dev));
+  COROLLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("fp8 lt probe: cuBLASLt %zu (header %d), %s sm_%d%d; codes per shape (M x N x K) below; '.' ok, "
+              "'H' heuristic error, '0' no algorithm, 'R' matmul error, 'E' wrong result\n",
+              cublasLtGetVersion(), CUBLAS_VERSION, prop.name, prop.major, prop.minor);
+
+  // Production's variants first, then the diagnostics of the session-3 settings, then the rest.
+  std::vector<cuda::Fp8LtVariant> variants(std::begin(cuda::kFp8LtVariants), std::end(cuda::kFp8LtVariants));
+  for (bool x_is_a : {false, true}) {
+    cuda::Fp8LtVariant v = cuda::Fp8LtRoles(x_is_a, false);
+    v.late_scale_pointers = true;
+    variants.push_back(v);
+    v.late_scale_pointers = false;
+    v.no_align_prefs = true;
+    variants.push_back(v);
+  }
+  auto same = [](const cuda::Fp8LtVariant& a, const cuda::Fp8LtVariant& b) { return a.Name() == b.Name(); };
+  for (bool x_is_a : {false, true})
+    for (bool w_vec : {false, true})
+      for (int dmode = 0; dmode < (x_is_a ? 3 : 2); ++dmode)
+        for (bool fast : {false, true}) {
+          cuda::Fp8LtVariant v = cuda::Fp8LtRoles(x_is_a, w_vec);
+          v.d_f32 = dmode == 1;
+          v.d_row = dmode == 2;
+          v.fast_accum = fast;
+          if (std::none_of(variants.begin(), variants.end(), [&](const auto& u) { return same(u, v); }))
+            variants.push_back(v);
+        }
+
+  struct Stat {
+    std::string codes, first_failure, worst_shape;
+    int heuristic_ok = 0, run_ok = 0, match = 0;
+    double worst = 0;
+    std::string tflops;  // M 4096 per N x K
+  };
+  std::vector<Stat> stats(variants.size());
+  struct NK {
+    int64_t n, k;
+  };
+  int problems = 0;
+  bool fault = false;
+  for (NK nk : {NK{24576, 1536}, NK{2112, 7168}, NK{7168, 2048}}) {
+    Fp8Weight w = MakeWeight(gpu(), nk.n, nk.k);
+    const int64_t groups = (nk.k + kFp8Block - 1) / kFp8Block;
+    Tensor wv = gpu().Empty(DType::kF32, {groups, nk.n});
+    cuda::ExpandFp8WeightScales(w.dev_scale_view(), wv, stream);
+    for (int64_t m : {1, 4, 128, 4096}) {
+      if (fault) break;
+      const int64_t m4 = (m + 3) / 4 * 4;
+      const std::string shape = ShapeName(m, nk.n, nk.k);
+      ++problems;
+      std::vector<float> x = RandomBf16(m * nk.k);
+      Tensor gx = Upload(gpu(), x, {m, nk.k}, DType::kBF16);
+      Tensor q = gpu().Empty(DType::kF8E4M3, {m4, nk.k}), sx = gpu().Empty(DType::kF32, {groups, m4});
+      cuda::QuantizeFp8Groups(gx, q, sx, stream);
+      // The twin on the sampled rows (the quantisation is per row, so a row subset is exact).
+      std::vector<int64_t> rows = {0, m / 3, 2 * m / 3, m - 1};
+      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+      const int64_t nr = static_cast<int64_t>(rows.size());
+      std::vector<float> xs;
+      for (int64_t r : rows) xs.insert(xs.end(), x.begin() + r * nk.k, x.begin() + (r + 1) * nk.k);
+      Tensor want = Tensor::Empty(DType::kF32, {nr, nk.n});
+      cpu::LinearFp8(HostF32(xs, {nr, nk.k}), w.host_w, w.host_scale_view(), want);
+      const std::vector<float> want_v(want.ptr<float>(), want.ptr<float>() + nr * nk.n);
+      Tensor d16 = gpu().Empty(DType::kBF16, {m4 * nk.n}), d32 = gpu().Empty(DType::kF32, {m4 * nk.n});
+
+      for (size_t vi = 0; vi < variants.size(); ++vi) {
+        const cuda::Fp8LtVariant& v = variants[vi];
+        Stat& st = stats[vi];
+        Tensor& d = v.d_f32 ? d32 : d16;
+        // All-ones bytes: NaN in bf16 and f32 (unwritten outputs fail the comparison).
+        COROLLA_CUDA_CHECK(cudaMemsetAsync(d.view().data, 0xff, d.view().nbytes(), stream));
+        const TensorView& ws = v.w_vec ? wv.view() : w.dev_scale_view();
+        const auto r = fp8.RunVariant(v, q, sx, w.dev_w, ws, d, stream, m == 4096 ? 5 : 0);
+        const cudaError_t sync = cudaStreamSynchronize(stream);
+        if (sync != cudaSuccess) {
+          std::printf("fp8 lt probe: device fault after %s at %s: %s; stopping\n", v.Name().c_str(), shape.c_str(),
+                      cudaGetErrorString(sync));
+          ADD_FAILURE() << "device fault in the probe";
+          fault = true;
+          break;
+        }
+        auto fail = [&](char code, const std::string& what) {
+          st.codes += code;
+          if (st.first_failure.empty()) st.first_failure = what + " at " + shape;
+        };
+        if (r.heuristic != CUBLAS_STATUS_SUCCESS) {
+          fail('H', std::string("heuristic: ") + cublasLtGetStatusString(r.heuristic));
+          continue;
+        }
+        if (r.found == 0) {
+          fail('0', "heuristic found no algorithm");
+          continue;
+        }
+        ++st.heuristic_ok;
+        if (r.run != CUBLAS_STATUS_SUCCESS) {
+          fail('R', std::string("matmul: ") + cublasLtGetStatusString(r.run));
+          continue;
+        }
+        ++st.run_ok;
+        // The sampled rows of out: D rows, or D columns when it holds out^T ([N, M4]).
+        const size_t es = v.d_f32 ? 4 : 2;
+        std::vector<uint8_t> raw(static_cast<size_t>(nr * nk.n) * es);
+        for (int64_t i = 0; i < nr; ++i) {
+          uint8_t* dst = raw.data() + static_cast<size_t>(i * nk.n) * es;
+          const uint8_t* src = static_cast<const uint8_t*>(d.view().data);
+          if (v.d_transposed()) {
+            COROLLA_CUDA_CHECK(cudaMemcpy2D(dst, es, src + rows[i] * es, m4 * es, es, nk.n, cudaMemcpyDeviceToHost));
+          } else {
+            COROLLA_CUDA_CHECK(cudaMemcpy(dst, src + rows[i] * nk.n * es, nk.n * es, cudaMemcpyDeviceToHost));
+          }
+        }
+        std::vector<float> got(nr * nk.n);
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (v.d_f32) {
+            std::memcpy(&got[i], raw.data() + i * 4, 4);
+          } else {
+            uint16_t b;
+            std::memcpy(&b, raw.data() + i * 2, 2);
+            got[i] = ToFloat(bf16::FromBits(b));
+          }
+        }
+        const double e = RelError(got, want_v);
+        if (!(e <= st.worst)) {
+          st.worst = e;
+          st.worst_shape = shape;
+        }
+        if (e < kBf16Tol) {
+          ++st.match;
+          st.codes += '.';
+        } else {
+          char buf[64];
+          std::snprintf(buf, sizeof(buf), "error %.2e", e);
+          fail('E', buf);
+        }
+        if (r.us > 0) {
+          const double us = r.us;
+          char buf[64];
+          std::snprintf(buf, sizeof(buf), "%s%lldx%lld %.0f", st.tflops.empty() ? "" : ", ",
+                        static_cast<long long>(nk.n), static_cast<long long>(nk.k),
+                        2.0 * m * nk.n * nk.k / (us * 1e-6) / 1e12);
+          st.tflops += buf;
+        }
+      }
+    }
+    for (Stat& st : stats) st.codes += ' ';  // one group of 4 codes (M 1, 4, 128, 4096) per N x K
+    if (fault) break;
+  }
+  int production_ok = 0;
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    const Stat& st = stats[vi];
+    std::printf("fp8 lt probe: %2zu %-62s | heuristic ok %d/%d | ran %d/%d | matched %d/%d | worst err %.2e (%s) | "
+                "M4096 TFLOP/s: %s | %s | %s\n",
+                vi, variants[vi].Name().c_str(), st.heuristic_ok, problems, st.run_ok, problems, st.match, problems,
+                st.worst, st.worst_shape.empty() ? "-" : st.worst_shape.c_str(),
+                st.tflops.empty() ? "-" : st.tflops.c_str(), st.codes.c_str(),
+                st.first_failure.empty() ? "all ok" : ("first failure: " + st.first_failure).c_str());
+    if (vi < static_cast<size_t>(cuda::kNumFp8LtVariants) && st.match == problems) ++production_ok;
+  }
+  std::printf("fp8 lt probe: %d of production's %d variants matched on every shape (Run takes the first that "
+              "works per shape)\n",
+              production_ok, cuda::kNumFp8LtVariants);
+  EXPECT_GT(production_ok, 0) << "no production variant of the block-scaled cuBLASLt GEMM works";
 }
 
 // FP8 GEMM speed: the per-tensor FP8 and bf16 cuBLASLt peaks at 8192^3, then our block-scaled
