@@ -4,11 +4,62 @@
 
 namespace corolla {
 
+OutputDispatcher::OutputDispatcher(std::function<void(uint64_t)> on_ended) : on_ended_(std::move(on_ended)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+OutputDispatcher::~OutputDispatcher() { Close(); }
+
+void OutputDispatcher::Deliver(uint64_t request_id, std::shared_ptr<OutputCallback> callback, RequestOutput output) {
+  std::lock_guard<std::mutex> lock(mu_);
+  deliveries_.push_back({request_id, std::move(callback), std::move(output)});
+  cv_.notify_one();
+}
+
+void OutputDispatcher::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void OutputDispatcher::Loop() {
+  for (;;) {
+    std::deque<Delivery> batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return closed_ || !deliveries_.empty(); });
+      if (deliveries_.empty()) return;  // closed and drained
+      batch.swap(deliveries_);
+    }
+    for (Delivery& d : batch) {
+      const bool last = d.output.finish_reason != FinishReason::kNone;
+      if (!d.callback) {  // the step thread has dropped a request its callback ended
+        ended_.erase(d.request_id);
+        continue;
+      }
+      if (ended_.count(d.request_id)) continue;
+      if (!(*d.callback)(d.output) && !last) {
+        ended_.insert(d.request_id);
+        on_ended_(d.request_id);
+      }
+    }
+  }
+}
+
 AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options)
-    : engine_(std::move(engine)), options_(options), max_model_len_(engine_->max_model_len()) {
+    : engine_(std::move(engine)),
+      options_(options),
+      max_model_len_(engine_->max_model_len()),
+      outputs_([this](uint64_t id) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ended_by_callback_.push_back(id);
+        cv_.notify_one();
+      }) {
   stats_.num_kv_blocks = engine_->num_kv_blocks();
   stats_.block_size = engine_->options().block_size;
-  output_thread_ = std::thread([this] { OutputLoop(); });
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -82,44 +133,7 @@ void AsyncEngine::Shutdown(std::chrono::milliseconds drain) {
     cv_.notify_one();
   }
   if (thread_.joinable()) thread_.join();
-  {
-    std::lock_guard<std::mutex> lock(out_mu_);
-    outputs_closed_ = true;
-    out_cv_.notify_one();
-  }
-  if (output_thread_.joinable()) output_thread_.join();  // after every output is delivered
-}
-
-void AsyncEngine::Deliver(uint64_t request_id, const std::shared_ptr<OutputCallback>& callback, RequestOutput output) {
-  std::lock_guard<std::mutex> lock(out_mu_);
-  deliveries_.push_back({request_id, callback, std::move(output)});
-  out_cv_.notify_one();
-}
-
-void AsyncEngine::OutputLoop() {
-  for (;;) {
-    std::deque<Delivery> batch;
-    {
-      std::unique_lock<std::mutex> lock(out_mu_);
-      out_cv_.wait(lock, [&] { return outputs_closed_ || !deliveries_.empty(); });
-      if (deliveries_.empty()) return;  // closed and drained
-      batch.swap(deliveries_);
-    }
-    for (Delivery& d : batch) {
-      const bool last = d.output.finish_reason != FinishReason::kNone;
-      if (!d.callback) {  // the step thread has dropped a request its callback ended
-        ended_.erase(d.request_id);
-        continue;
-      }
-      if (ended_.count(d.request_id)) continue;
-      if (!(*d.callback)(d.output) && !last) {
-        ended_.insert(d.request_id);
-        std::lock_guard<std::mutex> lock(mu_);
-        ended_by_callback_.push_back(d.request_id);
-        cv_.notify_one();
-      }
-    }
-  }
+  outputs_.Close();  // after every output is delivered
 }
 
 EngineStats AsyncEngine::Stats() const {
@@ -144,7 +158,7 @@ void AsyncEngine::AbortRequest(uint64_t request_id) {
   RequestOutput out;
   out.finish_reason = FinishReason::kAbort;
   out.num_prompt_tokens = it->second.num_prompt_tokens;
-  Deliver(request_id, it->second.callback, std::move(out));
+  outputs_.Deliver(request_id, it->second.callback, std::move(out));
   request_of_seq_.erase(it->second.seq_id);
   active_.erase(it);
 }
@@ -191,7 +205,7 @@ void AsyncEngine::Loop() {
         active_.erase(it);
         Unpark(id);
       }
-      Deliver(id, nullptr, {});
+      outputs_.Forget(id);
     }
     for (uint64_t id : cancels) {
       if (!active_.count(id)) continue;
@@ -218,7 +232,7 @@ void AsyncEngine::Loop() {
         out.num_prompt_tokens = ait->second.num_prompt_tokens;
         if (const Sequence* s = engine_->Find(o.seq_id)) out.num_cached_prompt_tokens = s->num_cached_prompt_tokens;
         const uint64_t request_id = rit->second;
-        Deliver(request_id, ait->second.callback, std::move(out));
+        outputs_.Deliver(request_id, ait->second.callback, std::move(out));
         if (o.finish_reason != FinishReason::kNone) {
           active_.erase(ait);
           request_of_seq_.erase(rit);

@@ -85,6 +85,40 @@ class ServingEngine {
   virtual int max_model_len() const = 0;
 };
 
+// The output thread of a serving engine: callbacks run there, in order, off the step thread.
+// A callback that returns false on a non-final output (its client went away) ends its request:
+// the dispatcher drops its later outputs and calls on_ended(request_id) (on the output thread)
+// so that the step thread can abort it; once the step thread has dropped it, Forget lets the
+// dispatcher forget it too.
+class OutputDispatcher {
+ public:
+  explicit OutputDispatcher(std::function<void(uint64_t)> on_ended);
+  ~OutputDispatcher();  // Close()
+  OutputDispatcher(const OutputDispatcher&) = delete;
+  OutputDispatcher& operator=(const OutputDispatcher&) = delete;
+
+  void Deliver(uint64_t request_id, std::shared_ptr<OutputCallback> callback, RequestOutput output);
+  void Forget(uint64_t request_id) { Deliver(request_id, nullptr, {}); }
+  // Delivers everything queued, then joins the thread. Idempotent.
+  void Close();
+
+ private:
+  struct Delivery {
+    uint64_t request_id;
+    std::shared_ptr<OutputCallback> callback;  // null: forget the request
+    RequestOutput output;
+  };
+  void Loop();
+
+  const std::function<void(uint64_t)> on_ended_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Delivery> deliveries_;     // guarded by mu_
+  bool closed_ = false;                 // guarded by mu_
+  std::unordered_set<uint64_t> ended_;  // output thread only: callbacks that returned false
+  std::thread thread_;
+};
+
 class AsyncEngine final : public ServingEngine {
  public:
   AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options);
@@ -112,20 +146,11 @@ class AsyncEngine final : public ServingEngine {
     std::shared_ptr<OutputCallback> callback;
     int num_prompt_tokens;
   };
-  // An output on its way to a callback; a null callback tells the output thread to forget a
-  // request that its callback ended.
-  struct Delivery {
-    uint64_t request_id;
-    std::shared_ptr<OutputCallback> callback;
-    RequestOutput output;
-  };
   struct Parked {
     uint64_t id;
     GenerationRequest request;
   };
   void Loop();
-  void OutputLoop();
-  void Deliver(uint64_t request_id, const std::shared_ptr<OutputCallback>& callback, RequestOutput output);
   // Ends a request with a final kAbort output, wherever it is.
   void AbortRequest(uint64_t request_id);
   void AbortAll();
@@ -154,14 +179,8 @@ class AsyncEngine final : public ServingEngine {
   std::unordered_map<uint64_t, std::vector<Parked>> parked_;  // by leader
   int num_parked_ = 0;
 
+  OutputDispatcher outputs_;  // after mu_ / cv_ / ended_by_callback_, which its callback uses
   std::thread thread_;
-
-  std::mutex out_mu_;
-  std::condition_variable out_cv_;
-  std::deque<Delivery> deliveries_;  // guarded by out_mu_
-  bool outputs_closed_ = false;      // guarded by out_mu_
-  std::unordered_set<uint64_t> ended_;  // output thread only: callbacks that returned false
-  std::thread output_thread_;
 };
 
 }  // namespace corolla

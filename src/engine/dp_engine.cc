@@ -379,10 +379,15 @@ DataParallelEngine::DataParallelEngine(std::unique_ptr<DpRankEngine> local, DpAl
                                        std::function<void(const Status&)> on_failure)
     : local_(std::move(local)), all_gather_(std::move(all_gather)), num_ranks_(num_ranks),
       max_model_len_(max_model_len), options_(options), on_failure_(std::move(on_failure)),
-      load_(num_ranks, 0), num_assigned_(num_ranks, 0) {
+      load_(num_ranks, 0),
+      num_assigned_(num_ranks, 0),
+      outputs_([this](uint64_t id) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ended_by_callback_.push_back(id);
+        cv_.notify_one();
+      }) {
   stats_.num_kv_blocks = local_->engine().num_kv_blocks() * num_ranks;  // until the first reports
   stats_.block_size = local_->engine().options().block_size;
-  output_thread_ = std::thread([this] { OutputLoop(); });
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -433,12 +438,7 @@ void DataParallelEngine::Shutdown(std::chrono::milliseconds drain) {
     cv_.notify_one();
   }
   if (thread_.joinable()) thread_.join();
-  {
-    std::lock_guard<std::mutex> lock(out_mu_);
-    outputs_closed_ = true;
-    out_cv_.notify_one();
-  }
-  if (output_thread_.joinable()) output_thread_.join();
+  outputs_.Close();  // after every output is delivered
 }
 
 EngineStats DataParallelEngine::Stats() const {
@@ -451,38 +451,6 @@ Status DataParallelEngine::status() const {
   return status_;
 }
 
-void DataParallelEngine::Deliver(uint64_t request_id, std::shared_ptr<OutputCallback> callback, RequestOutput output) {
-  std::lock_guard<std::mutex> lock(out_mu_);
-  deliveries_.push_back({request_id, std::move(callback), std::move(output)});
-  out_cv_.notify_one();
-}
-
-void DataParallelEngine::OutputLoop() {
-  for (;;) {
-    std::deque<Delivery> batch;
-    {
-      std::unique_lock<std::mutex> lock(out_mu_);
-      out_cv_.wait(lock, [&] { return outputs_closed_ || !deliveries_.empty(); });
-      if (deliveries_.empty()) return;  // closed and drained
-      batch.swap(deliveries_);
-    }
-    for (Delivery& d : batch) {
-      const bool last = d.output.finish_reason != FinishReason::kNone;
-      if (!d.callback) {  // the step thread has dropped a request its callback ended
-        ended_.erase(d.request_id);
-        continue;
-      }
-      if (ended_.count(d.request_id)) continue;
-      if (!(*d.callback)(d.output) && !last) {
-        ended_.insert(d.request_id);
-        std::lock_guard<std::mutex> lock(mu_);
-        ended_by_callback_.push_back(d.request_id);
-        cv_.notify_one();
-      }
-    }
-  }
-}
-
 void DataParallelEngine::AbortRequest(uint64_t request_id, DpControl* control) {
   auto it = active_.find(request_id);
   if (it == active_.end()) return;
@@ -490,7 +458,7 @@ void DataParallelEngine::AbortRequest(uint64_t request_id, DpControl* control) {
   RequestOutput out;
   out.finish_reason = FinishReason::kAbort;
   out.num_prompt_tokens = it->second.num_prompt_tokens;
-  Deliver(request_id, it->second.callback, std::move(out));
+  outputs_.Deliver(request_id, it->second.callback, std::move(out));
   active_.erase(it);
 }
 
@@ -511,7 +479,7 @@ void DataParallelEngine::Fail(const Status& status) {
       RequestOutput out;
       out.finish_reason = FinishReason::kAbort;
       out.num_prompt_tokens = static_cast<int>(s.requests[i].prompt.size());
-      Deliver(s.ids[i], std::make_shared<OutputCallback>(std::move(s.callbacks[i])), std::move(out));
+      outputs_.Deliver(s.ids[i], std::make_shared<OutputCallback>(std::move(s.callbacks[i])), std::move(out));
     }
   if (on_failure_) on_failure_(status);
 }
@@ -571,7 +539,7 @@ void DataParallelEngine::Loop() {
         control.cancels.emplace_back(id, it->second.rank);
         active_.erase(it);
       }
-      Deliver(id, nullptr, {});
+      outputs_.Forget(id);
     }
     for (uint64_t id : cancels) AbortRequest(id, &control);
     if (past_deadline) {
@@ -595,7 +563,7 @@ void DataParallelEngine::Loop() {
         auto it = active_.find(id);
         if (it == active_.end()) continue;  // cancelled or aborted meanwhile
         const bool last = out.finish_reason != FinishReason::kNone;
-        Deliver(id, it->second.callback, std::move(out));
+        outputs_.Deliver(id, it->second.callback, std::move(out));
         if (last) active_.erase(it);
       }
       for (const auto& [id, message] : p.rejected) {  // validated on rank 0, so not expected

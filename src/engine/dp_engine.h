@@ -160,14 +160,7 @@ class DataParallelEngine final : public ServingEngine {
     std::shared_ptr<OutputCallback> callback;
     int num_prompt_tokens;
   };
-  struct Delivery {
-    uint64_t request_id;
-    std::shared_ptr<OutputCallback> callback;  // null: forget a request its callback ended
-    RequestOutput output;
-  };
   void Loop();
-  void OutputLoop();
-  void Deliver(uint64_t request_id, std::shared_ptr<OutputCallback> callback, RequestOutput output);
   // Ends a request with a final kAbort output; `control` (if given) cancels it on its rank.
   void AbortRequest(uint64_t request_id, DpControl* control);
   void Fail(const Status& status);
@@ -197,14 +190,8 @@ class DataParallelEngine final : public ServingEngine {
   std::vector<int> load_;  // per rank: running + waiting at its last report, + assigned since
   std::vector<int64_t> num_assigned_;  // per rank: requests it was given
 
+  OutputDispatcher outputs_;  // after mu_ / cv_ / ended_by_callback_, which its callback uses
   std::thread thread_;
-
-  std::mutex out_mu_;
-  std::condition_variable out_cv_;
-  std::deque<Delivery> deliveries_;     // guarded by out_mu_
-  bool outputs_closed_ = false;         // guarded by out_mu_
-  std::unordered_set<uint64_t> ended_;  // output thread only: callbacks that returned false
-  std::thread output_thread_;
 };
 
 // Ranks 1..D-1: runs rounds with `rank`'s engine until rank 0's control says stop. Errors: the
