@@ -34,8 +34,8 @@ void ModelOptions::Declare(Flags& flags) {
                "math stays f32; accuracy cost in BENCHMARKS.md)");
   flags.String("fp8", &fp8,
                "FP8 checkpoints (DeepSeek-V3): dequant (weights dequantised to bf16 at load; default) or "
-               "native (block-scaled FP8 GEMMs, activations quantised per 1x128; slow on CUDA until "
-               "cuBLASLt takes the shapes: BENCHMARKS.md)");
+               "native (block-scaled FP8 GEMMs for the dense projections, activations quantised per "
+               "1x128; routed experts stay bf16)");
 }
 
 Result<DType> ParseLinearStateDtype(const std::string& name) {

@@ -110,9 +110,10 @@ Result<Tensor> WeightLoader::LoadConcat(const std::vector<std::string>& names,
 
 Result<bool> NativeFp8Requested(const Backend& backend) {
   const char* v = std::getenv("COROLLA_FP8");
-  // Default dequant everywhere: on an H200 with cuBLAS 13.0, cuBLASLt declined every
-  // block-scaled problem we gave it and our SIMT fallback runs at 2-5 TFLOP/s, far below the
-  // bf16 GEMMs of the dequantised weights (BENCHMARKS.md). Native stays for accuracy checks.
+  // Default dequant everywhere: native FP8 covers the dense projections only (the routed
+  // experts stay bf16 until a grouped FP8 GEMM exists), and at decode sizes its quantise +
+  // GEMM launches are no faster than bf16 (docs/benchmarks/deepseek.md); prefill-sized GEMMs
+  // run at 66-90% of the FP8 peak with --fp8 native.
   if (v == nullptr || *v == '\0') return false;
   if (std::string(v) == "native") return true;
   if (std::string(v) == "dequant") return false;
