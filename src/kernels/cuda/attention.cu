@@ -11,13 +11,14 @@
 // one table of supported shapes, and merges split-KV partials. Decode batches that would
 // under-fill the GPU split each sequence's keys across CTAs (split-KV): the host picks the
 // number of splits from its hints (upper bounds under CUDA-graph replay), each CTA derives its
-// key range from its own sequence's device-side length, and AttentionMergeKernel merges the
-// partial softmax states (one partial format for both kernels).
+// key range from its own sequence's device-side length, and SplitKvMergeKernel
+// (split_kv_merge.cuh) merges the partial softmax states (one partial format for all kernels).
 #include <algorithm>
 #include <string>
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/split_kv_merge.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace corolla::cuda {
@@ -43,7 +44,7 @@ struct AttentionParams {
   float scale_log2;  // softmax scale * log2(e)
   // Split-KV (decode): blockIdx.x = row tile + row_tiles * split; split s reads keys
   // [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kBlockN), from the sequence's
-  // device-side length, and writes unnormalised partials, merged by AttentionMergeKernel.
+  // device-side length, and writes unnormalised partials, merged by SplitKvMergeKernel.
   // num_splits 1: no split, the CTA writes out itself.
   int row_tiles, num_splits, q_heads;
   float* part_o;   // [T * Hq, num_splits, D]
@@ -220,42 +221,6 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
   }
 }
 
-// out[row] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the splits; one warp per
-// (token, head) row, lane owning dims lane + 32 c.
-struct MergeParams {
-  const float* part_o;
-  const float* part_ml;
-  bf16_t* out;
-  int64_t out_token_stride, out_head_stride;
-  int64_t rows;
-  int q_heads, num_splits;
-};
-
-template <int kD>
-__global__ void AttentionMergeKernel(const __grid_constant__ MergeParams p) {
-  constexpr int kPerLane = kD / 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= p.rows) return;
-  const float* ml = p.part_ml + row * p.num_splits * 2;
-  float mx = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, ml[2 * s]);
-  float acc[kPerLane] = {}, l = 0.f;
-  for (int s = 0; s < p.num_splits; ++s) {
-    if (ml[2 * s] == -INFINITY) continue;
-    const float w = exp2f(ml[2 * s] - mx);
-    l += w * ml[2 * s + 1];
-    const float* o = p.part_o + (row * p.num_splits + s) * kD;
-#pragma unroll
-    for (int c = 0; c < kPerLane; ++c) acc[c] = fmaf(w, o[lane + 32 * c], acc[c]);
-  }
-  const int64_t tok = row / p.q_heads, head = row % p.q_heads;
-  bf16_t* dst = p.out + tok * p.out_token_stride + head * p.out_head_stride;
-  const float inv = 1.f / l;
-#pragma unroll
-  for (int c = 0; c < kPerLane; ++c) dst[lane + 32 * c] = __float2bfloat16(acc[c] * inv);
-}
-
 // The one table of (Dk, Dv) pairs the attention kernels are built for: the plain head dims, and
 // MLA's (qk_nope + rope, v) for the decompressed form and (kv_lora + rope, kv_lora) for the
 // absorbed one (DeepSeek-V3: 192/128, 576/512; the test fixture: 48/32). kMma: the tensor-core
@@ -407,10 +372,9 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
       COROLLA_CUDA_CHECK_LAUNCH();
     }
     if (num_splits > 1 && !merged) {
-      MergeParams mp{part_o, part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
-                     static_cast<int>(q.dim(1)), num_splits};
-      AttentionMergeKernel<kDv><<<CeilDiv(merge_rows, 4), 128, 0, s>>>(mp);
-      COROLLA_CUDA_CHECK_LAUNCH();
+      LaunchSplitKvMerge<kDv>({part_o, part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
+                               static_cast<int>(q.dim(1)), num_splits},
+                              s);
     }
   });
 }

@@ -40,11 +40,11 @@ struct MmaParams {
   float scale_log2;  // softmax scale * log2(e)
   // blockIdx.x = row tile + row_tiles * split. num_splits 1: the CTA normalises and writes out;
   // else split s takes keys [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kBlockN),
-  // and writes unnormalised partials for AttentionMergeKernel (attention.cu).
+  // and writes unnormalised partials for SplitKvMergeKernel (split_kv_merge.cuh).
   int row_tiles, num_splits;
   float* part_o;   // [T * Hq, num_splits, D]
   float* part_ml;  // [T * Hq, num_splits, 2]: running max (log2 domain) and sum
-  // Fused merge (null: AttentionMergeKernel runs after): [B, Hk, row_tiles] arrival counters,
+  // Fused merge (null: SplitKvMergeKernel runs after): [B, Hk, row_tiles] arrival counters,
   // zero between launches; the last split of a (sequence, KV head, row tile) to arrive merges.
   int* counters;
 };
@@ -133,7 +133,7 @@ __device__ __forceinline__ int64_t GlobalRow(const MmaParams& p, int q0, int kvh
 // Split-KV with the fused merge, called by every thread of the CTA once its partials (or its
 // empty-split marks) are written: the CTA counts itself in, and the last of the num_splits CTAs
 // of its (sequence b, KV head, row tile) merges the splits of the tile's rows [row0, row_end)
-// into out as AttentionMergeKernel does, then re-arms the counter for the next launch. Uses the
+// into out as SplitKvMergeKernel does, then re-arms the counter for the next launch. Uses the
 // dynamic shared memory (the pipeline is drained) for the rows' (m, l) of every split.
 template <class C>
 __device__ void ArriveAndMerge(const MmaParams& p, int b, int kvh, int tile, int q0, int row0, int row_end) {
@@ -539,10 +539,7 @@ bool AttentionMma(const TensorView& q, const KvCacheView& cache, const Attention
                   int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
                   const TensorView& out, cudaStream_t s) {
   const int bs = cache.block_size();
-  int shift = -1;
-  if ((bs & (bs - 1)) == 0)
-    for (shift = 0; (1 << shift) < bs; ++shift) {
-    }
+  const int shift = BlockShift(bs);
   MmaParams p{q.ptr<bf16_t>(),
               q.strides[0],
               q.strides[1],

@@ -57,6 +57,13 @@ inline bool Vectorisable(const TensorView& t, int64_t row_len) {
 }
 
 inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+// log2 of a power-of-two KV block size (the kernels shift), else -1 (they divide).
+inline int BlockShift(int block_size) {
+  if (block_size <= 0 || (block_size & (block_size - 1)) != 0) return -1;
+  int shift = 0;
+  while ((1 << shift) < block_size) ++shift;
+  return shift;
+}
 
 // The one table of head dims the attention/norm kernels are specialised for.
 template <int... kDims>

@@ -17,14 +17,15 @@
 //     of the same latent tile) from shared memory.
 // Split-KV (several CTAs per sequence when the batch alone would leave SMs idle): each split takes
 // its own sequence's keys [s c, (s + 1) c), c = round_up(ceil(seq_len / splits), kBlockN), writes
-// unnormalised partials (o, max, sum) in f32, and MlaCombineKernel merges them. The host plans the
-// number of splits from its hints (max_seq_len may be an upper bound).
+// unnormalised partials (o, max, sum) in f32, and SplitKvMergeKernel (split_kv_merge.cuh) merges
+// them. The host plans the number of splits from its hints (max_seq_len may be an upper bound).
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/split_kv_merge.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -362,42 +363,6 @@ __global__ void __launch_bounds__(C::kThreads, 1) MlaDecodeKernel(const __grid_c
     }
 }
 
-// out[row] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the splits; a warp per (token,
-// head) row, lane owning dims lane + 32 c.
-struct MlaCombineParams {
-  const float* part_o;
-  const float* part_ml;
-  bf16_t* out;
-  int64_t out_token_stride, out_head_stride;
-  int64_t rows;  // T * Hq
-  int q_heads, num_splits;
-};
-
-template <int kDv>
-__global__ void MlaCombineKernel(const __grid_constant__ MlaCombineParams p) {
-  constexpr int kPerLane = kDv / 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= p.rows) return;
-  const float* ml = p.part_ml + row * p.num_splits * 2;
-  float mx = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, ml[2 * s]);
-  float acc[kPerLane] = {}, l = 0.f;
-  for (int s = 0; s < p.num_splits; ++s) {
-    if (ml[2 * s] == -INFINITY) continue;
-    const float w = exp2f(ml[2 * s] - mx);
-    l += w * ml[2 * s + 1];
-    const float* o = p.part_o + (row * p.num_splits + s) * kDv;
-#pragma unroll
-    for (int c = 0; c < kPerLane; ++c) acc[c] = fmaf(w, o[lane + 32 * c], acc[c]);
-  }
-  const int64_t tok = row / p.q_heads, head = row % p.q_heads;
-  bf16_t* dst = p.out + tok * p.out_token_stride + head * p.out_head_stride;
-  const float inv = 1.f / l;
-#pragma unroll
-  for (int c = 0; c < kPerLane; ++c) dst[lane + 32 * c] = __float2bfloat16(acc[c] * inv);
-}
-
 int NumSms() {
   static const int sms = [] {
     int dev = 0, n = 0;
@@ -460,10 +425,8 @@ void LaunchMlaDecode(MlaParams p, int64_t tokens, int num_seqs, int max_seq_len,
   MlaDecodeKernel<C><<<dim3(row_tiles, p.num_splits, num_seqs), C::kThreads, C::kSmemBytes, s>>>(p);
   COROLLA_CUDA_CHECK_LAUNCH();
   if (p.num_splits > 1) {
-    MlaCombineParams cp{p.part_o, p.part_ml, p.out, p.out_token_stride, p.out_head_stride, rows, p.q_heads,
-                        p.num_splits};
-    MlaCombineKernel<C::kDv><<<CeilDiv(rows, 4), 128, 0, s>>>(cp);
-    COROLLA_CUDA_CHECK_LAUNCH();
+    LaunchSplitKvMerge<C::kDv>(
+        {p.part_o, p.part_ml, p.out, p.out_token_stride, p.out_head_stride, rows, p.q_heads, p.num_splits}, s);
   }
 }
 
@@ -492,10 +455,7 @@ void MlaDecode(const TensorView& q, const KvCacheView& cache, const AttentionBat
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
   if (q.dim(0) == 0 || num_seqs == 0) return;
   const int bs = cache.block_size();
-  int shift = -1;
-  if ((bs & (bs - 1)) == 0)
-    for (shift = 0; (1 << shift) < bs; ++shift) {
-    }
+  const int shift = BlockShift(bs);
   MlaParams p{q.ptr<bf16_t>(),
               q.strides[0],
               q.strides[1],
