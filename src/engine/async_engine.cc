@@ -49,18 +49,42 @@ void OutputDispatcher::Loop() {
   }
 }
 
-AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options)
-    : engine_(std::move(engine)),
-      options_(options),
-      max_model_len_(engine_->max_model_len()),
-      outputs_([this](uint64_t id) {
+StepThreadEngine::StepThreadEngine()
+    : outputs_([this](uint64_t id) {
         std::lock_guard<std::mutex> lock(mu_);
         ended_by_callback_.push_back(id);
         cv_.notify_one();
-      }) {
+      }) {}
+
+void StepThreadEngine::Cancel(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(request_id);
+  cv_.notify_one();
+}
+
+void StepThreadEngine::Shutdown(std::chrono::milliseconds drain) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      drain_deadline_ = std::chrono::steady_clock::now() + drain;
+    }
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+  outputs_.Close();  // after every output is delivered
+}
+
+EngineStats StepThreadEngine::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options)
+    : engine_(std::move(engine)), options_(options), max_model_len_(engine_->max_model_len()) {
   stats_.num_kv_blocks = engine_->num_kv_blocks();
   stats_.block_size = engine_->options().block_size;
-  thread_ = std::thread([this] { Loop(); });
+  StartStepThread([this] { Loop(); });
 }
 
 AsyncEngine::~AsyncEngine() { Shutdown(); }
@@ -115,30 +139,6 @@ void AsyncEngine::Unpark(uint64_t leader) {
   num_parked_ -= static_cast<int>(followers.size());
   for (Parked& p : followers)
     if (active_.count(p.id)) AddToEngine(p.id, std::move(p.request));  // else cancelled meanwhile
-}
-
-void AsyncEngine::Cancel(uint64_t request_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  cancels_.push_back(request_id);
-  cv_.notify_one();
-}
-
-void AsyncEngine::Shutdown(std::chrono::milliseconds drain) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) {
-      stopping_ = true;
-      drain_deadline_ = std::chrono::steady_clock::now() + drain;
-    }
-    cv_.notify_one();
-  }
-  if (thread_.joinable()) thread_.join();
-  outputs_.Close();  // after every output is delivered
-}
-
-EngineStats AsyncEngine::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
 }
 
 void AsyncEngine::PublishStats(int num_incoming) {

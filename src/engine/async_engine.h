@@ -119,7 +119,39 @@ class OutputDispatcher {
   std::thread thread_;
 };
 
-class AsyncEngine final : public ServingEngine {
+// What AsyncEngine and DataParallelEngine share: a step thread that other threads reach through
+// mu_ / cv_ (cancels, requests whose callback ended them, the stop and its drain deadline), the
+// stats it publishes, and the output thread. A subclass starts the step thread last in its
+// constructor (StartStepThread) and calls Shutdown first in its destructor, while the members
+// the step thread uses still exist.
+class StepThreadEngine : public ServingEngine {
+ public:
+  ~StepThreadEngine() override { Shutdown(); }
+  void Cancel(uint64_t request_id) override;
+  // Stops accepting, lets the step thread run in-flight requests for up to `drain` (it aborts
+  // the rest), joins it, then delivers the outputs left. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(0)) override;
+  EngineStats Stats() const override;
+
+ protected:
+  StepThreadEngine();
+  void StartStepThread(std::function<void()> loop) { thread_ = std::thread(std::move(loop)); }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> cancels_;            // guarded by mu_
+  std::vector<uint64_t> ended_by_callback_;  // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
+  std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
+  EngineStats stats_;                        // guarded by mu_
+  uint64_t next_id_ = 1;                     // guarded by mu_
+  OutputDispatcher outputs_;                 // after the members its callback uses
+
+ private:
+  std::thread thread_;
+};
+
+class AsyncEngine final : public StepThreadEngine {
  public:
   AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions options);
   ~AsyncEngine() override;  // Shutdown with no drain time
@@ -128,10 +160,6 @@ class AsyncEngine final : public ServingEngine {
 
   Result<std::vector<uint64_t>> SubmitAll(std::vector<GenerationRequest> requests,
                                           std::vector<OutputCallback> callbacks) override;
-  void Cancel(uint64_t request_id) override;
-  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(0)) override;
-
-  EngineStats Stats() const override;
   int max_model_len() const override { return max_model_len_; }
 
  private:
@@ -163,15 +191,7 @@ class AsyncEngine final : public ServingEngine {
   const AsyncEngineOptions options_;
   const int max_model_len_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::vector<Submission> incoming_;  // guarded by mu_
-  std::vector<uint64_t> cancels_;     // guarded by mu_
-  std::vector<uint64_t> ended_by_callback_;  // guarded by mu_
-  bool stopping_ = false;             // guarded by mu_
-  std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
-  EngineStats stats_;                 // guarded by mu_
-  uint64_t next_id_ = 1;              // guarded by mu_
 
   // Step thread only.
   std::unordered_map<uint64_t, Active> active_;
@@ -179,8 +199,6 @@ class AsyncEngine final : public ServingEngine {
   std::unordered_map<uint64_t, std::vector<Parked>> parked_;  // by leader
   int num_parked_ = 0;
 
-  OutputDispatcher outputs_;  // after mu_ / cv_ / ended_by_callback_, which its callback uses
-  std::thread thread_;
 };
 
 }  // namespace corolla

@@ -379,16 +379,10 @@ DataParallelEngine::DataParallelEngine(std::unique_ptr<DpRankEngine> local, DpAl
                                        std::function<void(const Status&)> on_failure)
     : local_(std::move(local)), all_gather_(std::move(all_gather)), num_ranks_(num_ranks),
       max_model_len_(max_model_len), options_(options), on_failure_(std::move(on_failure)),
-      load_(num_ranks, 0),
-      num_assigned_(num_ranks, 0),
-      outputs_([this](uint64_t id) {
-        std::lock_guard<std::mutex> lock(mu_);
-        ended_by_callback_.push_back(id);
-        cv_.notify_one();
-      }) {
+      load_(num_ranks, 0), num_assigned_(num_ranks, 0) {
   stats_.num_kv_blocks = local_->engine().num_kv_blocks() * num_ranks;  // until the first reports
   stats_.block_size = local_->engine().options().block_size;
-  thread_ = std::thread([this] { Loop(); });
+  StartStepThread([this] { Loop(); });
 }
 
 DataParallelEngine::~DataParallelEngine() { Shutdown(); }
@@ -420,30 +414,6 @@ Result<std::vector<uint64_t>> DataParallelEngine::SubmitAll(std::vector<Generati
   stats_.num_waiting += n;
   cv_.notify_one();
   return ids;
-}
-
-void DataParallelEngine::Cancel(uint64_t request_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  cancels_.push_back(request_id);
-  cv_.notify_one();
-}
-
-void DataParallelEngine::Shutdown(std::chrono::milliseconds drain) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) {
-      stopping_ = true;
-      drain_deadline_ = std::chrono::steady_clock::now() + drain;
-    }
-    cv_.notify_one();
-  }
-  if (thread_.joinable()) thread_.join();
-  outputs_.Close();  // after every output is delivered
-}
-
-EngineStats DataParallelEngine::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
 }
 
 Status DataParallelEngine::status() const {

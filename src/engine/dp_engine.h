@@ -128,7 +128,7 @@ class DpRankEngine {
 // Rank 0's side: the server submits here; requests go to the least loaded rank (fewest running
 // + waiting sequences, ties to the lowest rank; the n choices of one request to the same rank,
 // for its prefix cache) and come back as outputs with AsyncEngine's contract.
-class DataParallelEngine final : public ServingEngine {
+class DataParallelEngine final : public StepThreadEngine {
  public:
   // `local`: rank 0's engine. `all_gather`: the rounds' exchange with the followers (used by the
   // step thread only). `max_model_len`: the smallest of the ranks' (a request must fit on any).
@@ -142,10 +142,7 @@ class DataParallelEngine final : public ServingEngine {
 
   Result<std::vector<uint64_t>> SubmitAll(std::vector<GenerationRequest> requests,
                                           std::vector<OutputCallback> callbacks) override;
-  void Cancel(uint64_t request_id) override;
-  // Also ends the followers: the last round tells every rank to stop.
-  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(0)) override;
-  EngineStats Stats() const override;
+  // (Shutdown also ends the followers: the step thread's last round tells every rank to stop.)
   int max_model_len() const override { return max_model_len_; }
   Status status() const;
 
@@ -173,25 +170,15 @@ class DataParallelEngine final : public ServingEngine {
   const AsyncEngineOptions options_;
   const std::function<void(const Status&)> on_failure_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::vector<Submission> incoming_;          // guarded by mu_
   int num_incoming_ = 0;                      // requests in incoming_; guarded by mu_
-  std::vector<uint64_t> cancels_;             // guarded by mu_
-  std::vector<uint64_t> ended_by_callback_;   // guarded by mu_
-  bool stopping_ = false;                     // guarded by mu_
-  std::chrono::steady_clock::time_point drain_deadline_;  // guarded by mu_
-  EngineStats stats_;                         // guarded by mu_
   Status status_;                             // guarded by mu_
-  uint64_t next_id_ = 1;                      // guarded by mu_
 
   // Step thread only.
   std::unordered_map<uint64_t, Active> active_;
   std::vector<int> load_;  // per rank: running + waiting at its last report, + assigned since
   std::vector<int64_t> num_assigned_;  // per rank: requests it was given
 
-  OutputDispatcher outputs_;  // after mu_ / cv_ / ended_by_callback_, which its callback uses
-  std::thread thread_;
 };
 
 // Ranks 1..D-1: runs rounds with `rank`'s engine until rank 0's control says stop. Errors: the
