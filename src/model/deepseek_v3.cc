@@ -140,14 +140,9 @@ Status DeepseekV3Model::PlanShard() {
     return InvalidArgument(c.model_type + " does not split over --tp " + std::to_string(tp) + " / --ep " +
                            std::to_string(shard_.ep_size) + ": " + why);
   };
-  if (shard_.dp_ep()) {
-    // DP attention: each rank attends to its own sequences with all heads (no split), dense
-    // layers and shared experts whole; only the routed experts are split, over the EP ranks.
-    if (tp > 1) return Unsupported(c.model_type + ": DP attention with --tp > 1 is not implemented yet (use --tp 1 --dp D --ep D)");
-    if (shard_.ep == nullptr || shard_.ep->size() != shard_.ep_size) return Internal("DP-EP without an EP communicator");
-  } else if (shard_.ep_size != tp) {
-    return fail("the experts must be split over the TP ranks (TP-EP: --ep = --tp) or over all ranks with --dp (DP-EP: --ep = --dp x --tp)");
-  }
+  // DP-EP: each rank attends to its own sequences with all heads (no split), dense layers and
+  // shared experts whole; only the routed experts are split, over the EP ranks.
+  RETURN_IF_ERROR(CheckExpertLayout(shard_, c.model_type, c.num_experts > 0));
   if (tp > 1 && shard_.tp == nullptr) return Internal("--tp " + std::to_string(tp) + " without a TP communicator");
   if (c.num_attention_heads % tp != 0) return fail(std::to_string(c.num_attention_heads) + " attention heads");
   num_heads_ = c.num_attention_heads / tp;

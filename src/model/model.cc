@@ -3,8 +3,25 @@
 #include "model/deepseek_v3.h"
 #include "model/qwen3.h"
 #include "model/safetensors.h"
+#include "parallel/communicator.h"
 
 namespace corolla {
+
+Status CheckExpertLayout(const ModelShard& shard, const std::string& model_type, bool has_experts) {
+  if (shard.dp_ep()) {
+    // Next: the TP ranks of a replica would each dispatch 1/tp of its (replicated) tokens and
+    // the TP all-reduce would assemble the MoE output.
+    if (shard.tp_size > 1)
+      return Unsupported(model_type + ": DP attention with --tp > 1 is not implemented yet (use --tp 1 --dp D --ep D)");
+    if (shard.ep == nullptr || shard.ep->size() != shard.ep_size) return Internal("DP-EP without an EP communicator");
+  } else if (has_experts && shard.ep_size != shard.tp_size) {
+    return InvalidArgument(model_type + " does not split over --tp " + std::to_string(shard.tp_size) + " / --ep " +
+                           std::to_string(shard.ep_size) +
+                           ": the experts must be split over the TP ranks (TP-EP: --ep = --tp) or over all "
+                           "ranks with --dp (DP-EP: --ep = --dp x --tp)");
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, Backend& backend, const ModelShard& shard) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));

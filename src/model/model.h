@@ -33,6 +33,11 @@ struct ModelShard {
   bool dp_ep() const { return dp_size > 1 && ep_size > tp_size; }
 };
 
+// The expert layouts the MoE models accept, the same for every family: TP-EP (--ep = --tp) or
+// DP-EP (--dp > 1 with --tp 1, the experts over all ranks). Errors name `model_type` and the
+// flags.
+Status CheckExpertLayout(const ModelShard& shard, const std::string& model_type, bool has_experts);
+
 // The per-sequence state of one linear-attention layer, indexed by state slot (under tensor
 // parallelism, of this rank's channels and heads only).
 struct LinearStateView {

@@ -106,14 +106,7 @@ Status Qwen3Model::PlanShard() {
     return InvalidArgument(c.model_type + " does not split over --tp " + std::to_string(tp) + " / --ep " +
                            std::to_string(shard_.ep_size) + ": " + why);
   };
-  if (shard_.dp_ep()) {
-    // Next: the TP ranks of a replica would each dispatch 1/tp of its (replicated) tokens and
-    // the TP all-reduce would assemble the MoE output.
-    if (tp > 1) return Unsupported(c.model_type + ": DP attention with --tp > 1 is not implemented yet (use --tp 1 --dp D --ep D)");
-    if (shard_.ep == nullptr || shard_.ep->size() != shard_.ep_size) return Internal("DP-EP without an EP communicator");
-  } else if (c.num_experts > 0 && shard_.ep_size != tp) {
-    return fail("the experts must be split over the TP ranks (TP-EP: --ep = --tp) or over all ranks with --dp (DP-EP: --ep = --dp x --tp)");
-  }
+  RETURN_IF_ERROR(CheckExpertLayout(shard_, c.model_type, c.num_experts > 0));
   if (c.num_linear_layers() > 0) {
     Result<LinearHeads> heads = PlanLinearHeads(c.linear, tp, shard_.tp_rank);
     if (!heads.ok()) return fail(heads.status().message());
