@@ -164,33 +164,7 @@ Status CheckEpExchange(Backend& backend, Communicator& comm, int capacity, bool 
         w[t * top_k + k] = u(rng);
       }
     }
-    Tensor dx = backend.Empty(DType::kBF16, {tokens, hidden}), dids = backend.Empty(DType::kI32, {tokens, top_k}),
-           dw = backend.Empty(DType::kF32, {tokens, top_k});
-    backend.CopyFromHost(x.data(), dx);
-    backend.CopyFromHost(ids.data(), dids);
-    backend.CopyFromHost(w.data(), dw);
-    ExpertInputs in = ex->Dispatch(dx, dids, dw);
-    const EpRowLayout layout{hidden, top_k, DType::kBF16};
-    std::vector<char> rows(in.rows() * layout.row_bytes());
-    backend.CopyToHost(TensorView(in.x.data, DType::kU8, {static_cast<int64_t>(rows.size())}, Device::kCuda), rows.data());
-    std::vector<bf16> expert_out(in.rows() * hidden);
-    for (int64_t j = 0; j < in.rows(); ++j) {
-      const char* row = rows.data() + j * layout.row_bytes();
-      const bf16* rx = reinterpret_cast<const bf16*>(row);
-      const int32_t* rid = reinterpret_cast<const int32_t*>(row + layout.ids_offset());
-      const float* rw = reinterpret_cast<const float*>(row + layout.weights_offset());
-      for (int h = 0; h < hidden; ++h) {
-        float acc = 0;
-        for (int k = 0; k < top_k; ++k)
-          if (rid[k] >= 0 && rid[k] < per_rank) acc += rw[k] * static_cast<float>(r * per_rank + rid[k] + 1) * ToFloat(rx[h]);
-        expert_out[j * hidden + h] = ToBf16(acc);
-      }
-    }
-    Tensor dexp = backend.Empty(DType::kBF16, {in.rows(), hidden}), dout = backend.Empty(DType::kBF16, {tokens, hidden});
-    backend.CopyFromHost(expert_out.data(), dexp);
-    ex->Combine(dexp, dout);
-    std::vector<bf16> out(tokens * hidden);
-    backend.CopyToHost(dout, out.data());
+    const std::vector<bf16> out = RunExchangeWithHostExperts(backend, *ex, r, per_rank, hidden, top_k, x, {ids, w});
     double err = 0, scale = 1e-30;
     for (int64_t t = 0; t < tokens; ++t)
       for (int h = 0; h < hidden; ++h) {

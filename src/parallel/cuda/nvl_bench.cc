@@ -170,16 +170,12 @@ double MedianUs(cudaStream_t stream, int samples, int calls, const std::function
 
 // ---- DP-EP exchange -------------------------------------------------------------------------
 
-struct Routing {
-  std::vector<int32_t> ids;  // [T, K]
-  std::vector<float> weights;
-};
 
 // mode 0: K distinct random experts; 1: all on rank 0's experts; 2: drawn with repeats, a
 // quarter of the slots -1 (no expert).
-Routing MakeRouting(int64_t tokens, int experts, int experts_per_rank, int top_k, int mode, std::mt19937& rng) {
+EpRouting MakeRouting(int64_t tokens, int experts, int experts_per_rank, int top_k, int mode, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  Routing r{std::vector<int32_t>(tokens * top_k), std::vector<float>(tokens * top_k)};
+  EpRouting r{std::vector<int32_t>(tokens * top_k), std::vector<float>(tokens * top_k)};
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<int32_t> all(mode == 1 ? experts_per_rank : experts);
     for (size_t e = 0; e < all.size(); ++e) all[e] = static_cast<int32_t>(e);
@@ -194,9 +190,67 @@ Routing MakeRouting(int64_t tokens, int experts, int experts_per_rank, int top_k
   return r;
 }
 
-// Dispatch, host "experts" (a row scaled by each of its experts' global id + 1, weighted), combine.
-std::vector<bf16> RunExchange(Backend& backend, EpExchange& ex, int rank, int experts_per_rank, int64_t hidden,
-                              int top_k, const std::vector<bf16>& x, const Routing& routing) {
+
+// Dispatch -> device copy of the received rows (the "experts": identity) -> combine, captured
+// once and replayed with fresh inputs: out[t] = x[t] times the number of ranks it went to.
+Status CheckEpGraph(Backend& backend, Communicator& comm, bool print) {
+  const int ranks = comm.size(), experts = 16 * ranks, per_rank = 16, top_k = 8, capacity = 32;
+  const int64_t hidden = 2048, tokens = std::vector<int>{32, 0, 17, 5}[comm.rank() % 4];
+  ASSIGN_OR_RETURN(std::unique_ptr<EpExchange> ex,
+                   MakeNvlEpExchange(backend, comm, {{experts, capacity}, hidden, top_k}));
+  cudaStream_t stream = StreamOf(backend);
+  Tensor dx = backend.Empty(DType::kBF16, {tokens, hidden}), dids = backend.Empty(DType::kI32, {tokens, top_k}),
+         dw = backend.Empty(DType::kF32, {tokens, top_k}), dout = backend.Empty(DType::kBF16, {tokens, hidden});
+  Tensor y = backend.Empty(DType::kBF16, {int64_t{ranks} * capacity, hidden});
+  backend.Synchronize();
+  cudaGraph_t graph;
+  COROLLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ExpertInputs in = ex->Dispatch(dx, dids, dw);
+  backend.Copy(in.x, y);
+  ex->Combine(y, dout);
+  COROLLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  COROLLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::mt19937 rng(777 + comm.rank());
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int64_t bad = 0;
+  for (int replay = 0; replay < 4; ++replay) {
+    std::vector<bf16> x(tokens * hidden);
+    for (auto& v : x) v = ToBf16(u(rng));
+    const EpRouting routing = MakeRouting(tokens, experts, per_rank, top_k, replay % 3, rng);
+    backend.CopyFromHost(x.data(), dx);
+    backend.CopyFromHost(routing.ids.data(), dids);
+    backend.CopyFromHost(routing.weights.data(), dw);
+    if (tokens > 0) COROLLA_CUDA_CHECK(cudaMemsetAsync(dout.view().data, 0xff, dout.view().nbytes(), stream));  // NaN
+    COROLLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<bf16> out(tokens * hidden);
+    backend.CopyToHost(dout, out.data());
+    backend.Synchronize();
+    for (int64_t t = 0; t < tokens; ++t) {
+      uint32_t mask = 0;
+      for (int k = 0; k < top_k; ++k) {
+        const int32_t e = routing.ids[t * top_k + k];
+        if (e >= 0 && e < experts) mask |= 1u << (e / per_rank);
+      }
+      const float n = static_cast<float>(__builtin_popcount(mask));
+      for (int64_t h = 0; h < hidden; ++h)
+        bad += ToFloat(out[t * hidden + h]) != ToFloat(ToBf16(n * ToFloat(x[t * hidden + h])));
+    }
+  }
+  COROLLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  COROLLA_CUDA_CHECK(cudaGraphDestroy(graph));
+  if (print || bad)
+    std::printf("nvl ep exchange in a CUDA graph, rank %d, %ld tokens, 4 replays: %s\n", comm.rank(),
+                static_cast<long>(tokens), bad ? "WRONG" : "exact");
+  if (bad) return Internal(std::to_string(bad) + " wrong values from the graph-replayed NVLink EP exchange");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<bf16> RunExchangeWithHostExperts(Backend& backend, EpExchange& ex, int rank, int experts_per_rank,
+                                             int64_t hidden, int top_k, const std::vector<bf16>& x,
+                                             const EpRouting& routing) {
   const int64_t tokens = static_cast<int64_t>(x.size()) / hidden;
   Tensor dx = backend.Empty(DType::kBF16, {tokens, hidden}), dids = backend.Empty(DType::kI32, {tokens, top_k}),
          dw = backend.Empty(DType::kF32, {tokens, top_k});
@@ -231,63 +285,6 @@ std::vector<bf16> RunExchange(Backend& backend, EpExchange& ex, int rank, int ex
   return out;
 }
 
-// Dispatch -> device copy of the received rows (the "experts": identity) -> combine, captured
-// once and replayed with fresh inputs: out[t] = x[t] times the number of ranks it went to.
-Status CheckEpGraph(Backend& backend, Communicator& comm, bool print) {
-  const int ranks = comm.size(), experts = 16 * ranks, per_rank = 16, top_k = 8, capacity = 32;
-  const int64_t hidden = 2048, tokens = std::vector<int>{32, 0, 17, 5}[comm.rank() % 4];
-  ASSIGN_OR_RETURN(std::unique_ptr<EpExchange> ex,
-                   MakeNvlEpExchange(backend, comm, {{experts, capacity}, hidden, top_k}));
-  cudaStream_t stream = StreamOf(backend);
-  Tensor dx = backend.Empty(DType::kBF16, {tokens, hidden}), dids = backend.Empty(DType::kI32, {tokens, top_k}),
-         dw = backend.Empty(DType::kF32, {tokens, top_k}), dout = backend.Empty(DType::kBF16, {tokens, hidden});
-  Tensor y = backend.Empty(DType::kBF16, {int64_t{ranks} * capacity, hidden});
-  backend.Synchronize();
-  cudaGraph_t graph;
-  COROLLA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ExpertInputs in = ex->Dispatch(dx, dids, dw);
-  backend.Copy(in.x, y);
-  ex->Combine(y, dout);
-  COROLLA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  COROLLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  std::mt19937 rng(777 + comm.rank());
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  int64_t bad = 0;
-  for (int replay = 0; replay < 4; ++replay) {
-    std::vector<bf16> x(tokens * hidden);
-    for (auto& v : x) v = ToBf16(u(rng));
-    const Routing routing = MakeRouting(tokens, experts, per_rank, top_k, replay % 3, rng);
-    backend.CopyFromHost(x.data(), dx);
-    backend.CopyFromHost(routing.ids.data(), dids);
-    backend.CopyFromHost(routing.weights.data(), dw);
-    if (tokens > 0) COROLLA_CUDA_CHECK(cudaMemsetAsync(dout.view().data, 0xff, dout.view().nbytes(), stream));  // NaN
-    COROLLA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    std::vector<bf16> out(tokens * hidden);
-    backend.CopyToHost(dout, out.data());
-    backend.Synchronize();
-    for (int64_t t = 0; t < tokens; ++t) {
-      uint32_t mask = 0;
-      for (int k = 0; k < top_k; ++k) {
-        const int32_t e = routing.ids[t * top_k + k];
-        if (e >= 0 && e < experts) mask |= 1u << (e / per_rank);
-      }
-      const float n = static_cast<float>(__builtin_popcount(mask));
-      for (int64_t h = 0; h < hidden; ++h)
-        bad += ToFloat(out[t * hidden + h]) != ToFloat(ToBf16(n * ToFloat(x[t * hidden + h])));
-    }
-  }
-  COROLLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  COROLLA_CUDA_CHECK(cudaGraphDestroy(graph));
-  if (print || bad)
-    std::printf("nvl ep exchange in a CUDA graph, rank %d, %ld tokens, 4 replays: %s\n", comm.rank(),
-                static_cast<long>(tokens), bad ? "WRONG" : "exact");
-  if (bad) return Internal(std::to_string(bad) + " wrong values from the graph-replayed NVLink EP exchange");
-  return Status::Ok();
-}
-
-}  // namespace
-
 Status CheckNvlEpExchange(Backend& backend, Communicator& comm, bool print) {
   const int ranks = comm.size(), r = comm.rank(), top_k = 8;
   struct Config {
@@ -307,9 +304,9 @@ Status CheckNvlEpExchange(Backend& backend, Communicator& comm, bool print) {
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         std::vector<bf16> x(tokens * c.hidden);
         for (auto& v : x) v = ToBf16(u(rng));
-        const Routing routing = MakeRouting(tokens, experts, c.per_rank, top_k, mode, rng);
-        const std::vector<bf16> a = RunExchange(backend, *nvl, r, c.per_rank, c.hidden, top_k, x, routing);
-        const std::vector<bf16> b = RunExchange(backend, *ref, r, c.per_rank, c.hidden, top_k, x, routing);
+        const EpRouting routing = MakeRouting(tokens, experts, c.per_rank, top_k, mode, rng);
+        const std::vector<bf16> a = RunExchangeWithHostExperts(backend, *nvl, r, c.per_rank, c.hidden, top_k, x, routing);
+        const std::vector<bf16> b = RunExchangeWithHostExperts(backend, *ref, r, c.per_rank, c.hidden, top_k, x, routing);
         int64_t differ = 0;
         double err = 0, scale = 1e-30;
         for (int64_t t = 0; t < tokens; ++t)
@@ -352,7 +349,7 @@ Status BenchNvlEpExchange(Backend& backend, Communicator& comm, bool print) {
   for (int64_t hidden : {2048, 4096, 7168})
     for (int tokens : {1, 8, 32, 128, 512, 4096}) {
       std::mt19937 rng(static_cast<uint32_t>(tokens * 7 + comm.rank()));
-      const Routing routing = MakeRouting(tokens, experts, per_rank, top_k, 0, rng);
+      const EpRouting routing = MakeRouting(tokens, experts, per_rank, top_k, 0, rng);
       int64_t rows_to_peers = 0;
       for (int t = 0; t < tokens; ++t) {
         uint32_t mask = 0;

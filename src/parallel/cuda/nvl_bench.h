@@ -3,11 +3,29 @@
 // of `comm` calls each with the same arguments; rank 0 prints when `print`.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
+#include "base/numeric.h"
 #include "kernels/backend.h"
 #include "parallel/communicator.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tcp_store.h"
 
 namespace corolla {
+
+// One rank's routing of T tokens: expert ids (global; -1: none) and weights, [T, K] each.
+struct EpRouting {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// An exchange checked without a model: Dispatch x [T, H] (host bf16), run host "experts" on the
+// received rows (a row scaled by each of its experts' global id + 1, weighted), Combine, and
+// return the output [T, H] on the host. Collective over the exchange's communicator.
+std::vector<bf16> RunExchangeWithHostExperts(Backend& backend, EpExchange& ex, int rank, int experts_per_rank,
+                                             int64_t hidden, int top_k, const std::vector<bf16>& x,
+                                             const EpRouting& routing);
 
 // Our all-reduce (one-shot, two-shot) vs ncclAllReduce on random bf16 / f32 data, 1 element to
 // 16 MiB with odd sizes; every rank's result bit-identical (hashes over the store); CUDA-graph
