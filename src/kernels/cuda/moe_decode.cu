@@ -156,6 +156,101 @@ __global__ void __launch_bounds__(kWarps * 32) PairDownCombineKernel(const __gri
   }
 }
 
+// The down + combine of PairDownCombineKernel with the top-k slots spread over the warps: warp w
+// takes slots w, w + kSlotWarps, ... for kSlotRows rows of W_down, and the warps' weighted sums
+// meet in shared memory (in warp order: deterministic). Each lane keeps kSlotRows x kUnroll
+// loads of 16 bytes in flight, and the first pass of them is issued before the dependency wait:
+// W_down is a weight, and the ids and weights were written by routing, which completed before
+// the gate/up kernel this one follows passed its own wait (this grid starts only once every CTA
+// of that one has triggered, after its wait). So the down weights stream while gate/up finishes.
+constexpr int kSlotWarps = 8;
+constexpr int kSlotRows = 4;
+
+__global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __grid_constant__ PairGemvParams p) {
+  __shared__ float partial[kSlotWarps][kSlotRows];
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h0 = blockIdx.y * kSlotRows;
+  const int* ids = p.ids + t * p.ids_stride;
+  auto expert_of = [&](int slot) {
+    const int e = __ldcg(ids + slot);  // L2: written by an earlier kernel of this forward
+    return e < 0 || e >= p.experts ? -1 : e;
+  };
+  auto row_ptrs = [&](int e, const bf16_t* (&rows)[kSlotRows]) {
+    const bf16_t* w = p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter;
+#pragma unroll
+    for (int r = 0; r < kSlotRows; ++r) rows[r] = w + static_cast<int64_t>(min(h0 + r, p.hidden - 1)) * p.inter;
+  };
+  Bf16x8 wv[kUnroll][kSlotRows];
+  auto load_pass = [&](const bf16_t* const (&rows)[kSlotRows], int c0) {
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int c = c0 + j * 32 * 8;
+      if (c >= p.inter) break;
+#pragma unroll
+      for (int r = 0; r < kSlotRows; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
+    }
+  };
+  int slot = warp;
+  int e = slot < p.top_k ? expert_of(slot) : -1;
+  const bf16_t* rows[kSlotRows];
+  if (e >= 0) {
+    row_ptrs(e, rows);
+    load_pass(rows, lane * 8);
+  }
+  GridDependencyWait();  // act comes from the gate/up kernel
+  TriggerDependents();
+  float acc[kSlotRows] = {};
+  bool preloaded = e >= 0;
+  for (; slot < p.top_k; slot += kSlotWarps, e = slot < p.top_k ? expert_of(slot) : -1) {
+    if (e < 0) continue;
+    if (!preloaded) row_ptrs(e, rows);
+    const float wt = __ldcg(p.weights + t * p.weights_stride + slot);
+    const float* a = p.act + static_cast<int64_t>(t * p.top_k + slot) * p.inter;
+    float part[kSlotRows] = {};
+    for (int c0 = lane * 8; c0 < p.inter; c0 += kUnroll * 32 * 8) {
+      if (!preloaded) load_pass(rows, c0);
+      preloaded = false;
+      float4 av[kUnroll][2];
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int c = c0 + j * 32 * 8;
+        if (c >= p.inter) break;
+        av[j][0] = *reinterpret_cast<const float4*>(a + c);
+        av[j][1] = *reinterpret_cast<const float4*>(a + c + 4);
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        if (c0 + j * 32 * 8 >= p.inter) break;
+        const float af[8] = {av[j][0].x, av[j][0].y, av[j][0].z, av[j][0].w,
+                             av[j][1].x, av[j][1].y, av[j][1].z, av[j][1].w};
+#pragma unroll
+        for (int r = 0; r < kSlotRows; ++r) {
+          float wf[8];
+          Unpack8(wv[j][r], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) part[r] = fmaf(wf[i], af[i], part[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kSlotRows; ++r) acc[r] = fmaf(wt, part[r], acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kSlotRows; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kSlotRows; ++r) partial[warp][r] = acc[r];
+  }
+  __syncthreads();
+  if (threadIdx.x < kSlotRows && h0 + threadIdx.x < p.hidden) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kSlotWarps; ++w) v += partial[w][threadIdx.x];
+    p.out[t * p.out_stride + h0 + threadIdx.x] = __float2bfloat16(v);
+  }
+}
+
 }  // namespace
 
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
@@ -171,7 +266,10 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
   LaunchPdl(PairGateUpKernel, dim3(tokens * k, CeilDiv(inter, kWarps * kGateUpN)), dim3(kWarps * 32), 0, s, 1, p);
-  LaunchPdl(PairDownCombineKernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s, 1, p);
+  if (Tuning().moe_pair_down_slots)
+    LaunchPdl(PairDownSlotsKernel, dim3(tokens, CeilDiv(hidden, kSlotRows)), dim3(kSlotWarps * 32), 0, s, 1, p);
+  else
+    LaunchPdl(PairDownCombineKernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s, 1, p);
 }
 
 }  // namespace corolla::cuda

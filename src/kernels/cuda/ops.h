@@ -35,7 +35,7 @@ class ScratchBuffer {
 // them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS, COROLLA_MOE_PAIR_GEMV_MAX_PAIRS,
 // COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS, COROLLA_ATTN_MMA,
 // COROLLA_ATTN_FUSED_MERGE, COROLLA_PDL, COROLLA_FUSED_ROUTER_MAX_TOKENS,
-// COROLLA_GDN_CHUNKED_MIN_TOKENS and COROLLA_MLA_DECODE_SPLITS in the environment set the
+// COROLLA_MOE_PAIR_DOWN_SLOTS, COROLLA_GDN_CHUNKED_MIN_TOKENS and COROLLA_MLA_DECODE_SPLITS in the environment set the
 // defaults). Not synchronised: set them before launching work.
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
@@ -78,6 +78,12 @@ struct KernelTuning {
   // 1 token against 8.3 for the GEMV + MoeRoute pair (22 vs 12 at 8): its 8-CTA cluster is
   // bound by what 8 SMs pull from L2. Tests and benchmarks set it.
   int fused_router_max_tokens = 0;
+  // The pair path's down + combine spreads the top-k slots over 8 warps of a CTA, the first
+  // weight loads issued before the dependency wait (PairDownSlotsKernel); off: one warp walks
+  // all slots of its rows (PairDownCombineKernel). On an H200 (Qwen3-30B-A3B experts, one
+  // token) 22.3 against 26.2 us; the B1 decode step 3.166 -> 3.046 ms. (An L2 prefetch of the
+  // pairs' W_down from the gate/up CTAs was tried too: slower, 3.38 ms.)
+  bool moe_pair_down_slots = true;
 };
 KernelTuning& Tuning();
 

@@ -46,7 +46,9 @@ void RandomRouting(const PairCase& c, std::vector<int32_t>* ids, std::vector<flo
 
 TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
   const int64_t default_pairs = cuda::Tuning().moe_pair_gemv_max_pairs;
+  const bool default_slots = cuda::Tuning().moe_pair_down_slots;
   cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
+  for (bool slots : {true, false})
   for (PairCase c : {PairCase{1, 128, 8, 2048, 768, 0}, PairCase{2, 24, 8, 2048, 768, 0},
                      PairCase{4, 24, 8, 2048, 768, 1}, PairCase{1, 8, 2, 128, 64, 0}, PairCase{3, 16, 4, 136, 72, 0},
                      PairCase{1, 512, 10, 512, 128, 0}, PairCase{2, 24, 8, 2048, 768, 2},
@@ -66,15 +68,18 @@ TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
     Tensor gids = UploadI32(gpu(), ids, {t, c.k}), gw = Upload(gpu(), w, {t, c.k}, DType::kF32);
     Tensor gout = gpu().Empty(DType::kBF16, {t, h});
     Poison(gpu(), gout);
+    cuda::Tuning().moe_pair_down_slots = slots;
     gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
     const double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
     const std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) +
                               " H" + std::to_string(h) + " I" + std::to_string(inter) +
-                              (c.mode == 1 ? " one-expert" : c.mode == 2 ? " ep-foreign-ids" : "");
+                              (c.mode == 1 ? " one-expert" : c.mode == 2 ? " ep-foreign-ids" : "") +
+                              (slots ? " down-slots" : " down-rows");
     Record("MoeExperts.pair_gemv", shape, e, kBf16Tol);
     EXPECT_LT(e, kBf16Tol) << shape;
   }
   cuda::Tuning().moe_pair_gemv_max_pairs = default_pairs;
+  cuda::Tuning().moe_pair_down_slots = default_slots;
 }
 
 // Qwen3-30B-A3B experts (E 128, k 8, H 2048, I 768) at decode batch sizes: the pair path
@@ -94,7 +99,7 @@ TEST(CudaPerf, MoeDecodePairVsPermute) {
   Tensor wd = Upload(*gpu, tiled(experts * h * inter), {experts, h, inter}, DType::kBF16);
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
   const cuda::KernelTuning defaults = cuda::Tuning();
-  std::printf("moe decode path: tokens | distinct experts | pair us (TB/s) | permute+gemv us (TB/s)\n");
+  std::printf("moe decode path: tokens | distinct experts | pair us (TB/s) | pair, down by rows | permute+gemv\n");
   for (int64_t t : {1, 2, 4, 8}) {
     std::vector<int32_t> ids;
     std::vector<float> w;
@@ -106,12 +111,18 @@ TEST(CudaPerf, MoeDecodePairVsPermute) {
     Tensor out = gpu->Empty(DType::kBF16, {t, h});
     auto run = [&] { gpu->MoeExperts(x, gids, gw, wgu, wd, out); };
     cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
+    cuda::Tuning().moe_pair_down_slots = true;
     const double pair_us = TimeUs(stream, run, 50);
+    cuda::Tuning().moe_pair_down_slots = false;
+    const double rows_us = TimeUs(stream, run, 50);
+    cuda::Tuning().moe_pair_down_slots = defaults.moe_pair_down_slots;
     cuda::Tuning().moe_pair_gemv_max_pairs = 0;
     const double gemv_us = TimeUs(stream, run, 50);
-    std::printf("moe decode path: %6lld | %5.0f | %8.1f (%.2f) | %8.1f (%.2f)\n", static_cast<long long>(t), distinct,
-                pair_us, bytes / (pair_us * 1e-6) / 1e12, gemv_us, bytes / (gemv_us * 1e-6) / 1e12);
+    std::printf("moe decode path: %6lld | %5.0f | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f (%.2f)\n",
+                static_cast<long long>(t), distinct, pair_us, bytes / (pair_us * 1e-6) / 1e12, rows_us,
+                bytes / (rows_us * 1e-6) / 1e12, gemv_us, bytes / (gemv_us * 1e-6) / 1e12);
     Record("Perf.moe_pair_us", "T" + std::to_string(t), pair_us, 0);
+    Record("Perf.moe_pair_down_rows_us", "T" + std::to_string(t), rows_us, 0);
     Record("Perf.moe_permute_gemv_us", "T" + std::to_string(t), gemv_us, 0);
   }
   cuda::Tuning() = defaults;

@@ -10,7 +10,8 @@
 // (nvl_bench.cc): all-reduce one-shot / two-shot exact as above and vs ncclAllReduce on random
 // data (1 element to 16 MiB), bit-identical on every rank, CUDA-graph replays; the NVLink EP
 // exchange vs the NCCL one (bit-identical outputs) and in a graph; latency tables of both
-// against NCCL. Rank 0 prints.
+// against NCCL, and the peer copy bandwidth (nvl_copy.h) as their yardstick. Rank 0 prints.
+// --bench-only skips the checks.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "base/numeric.h"
 #include "parallel/cuda/nccl_communicator.h"
 #include "parallel/cuda/nvl_bench.h"
+#include "parallel/cuda/nvl_copy.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
@@ -228,27 +230,29 @@ Status BenchEpExchange(Backend& backend, Communicator& comm, bool print) {
   return Status::Ok();
 }
 
-Status Run(int tp) {
+Status Run(int tp, bool bench_only) {
   ASSIGN_OR_RETURN(ProcessEnv env, ReadProcessEnv());
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCudaBackend(env.local_rank));
   ASSIGN_OR_RETURN(std::unique_ptr<ParallelContext> par, ParallelContext::Create({tp, 0, 1}, env, *backend));
   const bool print = par->layout().rank == 0;
   Communicator& comm = *par->tp();
-  for (AllReduceAlgo algo : {AllReduceAlgo::kNccl, AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
-    if (print) std::printf("-- all-reduce algorithm %s\n", AllReduceAlgoName(algo));
-    comm.set_all_reduce_algo(algo);
-    for (int64_t n : {1, 7, 4096, 1000003}) {
-      RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kBF16, n, print));
-      RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kF32, n, print));
+  if (!bench_only) {
+    for (AllReduceAlgo algo : {AllReduceAlgo::kNccl, AllReduceAlgo::kOneShot, AllReduceAlgo::kTwoShot}) {
+      if (print) std::printf("-- all-reduce algorithm %s\n", AllReduceAlgoName(algo));
+      comm.set_all_reduce_algo(algo);
+      for (int64_t n : {1, 7, 4096, 1000003}) {
+        RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kBF16, n, print));
+        RETURN_IF_ERROR(CheckAllReduce(*backend, comm, DType::kF32, n, print));
+      }
     }
+    comm.set_all_reduce_algo(AllReduceAlgo::kAuto);
+    RETURN_IF_ERROR(CheckNvlAllReduce(*backend, comm, par->store(), print));
+    RETURN_IF_ERROR(CheckShiftIds(*backend, print));
+    RETURN_IF_ERROR(CheckAllToAll(*backend, comm, print));
+    RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 0, print));
+    RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 90, print));
+    RETURN_IF_ERROR(CheckNvlEpExchange(*backend, comm, print));
   }
-  comm.set_all_reduce_algo(AllReduceAlgo::kAuto);
-  RETURN_IF_ERROR(CheckNvlAllReduce(*backend, comm, par->store(), print));
-  RETURN_IF_ERROR(CheckShiftIds(*backend, print));
-  RETURN_IF_ERROR(CheckAllToAll(*backend, comm, print));
-  RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 0, print));
-  RETURN_IF_ERROR(CheckEpExchange(*backend, comm, 90, print));
-  RETURN_IF_ERROR(CheckNvlEpExchange(*backend, comm, print));
 
   // Decode-sized messages: tokens x hidden x 2 bytes.
   struct Size { int tokens, hidden; };
@@ -269,6 +273,14 @@ Status Run(int tp) {
     }
     if (!symm.ok()) std::printf("symmetric window: %s\n", symm.status().ToString().c_str());
   }
+  // The link's copy rate: the ratio for the GB/s of the NVLink kernels below.
+  for (int64_t mib : {16, 256}) {
+    ASSIGN_OR_RETURN(PeerCopyRate rate, BenchPeerCopy(comm, mib << 20, 10));
+    if (print)
+      std::printf("\npeer copy %ld MiB, every rank to the next at once (GB/s one way): push kernel %.1f, pull kernel "
+                  "%.1f, nccl send/recv %.1f\n",
+                  static_cast<long>(mib), rate.push_gbs, rate.pull_gbs, rate.nccl_gbs);
+  }
   RETURN_IF_ERROR(BenchNvlAllReduce(*backend, comm, print));
   RETURN_IF_ERROR(BenchEpExchange(*backend, comm, print));
   RETURN_IF_ERROR(BenchNvlEpExchange(*backend, comm, print));
@@ -280,10 +292,13 @@ Status Run(int tp) {
 
 int main(int argc, char** argv) {
   int tp = 2;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--tp") == 0) tp = std::atoi(argv[i + 1]);
+  bool bench_only = false;  // --bench-only: the timings without the correctness checks first
+  for (int i = 1; i < argc; ++i) {
+    if (i + 1 < argc && std::strcmp(argv[i], "--tp") == 0) tp = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--bench-only") == 0) bench_only = true;
+  }
   if (std::optional<int> rc = corolla::SpawnLocalRanks(tp, argc, argv)) return *rc;
-  corolla::Status s = corolla::Run(tp);
+  corolla::Status s = corolla::Run(tp, bench_only);
   if (!s.ok()) {
     std::fprintf(stderr, "corolla_parallel_bench: %s\n", s.ToString().c_str());
     return 1;

@@ -15,15 +15,6 @@
 #include "parallel/cuda/nccl_handle.h"
 #include "parallel/cuda/nvl_allreduce.h"
 
-// Every NCCL call goes through here: statement, file:line (COROLLA_CHECK), device, NCCL's message.
-#define COROLLA_NCCL_CHECK(stmt)                                                               \
-  do {                                                                                         \
-    ncclResult_t corolla_nr_ = (stmt);                                                         \
-    COROLLA_CHECK(corolla_nr_ == ncclSuccess)                                                  \
-        << "NCCL error on device " << ::corolla::cuda::CurrentDevice() << ": "                \
-        << ncclGetErrorString(corolla_nr_) << " in " #stmt;                                    \
-  } while (0)
-
 namespace corolla {
 namespace {
 

@@ -8,7 +8,17 @@
 
 #include <optional>
 
+#include "kernels/cuda/cuda_check.h"
 #include "parallel/communicator.h"
+
+// Every NCCL call goes through here: statement, file:line (COROLLA_CHECK), device, NCCL's message.
+#define COROLLA_NCCL_CHECK(stmt)                                                               \
+  do {                                                                                         \
+    ncclResult_t corolla_nr_ = (stmt);                                                         \
+    COROLLA_CHECK(corolla_nr_ == ncclSuccess)                                                  \
+        << "NCCL error on device " << ::corolla::cuda::CurrentDevice() << ": "                \
+        << ncclGetErrorString(corolla_nr_) << " in " #stmt;                                    \
+  } while (0)
 
 namespace corolla {
 
