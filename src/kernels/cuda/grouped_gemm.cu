@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_schedule.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace corolla::cuda {
@@ -105,59 +106,11 @@ __device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// ---- tile schedule --------------------------------------------------------------------------
-// Shared-memory copy of offsets and each expert's first m-tile (kBM rows): tiles of expert e
-// are [tile_start[e], tile_start[e + 1]); tile_start[E] is the number of m-tiles.
-struct Schedule {
-  const int32_t* offsets;     // [E + 1], shared
-  const int32_t* tile_start;  // [E + 1], shared
-  int experts, n_tiles;
-};
-
-struct TileCoord {
-  // rows: valid rows of the tile (<= kBM); n0: its first output column.
-  int expert, row_begin, rows, n0;
-};
-
-template <int kBM, int kNPerTile>
-__device__ __forceinline__ TileCoord Locate(const Schedule& sch, int tile) {
-  const int mt = tile / sch.n_tiles, nb = tile - mt * sch.n_tiles;
-  int lo = 0, hi = sch.experts - 1;  // the expert e with tile_start[e] <= mt < tile_start[e + 1]
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (sch.tile_start[mid] <= mt)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  TileCoord t;
-  t.expert = lo;
-  t.row_begin = sch.offsets[lo] + (mt - sch.tile_start[lo]) * kBM;
-  t.rows = min(kBM, sch.offsets[lo + 1] - t.row_begin);
-  t.n0 = nb * kNPerTile;
-  return t;
-}
-
-// Warp 0: tile_start from offsets (lane l sums a contiguous run of experts, then a shuffle scan).
-template <int kBM>
-__device__ void ScanTiles(const int32_t* offsets, int32_t* tile_start, int experts, int lane) {
-  const int per = (experts + 31) / 32;
-  const int lo = min(lane * per, experts), hi = min(lo + per, experts);
-  int sum = 0;
-  for (int e = lo; e < hi; ++e) sum += (offsets[e + 1] - offsets[e] + kBM - 1) / kBM;
-  int incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  int run = incl - sum;
-  for (int e = lo; e < hi; ++e) {
-    tile_start[e] = run;
-    run += (offsets[e + 1] - offsets[e] + kBM - 1) / kBM;
-  }
-  if (lane == 31) tile_start[experts] = incl;
-}
+// ---- tile schedule (grouped_gemm_schedule.cuh) ------------------------------------------------
+using grouped::Locate;
+using grouped::ScanTiles;
+using grouped::Schedule;
+using grouped::TileCoord;
 
 // ---- loads ----------------------------------------------------------------------------------
 // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + i kRowsPerPass (i < passes), the
@@ -479,7 +432,11 @@ void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int
                static_cast<int>(w_gate_up.dim(0)),
                static_cast<int>(inter),
                static_cast<int>(hidden)};
-  LaunchFor<true>(GroupedGemmTileRows(rows, p.experts), p, rows, s);
+  const int tile_rows = GroupedGemmTileRows(rows, p.experts);
+  if (tile_rows == LargeTiles::kBM && Tuning().moe_gemm_wgmma &&
+      GroupedWgmmaFits(inter, hidden, p.experts))
+    return GroupedWgmmaGateUp(x, x_stride, perm_token, offsets, w_gate_up, act, s);
+  LaunchFor<true>(tile_rows, p, rows, s);
 }
 
 void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const TensorView& w_down,
@@ -503,7 +460,11 @@ void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const Tensor
                static_cast<int>(w_down.dim(0)),
                static_cast<int>(hidden),
                static_cast<int>(inter)};
-  LaunchFor<false>(GroupedGemmTileRows(rows, p.experts), p, rows, s);
+  const int tile_rows = GroupedGemmTileRows(rows, p.experts);
+  if (tile_rows == LargeTiles::kBM && Tuning().moe_gemm_wgmma &&
+      GroupedWgmmaFits(hidden, inter, p.experts))
+    return GroupedWgmmaDown(act, offsets, w_down, y, s);
+  LaunchFor<false>(tile_rows, p, rows, s);
 }
 
 }  // namespace corolla::cuda

@@ -1,12 +1,18 @@
 // MoeExperts on the GPU against its CPU twin (cpu::MoeExperts). Every case runs through each
 // path: the grouped mma GEMMs of grouped_gemm.cu at each tile height (32, 64, 128 rows), the
-// memory-bound decode GEMVs (one-CTA and 4-kernel permute) and the default dispatch. The sweep:
+// 128-row tiles on wgmma + TMA (grouped_gemm_wgmma.cu; shapes it does not fit fall back to
+// mma.sync), the memory-bound decode GEMVs (one-CTA and 4-kernel permute) and the default
+// dispatch. K 768 / 2048 / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop and N tails.
+// The sweep:
 // one token to 4096 (E 128, k 8, H 2048, I 768), K and N off the tiles (H 136/200, I 72/200),
 // one expert taking every row, most experts with zero rows (leading, interleaved, trailing),
 // slots of another rank (id -1 or >= E), 512 experts with k 10. Fresh bf16-rounded random inputs,
 // outputs NaN-poisoned before each run, ||out - ref|| / ||ref|| < kBf16Tol.
+// CudaKernelTest.WgmmaTileProbe runs one 64 x 256 x 64 tile through the raw wgmma/TMA wrappers;
+// CudaKernelTest.GroupedGemmWgmma compares the wgmma GEMMs with the mma.sync ones directly.
 // CudaPerf.GroupedGemm times the two grouped GEMMs alone and the whole op on Qwen3-30B-A3B
-// shapes ("grouped gemm perf:" lines; scripts/bench_grouped_mm_torch.py prints torch's table).
+// shapes ("grouped gemm perf:" lines, tile "128w" = wgmma; scripts/bench_grouped_mm_torch.py
+// prints torch's table).
 // Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -101,11 +107,13 @@ struct MoePath {
   bool gemv;      // the memory-bound decode GEMVs, else the grouped mma GEMMs
   int tile_rows;  // mma: forced tile height (0: by rows per expert)
   bool fused_permute = true;
+  bool wgmma = false;  // 128-row tiles on the wgmma kernels
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
     {"mma tile 64", false, false, 64},
     {"mma tile 128", false, false, 128},
+    {"wgmma tile 128", false, false, 128, true, true},
     {"gemv", false, true, 0},
     {"gemv 4-kernel permute", false, true, 0, false},
     {"default dispatch", true, false, 0},
@@ -118,6 +126,7 @@ void Apply(const MoePath& path) {
   t.moe_decode_max_pairs = path.gemv ? int64_t{1} << 40 : 0;
   t.moe_gemm_tile_rows = path.tile_rows;
   t.moe_fused_permute = path.fused_permute;
+  t.moe_gemm_wgmma = path.wgmma;
 }
 
 void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
@@ -178,12 +187,114 @@ TEST_F(CudaKernelTest, MoeExperts) {
       {500, 64, 4, 256, 128, R::kSparse},
       {40, 128, 8, 256, 128, R::kSparse},
       {600, 32, 4, 136, 72, R::kOtherRanks},
+      // wgmma shapes: K 7168 (DeepSeek-V3's hidden) with N 256; K 768 with gate_up N_w 1536
+      // and down N 2048 (Down tiles of 256 over N 2048, and N 384 = 1.5 tiles: masked half);
+      // E 8..128; rows not a multiple of 128; zero-row experts; one expert with every row.
+      {300, 8, 2, 7168, 256},
+      {600, 8, 2, 768, 768},
+      {1500, 16, 2, 2048, 768},
+      {700, 8, 2, 384, 192},
+      {2000, 64, 4, 384, 128, R::kSparse},
+      {1100, 8, 1, 768, 256, R::kOneExpert},
+      {3000, 32, 4, 768, 2048},
       // Qwen3.5-397B-like routing: 512 experts, k 10 (~4 and ~40 rows per expert).
       {200, 512, 10, 512, 128},
       {2048, 512, 10, 512, 128},
   };
   WeightCache weights;
   for (const MoeCase& c : cases) RunMoe(gpu(), weights, c);
+}
+
+// One 64 x 256 x 64 wgmma tile (A by cp.async in the 128-byte swizzle, B by TMA) against a
+// double-precision host product: a descriptor, swizzle or fragment-layout bug shows here alone.
+// The first mismatching (row, column) is printed to tell which.
+TEST_F(CudaKernelTest, WgmmaTileProbe) {
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu()).stream();
+  // Row i of a has a spike at column i (plus noise), so a row or k permutation is visible.
+  std::vector<float> a = RandomBf16(64 * 64, 0.25f), b = RandomBf16(256 * 64);
+  for (int i = 0; i < 64; ++i) a[i * 64 + i] = 2.f;
+  Tensor ga = Upload(gpu(), a, {64, 64}, DType::kBF16),
+         gb = Upload(gpu(), b, {256, 64}, DType::kBF16);
+  Tensor gc = gpu().Empty(DType::kF32, {64, 256});
+  Poison(gpu(), gc);
+  cuda::WgmmaTileProbe(ga, gb, gc, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<float> c = Download(gpu(), gc);
+  std::vector<float> ref(64 * 256);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < 256; ++n) {
+      double acc = 0;
+      for (int k = 0; k < 64; ++k) acc += double(a[m * 64 + k]) * b[n * 64 + k];
+      ref[m * 256 + n] = static_cast<float>(acc);
+    }
+  const double e = RelError(c, ref);
+  Record("WgmmaTileProbe", "64x256x64", e, kF32Tol);
+  EXPECT_LT(e, kF32Tol);
+  for (int i = 0; i < 64 * 256; ++i)
+    if (!(std::fabs(c[i] - ref[i]) <= 1e-3f * (1.f + std::fabs(ref[i])))) {
+      ADD_FAILURE() << "first mismatch at row " << i / 256 << " column " << i % 256 << ": got "
+                    << c[i] << ", expected " << ref[i];
+      break;
+    }
+}
+
+// The grouped GEMMs alone, wgmma (forced 128-row tiles) against mma.sync on the same inputs:
+// act (GateUp) and y (Down) over the rows offsets assign, outputs poisoned before each run.
+// Expert counts of every kind: empty (leading, interleaved, trailing), 1 row, 127/128/129,
+// several m-tiles; E 8..128; K/N 2048/768 (Qwen3-30B-A3B), 768/2048, 7168/256, 384/128.
+TEST_F(CudaKernelTest, GroupedGemmWgmma) {
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu()).stream();
+  struct Case {
+    int experts;
+    int64_t hidden, inter;
+  };
+  // (E 128 at H 2048 / I 768 runs in MoeExperts against the CPU; here a smaller E 128.)
+  for (const Case& c : {Case{8, 2048, 768}, Case{128, 512, 256}, Case{16, 768, 2048},
+                        Case{8, 7168, 256}, Case{32, 384, 128}}) {
+    std::vector<int32_t> counts(c.experts);
+    const int32_t kinds[] = {0, 1, 127, 128, 129, 300, 0, 513, 64};
+    for (int e = 0; e < c.experts; ++e) counts[e] = kinds[(e * 7 + c.experts) % 9];
+    counts.back() = 0;
+    counts[0] = 0;
+    std::vector<int32_t> offsets(c.experts + 1, 0);
+    for (int e = 0; e < c.experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+    const int64_t rows = offsets.back(), tokens = std::max<int64_t>(1, rows / 3);
+    std::vector<int32_t> perm(rows);
+    for (auto& v : perm) v = static_cast<int32_t>(Rng()() % tokens);
+    Tensor x = Upload(gpu(), RandomBf16(tokens * c.hidden), {tokens, c.hidden}, DType::kBF16);
+    Tensor wgu = Upload(
+        gpu(),
+        RandomBf16(int64_t{c.experts} * 2 * c.inter * c.hidden, 1.f / std::sqrt(float(c.hidden))),
+        {c.experts, 2 * c.inter, c.hidden}, DType::kBF16);
+    Tensor wd = Upload(
+        gpu(), RandomBf16(int64_t{c.experts} * c.hidden * c.inter, 1.f / std::sqrt(float(c.inter))),
+        {c.experts, c.hidden, c.inter}, DType::kBF16);
+    Tensor act_in = Upload(gpu(), RandomBf16(rows * c.inter), {rows, c.inter}, DType::kBF16);
+    Tensor goff = UploadI32(gpu(), offsets, {c.experts + 1}),
+           gperm = UploadI32(gpu(), perm, {rows});
+    std::vector<float> act_out[2], y_out[2];
+    for (int wgmma = 0; wgmma < 2; ++wgmma) {
+      cuda::Tuning() = DefaultTuning();
+      cuda::Tuning().moe_gemm_tile_rows = 128;
+      cuda::Tuning().moe_gemm_wgmma = wgmma != 0;
+      Tensor act = gpu().Empty(DType::kBF16, {rows, c.inter});
+      Tensor y = gpu().Empty(DType::kF32, {rows, c.hidden});
+      Poison(gpu(), act);
+      Poison(gpu(), y);
+      cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
+      cuda::GroupedGemmDown(act_in, goff.ptr<int32_t>(), wd, y, stream);
+      act_out[wgmma] = Download(gpu(), act);
+      y_out[wgmma] = Download(gpu(), y);
+    }
+    cuda::Tuning() = DefaultTuning();
+    const std::string shape = "E" + std::to_string(c.experts) + " H" + std::to_string(c.hidden) +
+                              " I" + std::to_string(c.inter) + " rows " + std::to_string(rows);
+    const double e_act = RelError(act_out[1], act_out[0]), e_y = RelError(y_out[1], y_out[0]);
+    Record("GroupedGemmWgmma gate_up vs mma", shape, e_act, kBf16Tol);
+    Record("GroupedGemmWgmma down vs mma", shape, e_y, kBf16Tol);
+    EXPECT_LT(e_act, kBf16Tol) << shape;
+    EXPECT_LT(e_y, kBf16Tol) << shape;
+  }
 }
 
 // ---- perf ---------------------------------------------------------------------------------------
@@ -222,7 +333,7 @@ TEST(CudaPerf, GroupedGemm) {
       "grouped gemm perf: E %d H %ld I %ld k %d, uniform routing; limits %.0f TFLOP/s, %.2f TB/s\n",
       experts, static_cast<long>(hidden), static_cast<long>(inter), k, kPeakFlops / 1e12,
       kPeakBytes / 1e12);
-  std::printf("grouped gemm perf: %5s %6s %5s | %-30s | %-30s\n", "tpe", "tokens", "tile",
+  std::printf("grouped gemm perf: %5s %6s %6s | %-30s | %-30s\n", "tpe", "tokens", "tile",
               "gate_up us TFLOP/s wGB/s roof", "down us TFLOP/s wGB/s roof");
   for (int64_t tpe : {1, 4, 16, 64, 512, 2048}) {
     const int64_t rows = experts * tpe, tokens = rows / k;
@@ -257,8 +368,12 @@ TEST(CudaPerf, GroupedGemm) {
       return std::string(buf);
     };
     const int auto_rows = cuda::GroupedGemmTileRows(rows, experts);
-    for (int tile : {32, 64, 128}) {
-      Apply({"mma", false, false, tile});
+    double mma128_us[2] = {0, 0};  // gate_up, down of the 128-row mma.sync tiles
+    for (int variant = 0; variant < 4; ++variant) {
+      // 32, 64, 128 on mma.sync, then 128 on wgmma ("128w").
+      const int tile = variant == 3 ? 128 : 32 << variant;
+      const bool wgmma = variant == 3;
+      Apply({"mma", false, false, tile, true, wgmma});
       const double gu_us = median_us(
           [&] {
             cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
@@ -266,11 +381,21 @@ TEST(CudaPerf, GroupedGemm) {
           reps);
       const double down_us =
           median_us([&] { cuda::GroupedGemmDown(act, goff.ptr<int32_t>(), wd, y, stream); }, reps);
-      std::printf("grouped gemm perf: %5ld %6ld %4d%s | %s | %s\n", static_cast<long>(tpe),
-                  static_cast<long>(tokens), tile, tile == auto_rows ? "*" : " ",
+      std::printf("grouped gemm perf: %5ld %6ld %4d%s%s | %s | %s\n", static_cast<long>(tpe),
+                  static_cast<long>(tokens), tile, wgmma ? "w" : " ",
+                  tile == auto_rows && wgmma == DefaultTuning().moe_gemm_wgmma ? "*" : " ",
                   stats(gu_us, gu_flops, gu_wbytes, gu_bytes).c_str(),
                   stats(down_us, down_flops, down_wbytes, down_bytes).c_str());
-      const std::string key = "tpe" + std::to_string(tpe) + " tile" + std::to_string(tile);
+      if (tile == 128 && !wgmma) mma128_us[0] = gu_us, mma128_us[1] = down_us;
+      if (wgmma)
+        std::printf(
+            "grouped gemm perf: %5ld wgmma vs mma.sync (128-row tiles): gate_up %.2fx (%.0f%% of "
+            "%.0f TFLOP/s), down %.2fx (%.0f%%)\n",
+            static_cast<long>(tpe), mma128_us[0] / gu_us,
+            100 * gu_flops / (gu_us * 1e-6) / kPeakFlops, kPeakFlops / 1e12, mma128_us[1] / down_us,
+            100 * down_flops / (down_us * 1e-6) / kPeakFlops);
+      const std::string key =
+          "tpe" + std::to_string(tpe) + " tile" + std::to_string(tile) + (wgmma ? "w" : "");
       Record("Perf.grouped_gemm_gate_up_us", key, gu_us, 0);
       Record("Perf.grouped_gemm_down_us", key, down_us, 0);
     }
@@ -287,6 +412,7 @@ TEST(CudaPerf, GroupedGemm) {
       Record(std::string("Perf.moe_experts_us ") + path.name, "tpe" + std::to_string(tpe), us, 0);
     };
     op({"default", true, false, 0});
+    if (tpe >= 512) op({"mma.sync 128", false, false, 128});  // the whole op without wgmma
     if (tpe <= 64) {  // around the GEMV threshold: both sides
       op({"gemv", false, true, 0});
       op({"mma", false, false, 0});

@@ -35,8 +35,9 @@ class ScratchBuffer {
 // them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS, COROLLA_MOE_PAIR_GEMV_MAX_PAIRS,
 // COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS, COROLLA_ATTN_MMA,
 // COROLLA_ATTN_FUSED_MERGE, COROLLA_PDL, COROLLA_FUSED_ROUTER_MAX_TOKENS,
-// COROLLA_MOE_PAIR_DOWN_SLOTS, COROLLA_GDN_CHUNKED_MIN_TOKENS and COROLLA_MLA_DECODE_SPLITS in the environment set the
-// defaults). Not synchronised: set them before launching work.
+// COROLLA_MOE_PAIR_DOWN_SLOTS, COROLLA_GDN_CHUNKED_MIN_TOKENS, COROLLA_MLA_DECODE_SPLITS and
+// COROLLA_MOE_GEMM_WGMMA in the environment set the defaults). Not synchronised: set them
+// before launching work.
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
   // mma GEMMs (grouped_gemm.cu) above it. 256: from ~2 tokens per expert on (E 128, k 8:
@@ -45,6 +46,9 @@ struct KernelTuning {
   // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
   // forces one (tests and benchmarks sweep them).
   int moe_gemm_tile_rows = 0;
+  // The 128-row tiles run on the wgmma + TMA kernels (grouped_gemm_wgmma.cu) where the shapes
+  // fit (N % 128, K % 64), else on mma.sync. COROLLA_MOE_GEMM_WGMMA sets it.
+  bool moe_gemm_wgmma = true;
   // MoeExperts counts, scans and permutes in one CTA when the batch is small enough.
   bool moe_fused_permute = true;
   // MoeExperts skips the permutation and runs one GEMV per (token, expert) pair, the down

@@ -1,0 +1,64 @@
+// The device-side tile schedule both grouped GEMMs (grouped_gemm.cu: mma.sync;
+// grouped_gemm_wgmma.cu: wgmma + TMA) share: offsets [E + 1] -> each expert's first m-tile in
+// shared memory, and tile index -> (expert, rows, first output column). Device code only.
+#pragma once
+
+#include <cstdint>
+
+namespace corolla::cuda::grouped {
+
+// Shared-memory copy of offsets and each expert's first m-tile (kBM rows): tiles of expert e
+// are [tile_start[e], tile_start[e + 1]); tile_start[E] is the number of m-tiles.
+struct Schedule {
+  const int32_t* offsets;     // [E + 1], shared
+  const int32_t* tile_start;  // [E + 1], shared
+  int experts, n_tiles;
+};
+
+struct TileCoord {
+  // rows: valid rows of the tile (<= kBM); n0: its first output column.
+  int expert, row_begin, rows, n0;
+};
+
+// Tile `tile` in (m-tile, n-tile) order, n fastest.
+template <int kBM, int kNPerTile>
+__device__ __forceinline__ TileCoord Locate(const Schedule& sch, int tile) {
+  const int mt = tile / sch.n_tiles, nb = tile - mt * sch.n_tiles;
+  int lo = 0, hi = sch.experts - 1;  // the expert e with tile_start[e] <= mt < tile_start[e + 1]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (sch.tile_start[mid] <= mt)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  TileCoord t;
+  t.expert = lo;
+  t.row_begin = sch.offsets[lo] + (mt - sch.tile_start[lo]) * kBM;
+  t.rows = min(kBM, sch.offsets[lo + 1] - t.row_begin);
+  t.n0 = nb * kNPerTile;
+  return t;
+}
+
+// Warp 0: tile_start from offsets (lane l sums a contiguous run of experts, then a shuffle scan).
+template <int kBM>
+__device__ void ScanTiles(const int32_t* offsets, int32_t* tile_start, int experts, int lane) {
+  const int per = (experts + 31) / 32;
+  const int lo = min(lane * per, experts), hi = min(lo + per, experts);
+  int sum = 0;
+  for (int e = lo; e < hi; ++e) sum += (offsets[e + 1] - offsets[e] + kBM - 1) / kBM;
+  int incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  int run = incl - sum;
+  for (int e = lo; e < hi; ++e) {
+    tile_start[e] = run;
+    run += (offsets[e + 1] - offsets[e] + kBM - 1) / kBM;
+  }
+  if (lane == 31) tile_start[experts] = incl;
+}
+
+}  // namespace corolla::cuda::grouped

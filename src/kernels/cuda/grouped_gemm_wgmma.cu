@@ -1,0 +1,423 @@
+// The grouped GEMMs of MoeExperts for prefill-like groups (128-row tiles) on Hopper's wgmma,
+// weights through TMA: same contract and device-side schedule as grouped_gemm.cu's mma.sync
+// kernels (grouped_gemm_schedule.cuh), chosen by its launchers (grouped_gemm.h).
+//
+// Tile: 128 rows of one expert x 256 weight rows, over all of K in 64-wide k-blocks. GateUp: the
+// 256 weight rows are 128 gate rows n0.. and the 128 up rows N + n0.., so each consumer thread
+// holds g and u of the same output columns and writes silu(g) * u (bf16) from registers. Down:
+// 256 rows n0.. of W_down, f32 y (columns past N masked: N % 256 may be 128).
+//
+// Warp specialisation, 384 threads: warpgroups 0 and 1 are consumers (rows 0-63 / 64-127 of
+// the tile, one m64n256k16 wgmma per k16 step, 128 f32 accumulators per thread); warpgroup 2
+// is the producer. Per k-block stage (kStages-deep ring, 48 KB each):
+// - B [256][64] bf16: two TMA boxes (64 K-columns x 128 rows, 128-byte swizzle) over the
+//   weight tensor map [E * N_w, K], issued by producer thread 0 with expect_tx on full[stage];
+// - A [128][64] bf16: gathered rows (GateUp: x[perm_token[r]], Down: act[r]) by the 128
+//   producer threads as 16-byte cp.async chunks written in the same swizzled layout (chunk c
+//   of row r at c ^ (r % 8)); rows past the expert's end are zero-filled. cp.async writes are
+//   generic-proxy writes: each producer thread waits for its copies of step s when it has
+//   issued step s + kLag (cp.async.wait_group kLag), fences them to the async proxy, and only
+//   then arrives on full[s] (count 128 + 1 for thread 0's expect_tx arrival).
+// Consumers wait full[stage], issue 4 wgmmas, commit, and wait until at most one group is in
+// flight: the previous k-block's stage is then free (one arrival per consumer warp, after its
+// own wait, on empty[stage]: count 8). The producer waits empty[stage] before refilling it and
+// runs ahead across tile boundaries, so the next tile's loads overlap this tile's epilogue.
+// Persistent grid: one CTA per SM (~200 KB of shared memory), tiles blockIdx.x + i gridDim.x.
+// No setmaxnreg: 384 threads x 168 registers fit an SM, and the consumers need ~154 (128 of
+// them accumulators).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_schedule.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+using grouped::Locate;
+using grouped::ScanTiles;
+using grouped::Schedule;
+using grouped::TileCoord;
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
+constexpr int kLag = 2;  // producer: steps between issuing a k-block's A copies and signalling them
+constexpr int kBoxRows = 128;  // TMA box: kBK columns x 128 weight rows (box dims are <= 256)
+constexpr int kConsumers = 2;  // consumer warpgroups, 64 tile rows each
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr int kProducerThreads = 128;
+constexpr int kARowsPerPass = kProducerThreads / 8;  // 8 threads copy the 8 chunks of a row
+constexpr int kAPasses = kBM / kARowsPerPass;
+constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2;
+constexpr uint32_t kStageBytes = kABytes + kBBytes;
+constexpr uint32_t kPipeBytes = kStages * kStageBytes;
+static_assert(kBK * 2 == 128, "a k-block is one 128-byte swizzle row");
+static_assert(kABytes % 1024 == 0 && kStageBytes % 1024 == 0, "swizzled tiles stay 1024-aligned");
+static_assert(kARowsPerPass % 8 == 0, "a thread's swizzle (row % 8) is the same in every pass");
+// Consumers at step j need full[j], signalled once the producer has issued j + kLag, which
+// needs empty[j + kLag - kStages]: released by the consumers at step j + kLag - kStages + 1.
+static_assert(kLag >= 1 && kLag <= kStages - 2, "deadlock-free lag of the A signal");
+
+// Dynamic shared memory: alignment slack, the stage ring, full/empty barriers, the schedule.
+size_t SmemBytes(int experts) {
+  return 1024 + kPipeBytes + 2 * kStages * sizeof(uint64_t) + 2 * sizeof(int32_t) * (experts + 1);
+}
+
+struct WgmmaParams {
+  CUtensorMap w_map;  // weights [E * N_w, K] bf16: box kBK x kBoxRows, 128-byte swizzle
+  const bf16_t* a;    // GateUp: x [T, K], row perm_token[r]; Down: act [TK, K], row r
+  int64_t a_stride;
+  const int32_t* perm_token;  // GateUp only
+  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32
+  const int32_t* offsets;     // [E + 1]
+  int experts, n, k;
+};
+
+template <bool kGateUp>
+__device__ __forceinline__ void Produce(const WgmmaParams& p, const Schedule& sch, int num_tiles,
+                                        int k_blocks, uint32_t pipe, uint32_t full,
+                                        uint32_t empty) {
+  constexpr int kNPerTile = kGateUp ? kBN / 2 : kBN;
+  const int t = threadIdx.x - kConsumers * 128;
+  const int chunk = t % 8, row0 = t / 8;  // this thread's A rows: row0 + i kARowsPerPass
+  int step = 0;                           // k-blocks issued so far (over all tiles)
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
+    const bf16_t* a_row[kAPasses];  // null: past the expert's rows (zero fill)
+#pragma unroll
+    for (int i = 0; i < kAPasses; ++i) {
+      const int r = row0 + i * kARowsPerPass;
+      a_row[i] = nullptr;
+      if (r < tc.rows) {
+        const int64_t src = kGateUp ? p.perm_token[tc.row_begin + r] : tc.row_begin + r;
+        a_row[i] = p.a + src * p.a_stride + chunk * 8;
+      }
+    }
+    // The weight rows of the two boxes. GateUp: gate rows n0.. and up rows N + n0.. of expert
+    // e's [2N, K]; Down: rows n0.. and n0 + 128.. of [N, K] (past N: masked in the epilogue;
+    // past the last expert: TMA fills zeros).
+    const int b_row0 = tc.expert * (kGateUp ? 2 * p.n : p.n) + tc.n0;
+    const int b_row1 = b_row0 + (kGateUp ? p.n : kBoxRows);
+    for (int kb = 0; kb < k_blocks; ++kb, ++step) {
+      const int stage = step % kStages;
+      // The consumers' (step / kStages - 1)-th release of this stage.
+      if (step >= kStages) wgmma::MbarWait(empty + 8 * stage, ((step / kStages) - 1) & 1);
+      const uint32_t sa = pipe + stage * kStageBytes, sb = sa + kABytes, bar = full + 8 * stage;
+      if (t == 0) {
+        wgmma::MbarArriveExpectTx(bar, kBBytes);
+        wgmma::TmaLoad2d(sb, &p.w_map, kb * kBK, b_row0, bar);
+        wgmma::TmaLoad2d(sb + kBoxRows * 128, &p.w_map, kb * kBK, b_row1, bar);
+      }
+#pragma unroll
+      for (int i = 0; i < kAPasses; ++i)
+        wgmma::CpAsync16(sa + wgmma::Sw128(row0 + i * kARowsPerPass, chunk),
+                         a_row[i] != nullptr ? a_row[i] + kb * kBK : p.a, a_row[i] != nullptr);
+      wgmma::CpAsyncCommit();
+      if (step >= kLag) {  // step - kLag's copies have landed: hand them to the async proxy
+        wgmma::CpAsyncWait<kLag>();
+        wgmma::FenceProxyAsync();
+        wgmma::MbarArrive(full + 8 * ((step - kLag) % kStages));
+      }
+    }
+  }
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  for (int s = max(0, step - kLag); s < step; ++s) wgmma::MbarArrive(full + 8 * (s % kStages));
+}
+
+template <bool kGateUp>
+__device__ __forceinline__ void Consume(const WgmmaParams& p, const Schedule& sch, int num_tiles,
+                                        int k_blocks, uint32_t pipe, uint32_t full,
+                                        uint32_t empty) {
+  constexpr int kNPerTile = kGateUp ? kBN / 2 : kBN;
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  int step = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    for (int kb = 0; kb < k_blocks; ++kb, ++step) {
+      const int stage = step % kStages;
+      wgmma::MbarWait(full + 8 * stage, (step / kStages) & 1);
+      const uint32_t sa = pipe + stage * kStageBytes;
+      const uint64_t desc_a = wgmma::SmemDescSw128(sa + wg * 64 * 128);  // this warpgroup's rows
+      const uint64_t desc_b = wgmma::SmemDescSw128(sa + kABytes);
+      __syncwarp();  // converged after the divergent barrier spin and epilogue (.aligned below)
+#pragma unroll
+      for (int i = 0; i < 128; ++i) wgmma::FenceOperand(acc[i]);
+      wgmma::Fence();
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks)
+        wgmma::MmaM64N256K16(acc, wgmma::DescAdvance(desc_a, 32 * ks),
+                             wgmma::DescAdvance(desc_b, 32 * ks), kb > 0 || ks > 0);
+      wgmma::Commit();
+      wgmma::Wait<1>();  // the previous k-block's wgmmas are done: its stage is free
+      if (kb > 0 && lane == 0) wgmma::MbarArrive(empty + 8 * ((step - 1) % kStages));
+    }
+    wgmma::Wait<0>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) wgmma::FenceOperand(acc[i]);
+    if (lane == 0) wgmma::MbarArrive(empty + 8 * ((step - 1) % kStages));
+
+    // Epilogue from registers: acc[4 j + 2 h + i] is tile row 64 wg + 16 warp + lane / 4 + 8 h,
+    // column 8 j + 2 (lane % 4) + i of the 256 (GateUp: j < 16 gate, j + 16 the matching up).
+    const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wg * 64 + warp * 16 + lane / 4 + 8 * h;
+      if (r >= tc.rows) continue;
+      const int64_t out_row = static_cast<int64_t>(tc.row_begin + r) * p.n;
+      if constexpr (kGateUp) {
+        bf16_t* out = static_cast<bf16_t*>(p.out) + out_row;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int col = tc.n0 + 8 * j + 2 * (lane % 4);  // N % 128 == 0: always < N
+          const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
+          const float u0 = acc[4 * (j + 16) + 2 * h], u1 = acc[4 * (j + 16) + 2 * h + 1];
+          *reinterpret_cast<__nv_bfloat162*>(out + col) =
+              __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
+        }
+      } else {
+        float* out = static_cast<float*>(p.out) + out_row;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int col = tc.n0 + 8 * j + 2 * (lane % 4);
+          if (col >= p.n) continue;
+          *reinterpret_cast<float2*>(out + col) =
+              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+      }
+    }
+  }
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1)
+    GroupedWgmmaKernel(const __grid_constant__ WgmmaParams p) {
+  constexpr int kNPerTile = kGateUp ? kBN / 2 : kBN;
+  // Declared 16-byte aligned so that the 1024-byte alignment is computed, not assumed.
+  extern __shared__ __align__(16) unsigned char wgmma_smem[];
+  const uint32_t base = wgmma::SmemAddr(wgmma_smem);
+  const uint32_t pad = ((base + 1023) & ~1023u) - base;
+  const uint32_t pipe = base + pad;
+  const uint32_t full = pipe + kPipeBytes, empty = full + 8 * kStages;  // [kStages] each
+  int32_t* s_offsets =
+      reinterpret_cast<int32_t*>(wgmma_smem + pad + kPipeBytes + 16 * kStages);  // [E + 1]
+  int32_t* s_tile_start = s_offsets + p.experts + 1;                             // [E + 1]
+
+  for (int e = threadIdx.x; e <= p.experts; e += kThreads) s_offsets[e] = p.offsets[e];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      wgmma::MbarInit(full + 8 * s, kProducerThreads + 1);
+      wgmma::MbarInit(empty + 8 * s, kConsumers * 4);
+    }
+    wgmma::MbarInitFence();
+  }
+  if (threadIdx.x == kConsumers * 128) wgmma::TmaPrefetchDescriptor(&p.w_map);
+  __syncthreads();
+  if (threadIdx.x < 32) ScanTiles<kBM>(s_offsets, s_tile_start, p.experts, threadIdx.x);
+  __syncthreads();
+  const Schedule sch{s_offsets, s_tile_start, p.experts, (p.n + kNPerTile - 1) / kNPerTile};
+  const int num_tiles = s_tile_start[p.experts] * sch.n_tiles;
+  const int k_blocks = p.k / kBK;
+  if (threadIdx.x >= kConsumers * 128)
+    Produce<kGateUp>(p, sch, num_tiles, k_blocks, pipe, full, empty);
+  else
+    Consume<kGateUp>(p, sch, num_tiles, k_blocks, pipe, full, empty);
+}
+
+// One 64 x 256 x 64 tile through the raw wrappers: A by cp.async into the swizzled layout, B by
+// two TMA boxes, 4 wgmmas, c = a b^T from the fragment layout. CudaKernelTest.WgmmaTileProbe.
+__global__ void __launch_bounds__(128, 1)
+    WgmmaProbeKernel(const __grid_constant__ CUtensorMap b_map, const bf16_t* a, float* c) {
+  extern __shared__ __align__(16) unsigned char probe_smem[];
+  const uint32_t base = wgmma::SmemAddr(probe_smem);
+  const uint32_t sa = (base + 1023) & ~1023u, sb = sa + 64 * 128, bar = sb + 256 * 128;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  if (t == 0) {
+    wgmma::MbarInit(bar, 1);
+    wgmma::MbarInitFence();
+  }
+  __syncthreads();
+  if (t == 0) {
+    wgmma::MbarArriveExpectTx(bar, 256 * 128);
+    wgmma::TmaLoad2d(sb, &b_map, 0, 0, bar);
+    wgmma::TmaLoad2d(sb + kBoxRows * 128, &b_map, 0, kBoxRows, bar);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = t / 8 + 16 * i, chunk = t % 8;
+    wgmma::CpAsync16(sa + wgmma::Sw128(r, chunk), a + r * 64 + chunk * 8, true);
+  }
+  wgmma::CpAsyncCommit();
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  __syncthreads();
+  wgmma::MbarWait(bar, 0);
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  const uint64_t desc_a = wgmma::SmemDescSw128(sa), desc_b = wgmma::SmemDescSw128(sb);
+#pragma unroll
+  for (int i = 0; i < 128; ++i) wgmma::FenceOperand(acc[i]);
+  wgmma::Fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    wgmma::MmaM64N256K16(acc, wgmma::DescAdvance(desc_a, 32 * ks),
+                         wgmma::DescAdvance(desc_b, 32 * ks), ks > 0);
+  wgmma::Commit();
+  wgmma::Wait<0>();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) wgmma::FenceOperand(acc[i]);
+#pragma unroll
+  for (int j = 0; j < 32; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * warp + lane / 4 + 8 * h, col = 8 * j + 2 * (lane % 4);
+      c[row * 256 + col] = acc[4 * j + 2 * h];
+      c[row * 256 + col + 1] = acc[4 * j + 2 * h + 1];
+    }
+}
+
+// ---- host -------------------------------------------------------------------------------------
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    COROLLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                        cudaEnableDefault, &found));
+    COROLLA_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr)
+        << "grouped gemm wgmma: the driver has no cuTensorMapEncodeTiled";
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The tensor map of a row-major bf16 matrix [rows, k] (k % 64 == 0, 16-byte aligned): box 64
+// columns x kBoxRows rows, 128-byte swizzle, out-of-bounds boxes zero-filled. Cached per
+// (address, rows, k): the maps of the expert weights are built once.
+CUtensorMap WeightMap(const void* w, int64_t rows, int64_t k) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t>, CUtensorMap> cache;
+  const auto key = std::make_tuple(w, rows, k);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};  // bytes, dims 1..
+  const cuuint32_t box[2] = {kBK, kBoxRows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      EncodeTiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides,
+                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  COROLLA_CHECK(r == CUDA_SUCCESS) << "grouped gemm wgmma: cuTensorMapEncodeTiled of [" << rows
+                                   << ", " << k << "] bf16 failed (" << static_cast<int>(r) << ")";
+  cache.emplace(key, map);
+  return map;
+}
+
+// Sets the kernel's shared-memory attributes once per device.
+template <class Kernel>
+void SetAttributesOnce(Kernel kernel, std::atomic<uint64_t>& set, int device, int max_smem) {
+  const uint64_t device_bit = uint64_t{1} << (device % 64);
+  if (set.load(std::memory_order_acquire) & device_bit) return;
+  COROLLA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+  set.fetch_or(device_bit, std::memory_order_acq_rel);
+}
+
+template <bool kGateUp>
+void LaunchWgmma(const WgmmaParams& p, int64_t rows, cudaStream_t s) {
+  const auto kernel = GroupedWgmmaKernel<kGateUp>;
+  int device = 0, sms = 0, max_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  COROLLA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t smem = SmemBytes(p.experts);
+  COROLLA_CHECK(smem <= static_cast<size_t>(max_smem))
+      << "grouped gemm wgmma: " << p.experts << " experts need " << smem
+      << " bytes of shared memory, the device has " << max_smem;
+  static std::atomic<uint64_t> attrs_set{0};
+  SetAttributesOnce(kernel, attrs_set, device, max_smem);
+  constexpr int kNPerTile = kGateUp ? kBN / 2 : kBN;
+  // At most ceil(rows / kBM) + min(E, rows) m-tiles (each non-empty expert adds one partial).
+  const int64_t tile_bound = (CeilDiv(rows, kBM) + std::min<int64_t>(p.experts, rows)) *
+                             static_cast<int64_t>(CeilDiv(p.n, kNPerTile));
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(tile_bound, sms)));
+  kernel<<<grid, kThreads, smem, s>>>(p);
+  COROLLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool GroupedWgmmaFits(int64_t n, int64_t k, int experts) {
+  if (k % kBK != 0 || n % 128 != 0 || k <= 0 || n <= 0) return false;
+  int device = 0, major = 0, max_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  COROLLA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return major == 9 && SmemBytes(experts) <= static_cast<size_t>(max_smem);
+}
+
+void GroupedWgmmaGateUp(const TensorView& x, int64_t x_stride, const int32_t* perm_token,
+                        const int32_t* offsets, const TensorView& w_gate_up, const TensorView& act,
+                        cudaStream_t s) {
+  const int64_t experts = w_gate_up.dim(0), inter = act.dim(1), hidden = x.dim(1);
+  WgmmaParams p;
+  p.w_map = WeightMap(w_gate_up.data, experts * 2 * inter, hidden);
+  p.a = x.ptr<bf16_t>();
+  p.a_stride = x_stride;
+  p.perm_token = perm_token;
+  p.out = act.data;
+  p.offsets = offsets;
+  p.experts = static_cast<int>(experts);
+  p.n = static_cast<int>(inter);
+  p.k = static_cast<int>(hidden);
+  LaunchWgmma<true>(p, act.dim(0), s);
+}
+
+void GroupedWgmmaDown(const TensorView& act, const int32_t* offsets, const TensorView& w_down,
+                      const TensorView& y, cudaStream_t s) {
+  const int64_t experts = w_down.dim(0), inter = act.dim(1), hidden = y.dim(1);
+  WgmmaParams p;
+  p.w_map = WeightMap(w_down.data, experts * hidden, inter);
+  p.a = act.ptr<bf16_t>();
+  p.a_stride = inter;
+  p.perm_token = nullptr;
+  p.out = y.data;
+  p.offsets = offsets;
+  p.experts = static_cast<int>(experts);
+  p.n = static_cast<int>(hidden);
+  p.k = static_cast<int>(inter);
+  LaunchWgmma<false>(p, act.dim(0), s);
+}
+
+void WgmmaTileProbe(const TensorView& a, const TensorView& b, const TensorView& c, cudaStream_t s) {
+  COROLLA_CHECK(a.dtype == DType::kBF16 && b.dtype == DType::kBF16 && c.dtype == DType::kF32 &&
+                a.rank() == 2 && a.dim(0) == 64 && a.dim(1) == 64 && a.is_contiguous() &&
+                b.rank() == 2 && b.dim(0) == 256 && b.dim(1) == 64 && b.is_contiguous() &&
+                c.rank() == 2 && c.dim(0) == 64 && c.dim(1) == 256 && c.is_contiguous() &&
+                reinterpret_cast<uintptr_t>(a.data) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(b.data) % 16 == 0)
+      << "wgmma tile probe: a " << a.ToString() << " b " << b.ToString() << " c " << c.ToString();
+  const CUtensorMap map = WeightMap(b.data, 256, 64);
+  constexpr size_t kSmem = 1024 + 64 * 128 + 256 * 128 + 8;
+  static std::atomic<uint64_t> attrs_set{0};
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  SetAttributesOnce(WgmmaProbeKernel, attrs_set, device, static_cast<int>(kSmem));
+  WgmmaProbeKernel<<<1, 128, kSmem, s>>>(map, a.ptr<bf16_t>(), c.ptr<float>());
+  COROLLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace corolla::cuda
