@@ -133,6 +133,36 @@ if [ -z "${COROLLA_SKIP_TP:-}" ]; then
 fi
 
 # --- DP-EP: each rank owns every 2nd sequence, experts split over both GPUs.
+# DP x TP's MoE path (issue 6: each TP rank dispatches 1/tp of the tokens, zeros elsewhere, the
+# TP all-reduce assembles) on two GPUs: TP-EP through that exchange (COROLLA_TP_EP_EXCHANGE=1).
+# One sequence and three; logits vs 1 GPU (2e-2, as the --tp checks); greedy generate
+# without graphs (the sized exchange syncs on the host); bench decode with the fixed-capacity
+# NVLink exchange, eager and graph. COROLLA_SKIP_DPTP=1 skips it.
+if [ -z "${COROLLA_SKIP_DPTP:-}" ]; then
+  for m in qwen3-moe qwen3.5-moe-hybrid deepseek-v3; do
+    golden=tests/data/golden/$m.safetensors
+    a=$(python3 scripts/compare_logits.py ids "$golden" ids_2); b=$(python3 scripts/compare_logits.py ids "$golden" ids_4)
+    for spec in "1seq:$a" "3seqs:$b;$a;$a"; do
+      name=${spec%%:*}; ids=${spec#*:}
+      one=$OUT/${m}_${name}_1gpu.safetensors; two=$OUT/${m}_${name}_tpx.safetensors
+      timeout 60 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$one" 2>>"$OUT/dptp_logits.err" || note "$m $name: single-GPU logits FAILED"
+      COROLLA_TP_EP_EXCHANGE=1 timeout 60 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$two" --tp 2 2>>"$OUT/dptp_logits.err" || note "$m $name: --tp 2 via the exchange FAILED"
+      note "$m $name tp2 via the DP x TP exchange vs 1 GPU: $(python3 scripts/compare_logits.py diff "$two" "$one" 2e-2)"
+      rm -f "$one" "$two"
+    done
+  done
+  prompts="1,2,3,4,5;17,300,42,1999,7,7,7,512,3000,88;9,9,9"
+  a=$(timeout 60 $B/corolla generate --device cuda --prompt-ids "$prompts" --max-tokens 64 --temperature 0 --ignore-eos 2>>"$OUT/dptp_generate.err")
+  b=$(COROLLA_TP_EP_EXCHANGE=1 COROLLA_CUDA_GRAPHS=0 timeout 60 $B/corolla generate --device cuda --prompt-ids "$prompts" --max-tokens 64 --temperature 0 --ignore-eos --tp 2 2>>"$OUT/dptp_generate.err")
+  for i in 1 2 3; do
+    note "demo greedy prompt $i of 3, tp2 via the exchange vs 1 GPU: $(same_ids "$(echo "$a" | sed -n ${i}p)" "$(echo "$b" | sed -n ${i}p)")"
+  done
+  cfg="--config tests/data/configs/qwen3-30b-a3b.json --random-weights --device cuda --context 1024 --layers 4 --steps 10"
+  COROLLA_TP_EP_EXCHANGE=1 timeout 200 $B/corolla bench decode $cfg --batch 7,64 --tp 2 >"$OUT/bench_dptp_path.log" 2>&1 || note "bench decode tp2 via the exchange FAILED (rc $?)"
+  cat "$OUT/bench_dptp_path.log"
+  note "bench decode tp2 via the exchange (batch 7, 64): $(grep -E '^  (eager|graph) ' "$OUT/bench_dptp_path.log" | tr -s ' ' | tr '\n' ';')"
+fi
+
 if [ -z "${COROLLA_SKIP_DPEP:-}" ]; then
   for m in qwen3-moe qwen3.5-moe-hybrid deepseek-v3 deepseek-v3-fp8; do
     golden=tests/data/golden/$m.safetensors

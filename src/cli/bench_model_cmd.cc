@@ -351,10 +351,12 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   if (std::string(name) == "decode") {
     flags.Int("tp", &o->tp, "tensor-parallel ranks, one process per GPU, the experts split over them (TP-EP)");
     flags.Int("dp", &o->dp, "data-parallel ranks, one process per GPU, each running --batch sequences");
-    flags.Int("ep", &o->ep, "expert-parallel ranks: 1 (replicas) or --dp (DP-EP: experts split, tokens exchanged)");
+    flags.Int("ep", &o->ep, "expert-parallel ranks: --tp (default: replicas of TP-EP) or --dp x --tp (DP-EP: experts split "
+            "over all ranks, tokens exchanged; with --tp > 1 each TP rank of a replica dispatches 1/tp of its batch)");
     flags.Int("ep-capacity", &o->ep_capacity,
-              "DP-EP: rows per rank of the fixed-size exchanges, which CUDA graphs can capture (default: the "
-              "largest --batch; 0: sizes exchanged in every MoE layer, eager only)");
+              "DP-EP: rows per rank of the fixed-size exchanges, which CUDA graphs can capture (with --tp > 1 "
+              "per replica: each TP rank's exchange moves 1/tp of them; default: the largest --batch; 0: sizes "
+              "exchanged in every MoE layer, eager only)");
   }
   RETURN_IF_ERROR(flags.Parse(argc, argv, argc > 1 && std::string(argv[1]) == "bench" ? 3 : 2, help));
   if (*help) return Status::Ok();
@@ -426,7 +428,6 @@ Status BenchDecode(int argc, char** argv, bool* help) {
   BenchOptions o;
   RETURN_IF_ERROR(ParseOptions("decode", "time one decode step of B sequences at context L", argc, argv, &o, help));
   if (*help) return Status::Ok();
-  if (o.tp > 1 && o.dp > 1) return Unsupported("bench decode: --tp with --dp is not implemented yet");
   if (std::optional<int> rc = SpawnLocalRanks(static_cast<int>(o.tp * o.dp), argc, argv))
     return *rc == 0 ? Status::Ok() : Internal("a rank exited with code " + std::to_string(*rc));
   ASSIGN_OR_RETURN(Loaded l, Load(o));
@@ -446,7 +447,7 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
                               o.state_dtype);
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
   // DP-EP exchanges sized per layer read the sizes on the host, which a graph cannot capture.
-  const bool dp_ep = l.shard.dp_ep(), graph = o.graph && !(dp_ep && l.shard.ep_capacity == 0);
+  const bool dp_ep = l.shard.dp_ep(), graph = o.graph && !(l.shard.uses_ep_exchange() && l.shard.ep_capacity == 0);
   for (int i = 0; i < 3; ++i) step();  // warm-up: allocator cache, cuBLASLt plans
   backend.Synchronize();
   const double eager_ms = timer.Median(static_cast<int>(o.steps), step);
@@ -478,7 +479,7 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   const int tp = l.shard.tp_size;
   const double kv_split = std::min<double>(tp, std::max(1, c.num_kv_heads));
   const double weight_bytes = mb.dense_per_layer_total / tp +
-                              mb.moe_layers * (mb.router + distinct * mb.expert / (tp > 1 ? l.shard.ep_size : 1)) +
+                              mb.moe_layers * (mb.router + distinct * mb.expert / (tp > 1 && !dp_ep ? l.shard.ep_size : 1)) +
                               mb.lm_head + 2.0 * c.hidden_size * num_seqs;
   const double kv_bytes = (mb.kv_per_token_all_layers * num_seqs * ctx + mb.state_per_seq * num_seqs) / kv_split;
   const double bytes = weight_bytes + kv_bytes;
@@ -486,9 +487,10 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
               num_seqs, ctx, backend.name().c_str(),
               c.num_linear_layers() > 0 && o.state_dtype == DType::kBF16 ? ", bf16 linear state" : "");
   if (tp > 1)
-    std::printf("  tp %d (experts over the same ranks): the batch on every rank; per-rank bytes (norms and the "
-                "LM head whole) and times below\n",
-                tp);
+    std::printf("  tp %d (%s): the batch on every rank%s; per-rank bytes (norms and the LM head whole) and times "
+                "below\n",
+                tp, dp_ep ? "inside each DP replica" : "experts over the same ranks",
+                dp_ep ? " of a replica, each dispatching 1/tp of it" : "");
   if (l.shard.dp_size > 1)
     std::printf("  dp %d x ep %d: batch %d on each rank, %d in all; experts %s; per-rank bytes and times below\n",
                 l.shard.dp_size, l.shard.ep_size, num_seqs, num_seqs * l.shard.dp_size,

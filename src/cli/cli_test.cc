@@ -133,10 +133,14 @@ TEST(Cli, BenchDecodeTensorParallelOnTheCpu) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("tp 2 (experts over the same ranks)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+  // DP x TP: two replicas of two TP ranks, the experts over all four (each TP rank dispatches
+  // one of its replica's two sequences).
   r = RunCorolla("bench decode --config tests/data/models/qwen3-moe/config.json --random-weights --device cpu "
-                 "--tp 2 --dp 2 --batch 2 --context 20 --steps 1");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("--tp with --dp is not implemented yet"), std::string::npos) << r.output;
+                 "--tp 2 --dp 2 --ep 4 --batch 2 --context 20 --steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tp 2 (inside each DP replica)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dp 2 x ep 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
 }
 
 // --breakdown: one row per op kind, whose calls add up over the layers (qwen3-moe: 3 layers,

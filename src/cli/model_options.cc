@@ -136,6 +136,8 @@ Result<RankSetup> SetUpRank(const std::string& device, const ParallelConfig& con
   const RankLayout& l = setup.parallel->layout();
   setup.shard = {l.tp_size, l.tp_rank, setup.parallel->tp(), l.ep_size, l.ep_rank, setup.parallel->ep(),
                  l.dp_size, l.dp_rank, ep_capacity};
+  const char* via_exchange = std::getenv("COROLLA_TP_EP_EXCHANGE");
+  setup.shard.tp_ep_exchange = via_exchange != nullptr && std::string(via_exchange) == "1";
   return setup;
 }
 

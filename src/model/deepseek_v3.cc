@@ -140,8 +140,9 @@ Status DeepseekV3Model::PlanShard() {
     return InvalidArgument(c.model_type + " does not split over --tp " + std::to_string(tp) + " / --ep " +
                            std::to_string(shard_.ep_size) + ": " + why);
   };
-  // DP-EP: each rank attends to its own sequences with all heads (no split), dense layers and
-  // shared experts whole; only the routed experts are split, over the EP ranks.
+  // DP-EP: each DP replica attends to its own sequences; heads, dense layers and shared experts
+  // split over its TP ranks as under TP alone (whole with --tp 1); the routed experts are split
+  // over all EP ranks.
   RETURN_IF_ERROR(CheckExpertLayout(shard_, c.model_type, c.num_experts > 0));
   if (tp > 1 && shard_.tp == nullptr) return Internal("--tp " + std::to_string(tp) + " without a TP communicator");
   if (c.num_attention_heads % tp != 0) return fail(std::to_string(c.num_attention_heads) + " attention heads");
@@ -155,10 +156,10 @@ Status DeepseekV3Model::PlanShard() {
   if (c.num_experts % shard_.ep_size != 0) return fail(std::to_string(c.num_experts) + " routed experts");
   num_local_experts_ = c.num_experts / shard_.ep_size;
   first_expert_ = shard_.ep_rank * num_local_experts_;
-  if (!shard_.dp_ep()) return Status::Ok();
+  if (!shard_.uses_ep_exchange()) return Status::Ok();
   if (shard_.ep_size > kMaxEpRanks) return fail("at most " + std::to_string(kMaxEpRanks) + " EP ranks");
   ASSIGN_OR_RETURN(ep_exchange_, MakeEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity},
-                                               c.hidden_size, c.num_experts_per_token));
+                                               c.hidden_size, c.num_experts_per_token, tp, shard_.tp_rank));
   return Status::Ok();
 }
 
@@ -350,13 +351,15 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
     backend_.MoeExperts(x, topk_ids, topk_weights, lw.experts_gate_up, lw.experts_down, out);
   }
   if (c.num_shared_experts > 0) {
-    // TP: this rank's columns of the shared experts. DP-EP: all of them, on this rank's tokens.
+    // TP: this rank's columns of the shared experts. DP-EP: all of them (--tp 1) or this TP
+    // rank's columns, on the replica's tokens.
     Tensor shared = backend_.Empty(backend_.activation_dtype(), {tokens, c.hidden_size});
     Ffn(lw.shared, x, shared);
     backend_.Add(out, shared);
   }
-  // TP-EP: local experts + shared-expert slice of every rank. DP-EP: out is whole.
-  if (!ep_exchange_) AllReduce(shard_.ep, out);
+  // TP-EP: local experts + shared-expert slice of every rank. DP-EP: out is whole with --tp 1;
+  // with --tp > 1 the TP all-reduce adds the other TP ranks' rows and shared-expert slices.
+  AllReduce(ep_exchange_ ? shard_.tp : shard_.ep, out);
 }
 
 void DeepseekV3Model::ExpertsOverRanks(const LayerWeights& lw, const TensorView& x, const TensorView& topk_ids,

@@ -8,12 +8,11 @@
 namespace corolla {
 
 Status CheckExpertLayout(const ModelShard& shard, const std::string& model_type, bool has_experts) {
-  if (shard.dp_ep()) {
-    // Next: the TP ranks of a replica would each dispatch 1/tp of its (replicated) tokens and
-    // the TP all-reduce would assemble the MoE output.
-    if (shard.tp_size > 1)
-      return Unsupported(model_type + ": DP attention with --tp > 1 is not implemented yet (use --tp 1 --dp D --ep D)");
+  if (shard.uses_ep_exchange()) {
+    // With --tp > 1 each TP rank of a replica dispatches 1/tp of its (replicated) tokens and the
+    // TP all-reduce assembles the MoE output (MakeEpExchange).
     if (shard.ep == nullptr || shard.ep->size() != shard.ep_size) return Internal("DP-EP without an EP communicator");
+    if (shard.tp_size > 1 && shard.tp == nullptr) return Internal("DP x TP without a TP communicator");
   } else if (has_experts && shard.ep_size != shard.tp_size) {
     return InvalidArgument(model_type + " does not split over --tp " + std::to_string(shard.tp_size) + " / --ep " +
                            std::to_string(shard.ep_size) +

@@ -29,12 +29,21 @@ struct ModelShard {
   int dp_size = 1, dp_rank = 0;
   // DP-EP: the most tokens a rank brings to one step, for fixed-size exchanges that need no host
   // synchronisation (CUDA graphs); 0: sizes are exchanged in each MoE layer.
+  // With --tp > 1 (DP x TP): the most tokens a DP replica brings; each TP rank dispatches 1/tp.
   int ep_capacity = 0;
+  // TP-EP through DP-EP's exchange instead of the all-reduce of replicated experts' partial sums
+  // (COROLLA_TP_EP_EXCHANGE=1): each TP rank dispatches 1/tp of the tokens over the TP group and
+  // the TP all-reduce assembles the outputs, the MoE path of DP x TP on tp ranks (a check of
+  // that path on fewer GPUs than dp x tp).
+  bool tp_ep_exchange = false;
   bool dp_ep() const { return dp_size > 1 && ep_size > tp_size; }
+  // The MoE layers move tokens with an EpExchange (DP-EP, or TP-EP with tp_ep_exchange).
+  bool uses_ep_exchange() const { return dp_ep() || (tp_ep_exchange && tp_size > 1 && ep_size == tp_size); }
 };
 
 // The expert layouts the MoE models accept, the same for every family: TP-EP (--ep = --tp) or
-// DP-EP (--dp > 1 with --tp 1, the experts over all ranks). Errors name `model_type` and the
+// DP-EP (--dp > 1, --ep = --dp x --tp: the experts over all ranks; with --tp > 1 attention and
+// dense layers stay tensor-parallel inside each DP replica). Errors name `model_type` and the
 // flags.
 Status CheckExpertLayout(const ModelShard& shard, const std::string& model_type, bool has_experts);
 

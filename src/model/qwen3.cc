@@ -69,7 +69,8 @@ class Qwen3Model final : public Model {
                       const KvCacheView& cache, const TensorView& out);
   void MlpBlock(int layer, const TensorView& x, const TensorView& out);
   // DP-EP: this rank's tokens x [T, H] go to the ranks of their experts (topk_ids global) and
-  // their outputs come back summed into out [T, H]; T may be 0.
+  // their outputs come back summed into out [T, H]; T may be 0. With --tp > 1 only this TP
+  // rank's rows of them (the exchange slices; out's other rows are zero).
   void ExpertsOverRanks(const MoeWeights& w, const TensorView& x, const TensorView& topk_ids,
                         const TensorView& topk_weights, const TensorView& out);
   // DP-EP with no tokens on this rank: only every MoE layer's exchanges, with zero rows.
@@ -132,10 +133,10 @@ Status Qwen3Model::PlanShard() {
   if (c.num_experts % ep != 0) return fail(std::to_string(c.num_experts) + " experts");
   num_local_experts_ = c.num_experts / ep;
   first_expert_ = shard_.ep_rank * num_local_experts_;
-  if (shard_.dp_ep() && c.num_experts > 0) {
+  if (shard_.uses_ep_exchange() && c.num_experts > 0) {
     if (ep > kMaxEpRanks) return fail("at most " + std::to_string(kMaxEpRanks) + " EP ranks");
     ASSIGN_OR_RETURN(ep_exchange_, MakeEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity},
-                                                 c.hidden_size, c.num_experts_per_token));
+                                                 c.hidden_size, c.num_experts_per_token, tp, shard_.tp_rank));
   }
   return Status::Ok();
 }
@@ -298,8 +299,10 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
     backend_.SigmoidMul(shared, gate);
     backend_.Add(out, shared);
   }
-  // TP-EP: local experts (+ this rank's shared-expert slice) of every rank. DP-EP: out is whole.
-  if (!ep_exchange_) AllReduce(shard_.ep, out);
+  // TP-EP: local experts (+ this rank's shared-expert slice) of every rank. DP-EP: out is whole
+  // with --tp 1; with --tp > 1 each TP rank holds its rows' routed outputs (zeros elsewhere) and
+  // its shared-expert slice, and the TP all-reduce assembles them.
+  AllReduce(ep_exchange_ ? shard_.tp : shard_.ep, out);
 }
 
 void Qwen3Model::ExpertsOverRanks(const MoeWeights& w, const TensorView& x, const TensorView& topk_ids,

@@ -80,5 +80,11 @@ class Communicator {
 // The CPU backend's communicator over `store`; the group must be the whole world (the store's
 // collectives are world-wide). Sums in rank order, so every rank gets the same bits.
 Result<std::unique_ptr<Communicator>> MakeHostCommunicator(TcpStore& store, int group_size, int group_rank);
+// The same for the group `ranks` (world ranks in group-rank order, this rank among them) over a
+// TcpStore of its own, a star on ranks[0]: its port (and address, when it is not world rank 0,
+// whose address is `master_addr`) travels in one AllGather of the world `store`, so every world
+// rank calls this, in the same order, for one group each (its own; all groups of a kind at once).
+Result<std::unique_ptr<Communicator>> MakeHostGroupCommunicator(TcpStore& store, const std::vector<int>& ranks,
+                                                                const std::string& master_addr);
 
 }  // namespace corolla

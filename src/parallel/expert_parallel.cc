@@ -259,8 +259,60 @@ std::unique_ptr<EpExchange> MakeAllToAllEpExchange(Backend& backend, Communicato
   return std::make_unique<AllToAllEpExchange>(backend, comm, config);
 }
 
-Result<std::unique_ptr<EpExchange>> MakeEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config,
-                                                   int64_t hidden, int top_k) {
+RowRange TpRowsOfRank(int64_t tokens, int tp_size, int tp_rank) {
+  COROLLA_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size && tokens >= 0);
+  const int64_t per_rank = (tokens + tp_size - 1) / tp_size;
+  return {std::min(tokens, tp_rank * per_rank), std::min(tokens, (tp_rank + 1) * per_rank)};
+}
+
+namespace {
+
+// DP x TP: this TP rank's rows through `inner`, zeros in the other rows of Combine's out (see
+// MakeEpExchange). The zeros are a copy from a stride-0 view of one zero row made at load, so
+// the exchange stays graph-capturable (no memset API, no host copy in a step).
+class TpSlicedEpExchange final : public EpExchange {
+ public:
+  TpSlicedEpExchange(Backend& backend, std::unique_ptr<EpExchange> inner, int64_t hidden, int tp_size, int tp_rank)
+      : backend_(backend), inner_(std::move(inner)), tp_size_(tp_size), tp_rank_(tp_rank) {
+    zero_row_ = backend_.Empty(backend_.activation_dtype(), {hidden});
+    const std::vector<char> zeros(zero_row_.view().nbytes(), 0);
+    backend_.CopyFromHost(zeros.data(), zero_row_);
+  }
+
+  ExpertInputs Dispatch(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights) override {
+    tokens_ = x.dim(0);
+    rows_ = TpRowsOfRank(tokens_, tp_size_, tp_rank_);
+    return inner_->Dispatch(x.Slice(rows_.begin, rows_.end), topk_ids.Slice(rows_.begin, rows_.end),
+                            topk_weights.Slice(rows_.begin, rows_.end));
+  }
+
+  void Combine(const TensorView& expert_out, const TensorView& out) override {
+    COROLLA_CHECK(out.rank() == 2 && out.dim(0) == tokens_ && out.dim(1) == zero_row_.view().dim(0))
+        << "ep combine into " << out.ToString() << " after a dispatch of " << tokens_ << " tokens";
+    inner_->Combine(expert_out, out.Slice(rows_.begin, rows_.end));
+    Zero(out.Slice(0, rows_.begin));
+    Zero(out.Slice(rows_.end, tokens_));
+  }
+
+ private:
+  void Zero(const TensorView& rows) {
+    if (rows.dim(0) == 0) return;
+    TensorView zeros = zero_row_.view();  // [rows, H], every row the same zero row
+    zeros.shape = {rows.dim(0), rows.dim(1)};
+    zeros.strides = {0, 1, 0, 0};
+    backend_.Copy(zeros, rows);
+  }
+
+  Backend& backend_;
+  std::unique_ptr<EpExchange> inner_;
+  int tp_size_, tp_rank_;
+  Tensor zero_row_;  // [H] zeros of the activation dtype
+  int64_t tokens_ = 0;
+  RowRange rows_;
+};
+
+Result<std::unique_ptr<EpExchange>> MakeReplicaEpExchange(Backend& backend, Communicator& comm,
+                                                          const EpExchangeConfig& config, int64_t hidden, int top_k) {
   const char* env = std::getenv("COROLLA_EP_EXCHANGE");
   const std::string kind = env != nullptr && *env != '\0' ? env : "auto";
   if (kind != "auto" && kind != "alltoall" && kind != "nvl")
@@ -278,6 +330,18 @@ Result<std::unique_ptr<EpExchange>> MakeEpExchange(Backend& backend, Communicato
 #endif
   }
   return MakeAllToAllEpExchange(backend, comm, config);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EpExchange>> MakeEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config,
+                                                   int64_t hidden, int top_k, int tp_size, int tp_rank) {
+  if (tp_size == 1) return MakeReplicaEpExchange(backend, comm, config, hidden, top_k);
+  COROLLA_CHECK(tp_size > 1 && tp_rank >= 0 && tp_rank < tp_size) << "tp rank " << tp_rank << " of " << tp_size;
+  EpExchangeConfig per_rank = config;
+  per_rank.capacity = (config.capacity + tp_size - 1) / tp_size;
+  ASSIGN_OR_RETURN(std::unique_ptr<EpExchange> inner, MakeReplicaEpExchange(backend, comm, per_rank, hidden, top_k));
+  return std::unique_ptr<EpExchange>(new TpSlicedEpExchange(backend, std::move(inner), hidden, tp_size, tp_rank));
 }
 
 }  // namespace corolla

@@ -68,9 +68,23 @@ std::unique_ptr<EpExchange> MakeAllToAllEpExchange(Backend& backend, Communicato
 // (parallel/cuda/nvl_ep_exchange.h; NCCL's all-to-all if it cannot be set up), else the
 // all-to-all one; =alltoall or =nvl force one. Collective over `comm`. hidden and top_k size
 // the NVLink exchange's windows.
+//
+// DP x TP (tp_size > 1): the tp ranks of a DP replica hold the same tokens (the activations are
+// replicated after each TP all-reduce). TP rank r then dispatches only its rows,
+// TpRowsOfRank(T, tp_size, r), and Combine writes those rows of out and zeros in the others, so
+// the caller's TP all-reduce (which also sums the shared expert's partial outputs) gives every
+// TP rank all T rows. config.capacity is then the most tokens a replica brings; each rank's
+// exchange moves ceil(capacity / tp_size) rows per peer.
 constexpr int kNvlExchangeMaxCapacity = 1024;
 Result<std::unique_ptr<EpExchange>> MakeEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config,
-                                                   int64_t hidden, int top_k);
+                                                   int64_t hidden, int top_k, int tp_size = 1, int tp_rank = 0);
+
+// Rows [begin, end) of a replica's `tokens` that TP rank `tp_rank` of `tp_size` dispatches:
+// ceil(tokens / tp_size) each in rank order, fewer (or none) at the end.
+struct RowRange {
+  int64_t begin = 0, end = 0;
+};
+RowRange TpRowsOfRank(int64_t tokens, int tp_size, int tp_rank);
 
 // The steps of AllToAllEpExchange on the tensors' device (plain loops on the CPU, kernels in
 // parallel/cuda/ep_kernels.cu on CUDA); public for tests. A destination rank's block of rows

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "base/numeric.h"
@@ -19,9 +20,12 @@ int64_t RowBytes(const TensorView& x) {
 class HostCommunicator final : public Communicator {
  public:
   HostCommunicator(TcpStore& store, int size, int rank) : store_(store), size_(size), rank_(rank) {}
+  // A sub-group's communicator, over its own store.
+  explicit HostCommunicator(std::unique_ptr<TcpStore> own)
+      : own_store_(std::move(own)), store_(*own_store_), size_(store_.world_size()), rank_(store_.rank()) {}
   int size() const override { return size_; }
   int rank() const override { return rank_; }
-  std::string name() const override { return "host"; }
+  std::string name() const override { return own_store_ ? "host group" : "host"; }
 
   void AllReduceSum(const TensorView& x) override {
     COROLLA_CHECK(x.device == Device::kCpu && x.is_contiguous() && x.dtype == DType::kF32)
@@ -78,6 +82,7 @@ class HostCommunicator final : public Communicator {
   }
 
  private:
+  std::unique_ptr<TcpStore> own_store_;  // sub-groups only; declared before store_, which refers to it
   TcpStore& store_;
   int size_, rank_;
 };
@@ -89,6 +94,35 @@ Result<std::unique_ptr<Communicator>> MakeHostCommunicator(TcpStore& store, int 
     return Unsupported("the CPU backend's collectives span the whole world (group of " + std::to_string(group_size) +
                        " in a world of " + std::to_string(store.world_size()) + "); use --device cuda");
   return std::unique_ptr<Communicator>(new HostCommunicator(store, group_size, group_rank));
+}
+
+Result<std::unique_ptr<Communicator>> MakeHostGroupCommunicator(TcpStore& store, const std::vector<int>& ranks,
+                                                                const std::string& master_addr) {
+  const int size = static_cast<int>(ranks.size());
+  const auto me = std::find(ranks.begin(), ranks.end(), store.rank());
+  COROLLA_CHECK(me != ranks.end() && size >= 1) << "rank " << store.rank() << " outside its group";
+  const int group_rank = static_cast<int>(me - ranks.begin());
+  if (size == store.world_size()) return MakeHostCommunicator(store, size, group_rank);
+  // The group's first rank listens before the AllGather, so the others' connects wait in its
+  // backlog until it accepts them.
+  std::unique_ptr<TcpStore> own;
+  std::string where;
+  if (group_rank == 0) {
+    ASSIGN_OR_RETURN(own, TcpStore::ListenForGroup(size));
+    where = (store.rank() == 0 ? master_addr : store.local_address()) + " " + std::to_string(own->port());
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> all, store.AllGather(where));
+  if (group_rank == 0) {
+    if (size > 1) RETURN_IF_ERROR(own->AcceptPeers());
+  } else {
+    const std::string& leader = all[ranks[0]];
+    const size_t space = leader.find(' ');
+    if (space == std::string::npos || space == 0)
+      return Internal("host group: rank " + std::to_string(ranks[0]) + " published no address ('" + leader + "')");
+    ASSIGN_OR_RETURN(own, TcpStore::Connect(leader.substr(0, space), std::stoi(leader.substr(space + 1)), size,
+                                            group_rank));
+  }
+  return std::unique_ptr<Communicator>(new HostCommunicator(std::move(own)));
 }
 
 }  // namespace corolla

@@ -10,16 +10,18 @@ namespace {
 
 // A communicator for the group `ranks` (global ranks; this rank among them). With NCCL, the
 // group's first rank makes the unique id and one world-wide AllGather hands it to the others:
-// every rank takes part, in or out of the group, so all ranks call this in the same order.
+// every rank takes part, in or out of the group, so all ranks call this in the same order. On
+// the CPU backend, a host communicator over a store of the group's own (the world's for the
+// whole world), whose address travels the same way.
 Result<std::unique_ptr<Communicator>> MakeGroup(TcpStore& store, Backend& backend, const std::vector<int>& ranks,
-                                                int my_rank, int local_rank) {
+                                                int my_rank, int local_rank, const std::string& master_addr) {
   int group_rank = -1;
   for (size_t i = 0; i < ranks.size(); ++i)
     if (ranks[i] == my_rank) group_rank = static_cast<int>(i);
   COROLLA_CHECK(group_rank >= 0);
-  const int size = static_cast<int>(ranks.size());
-  if (backend.device() == Device::kCpu) return MakeHostCommunicator(store, size, group_rank);
+  if (backend.device() == Device::kCpu) return MakeHostGroupCommunicator(store, ranks, master_addr);
 #ifdef COROLLA_HAVE_CUDA
+  const int size = static_cast<int>(ranks.size());
   std::string id;
   if (group_rank == 0) {
     ASSIGN_OR_RETURN(id, NcclUniqueId());
@@ -42,10 +44,10 @@ Result<std::unique_ptr<ParallelContext>> ParallelContext::Create(const ParallelC
   ASSIGN_OR_RETURN(ctx->store_, TcpStore::Connect(env.master_addr, env.master_port, env.world_size, env.rank));
   const RankLayout& l = ctx->layout_;
   if (l.tp_size > 1) {
-    ASSIGN_OR_RETURN(ctx->tp_, MakeGroup(*ctx->store_, backend, l.TpGroup(), l.rank, l.local_rank));
+    ASSIGN_OR_RETURN(ctx->tp_, MakeGroup(*ctx->store_, backend, l.TpGroup(), l.rank, l.local_rank, env.master_addr));
   }
   if (l.ep_size != l.tp_size && l.ep_size > 1) {
-    ASSIGN_OR_RETURN(ctx->ep_, MakeGroup(*ctx->store_, backend, l.EpGroup(), l.rank, l.local_rank));
+    ASSIGN_OR_RETURN(ctx->ep_, MakeGroup(*ctx->store_, backend, l.EpGroup(), l.rank, l.local_rank, env.master_addr));
   }
   RETURN_IF_ERROR(ctx->store_->Barrier());
   LOG(DEBUG) << l.ToString() << ": groups ready (" << (ctx->tp_ ? ctx->tp_->name() : "no tp") << ")";

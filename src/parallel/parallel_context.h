@@ -16,7 +16,8 @@ namespace corolla {
 class ParallelContext {
  public:
   // Connects to the job's other ranks through env.master_addr/port, and creates one
-  // communicator per group this layout needs (TP; EP when it differs from TP).
+  // communicator per group this layout needs (TP; EP when it differs from TP). On the CPU a
+  // group smaller than the world (TP under --dp) runs over a TcpStore of its own.
   static Result<std::unique_ptr<ParallelContext>> Create(const ParallelConfig& config, const ProcessEnv& env,
                                                          Backend& backend);
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -293,6 +294,130 @@ TEST(EpExchange, MatchesOneRankForAnyTokenCounts) {
   }
 }
 
+// Host sub-groups (the CPU's TP groups under --dp): two groups of two in a world of four run
+// different numbers of all-reduces at the same time, then one world-wide; nothing mixes.
+TEST(HostCommunicator, SubGroupsRunConcurrently) {
+  const int world = 4, port = FreePort();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      auto store = TcpStore::Connect("127.0.0.1", port, world, r, 20);
+      if (!store.ok()) {
+        errors[r] = store.status().ToString();
+        return;
+      }
+      const std::vector<int> group = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+      auto tp = MakeHostGroupCommunicator(**store, group, "127.0.0.1");
+      auto all = MakeHostGroupCommunicator(**store, {0, 1, 2, 3}, "127.0.0.1");
+      if (!tp.ok() || !all.ok()) {
+        errors[r] = (tp.ok() ? all.status() : tp.status()).ToString();
+        return;
+      }
+      if ((*tp)->size() != 2 || (*tp)->rank() != r % 2 || (*all)->size() != 4 || (*all)->rank() != r) {
+        errors[r] = "group ranks";
+        return;
+      }
+      const int calls = r < 2 ? 3 : 1;  // group {0, 1} three all-reduces, group {2, 3} one
+      for (int i = 0; i < calls; ++i) {
+        Tensor x = Tensor::Empty(DType::kF32, {3});
+        for (int j = 0; j < 3; ++j) x.ptr<float>()[j] = static_cast<float>(10 * r + j + i);
+        (*tp)->AllReduceSum(x);
+        const int base = 10 * (group[0] + group[1]);
+        for (int j = 0; j < 3; ++j)
+          if (x.ptr<float>()[j] != static_cast<float>(base + 2 * (j + i))) errors[r] += " tp call " + std::to_string(i);
+      }
+      Tensor y = Tensor::Empty(DType::kF32, {1});
+      y.ptr<float>()[0] = static_cast<float>(r + 1);
+      (*all)->AllReduceSum(y);
+      if (y.ptr<float>()[0] != 10.0f) errors[r] += " world sum " + std::to_string(y.ptr<float>()[0]);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+TEST(EpExchange, TpRowsOfRankCoverTheTokens) {
+  // ceil(T / tp) rows each, in rank order; odd counts leave the last ranks fewer or none.
+  const std::vector<std::tuple<int64_t, int, std::vector<std::pair<int64_t, int64_t>>>> cases = {
+      {5, 2, {{0, 3}, {3, 5}}}, {1, 2, {{0, 1}, {1, 1}}}, {0, 2, {{0, 0}, {0, 0}}},
+      {5, 4, {{0, 2}, {2, 4}, {4, 5}, {5, 5}}}, {8, 4, {{0, 2}, {2, 4}, {4, 6}, {6, 8}}}, {7, 1, {{0, 7}}}};
+  for (const auto& [tokens, tp, want] : cases)
+    for (int r = 0; r < tp; ++r) {
+      const RowRange got = TpRowsOfRank(tokens, tp, r);
+      EXPECT_EQ(got.begin, want[r].first) << tokens << " tokens, rank " << r << " of " << tp;
+      EXPECT_EQ(got.end, want[r].second) << tokens << " tokens, rank " << r << " of " << tp;
+    }
+}
+
+// DP x TP: four ranks, two replicas of two TP ranks holding the same tokens; each TP rank's
+// Combine gives its rows' expert sums and zeros elsewhere, so the TP sum is the whole answer.
+// Odd token counts (5 over 2), an idle replica, a replica of one token; sized and capacity.
+TEST(EpExchange, TpSlicesSumToOneRank) {
+  const int world = 4, tp = 2, experts = 8, hidden = 8, top_k = 3, per_rank = experts / world;
+  const std::vector<std::vector<int>> rounds = {{5, 3}, {0, 5}, {1, 0}, {0, 0}};  // tokens per replica
+  for (int capacity : {0, 5}) {
+    for (size_t round = 0; round < rounds.size(); ++round) {
+      std::vector<double> err(world, 0);
+      std::string error = RunRanks(world, [&](int r, Communicator& comm) {
+        std::unique_ptr<Backend> cpu = MakeCpuBackend();
+        auto made = MakeEpExchange(*cpu, comm, {experts, capacity}, hidden, top_k, tp, r % tp);
+        if (!made.ok()) {
+          err[r] = INFINITY;
+          return;
+        }
+        std::unique_ptr<EpExchange> ex = std::move(*made);
+        const int replica = r / tp;
+        const int64_t tokens = rounds[round][replica];
+        std::mt19937 rng(static_cast<uint32_t>(100 * round + replica));  // the same tokens on a replica's ranks
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        Tensor x = Tensor::Empty(DType::kF32, {tokens, hidden});
+        Tensor ids = Tensor::Empty(DType::kI32, {tokens, top_k});
+        Tensor w = Tensor::Empty(DType::kF32, {tokens, top_k});
+        for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = u(rng);
+        for (int64_t t = 0; t < tokens; ++t) {
+          std::vector<int32_t> all(experts);
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), rng);
+          for (int k = 0; k < top_k; ++k) {
+            ids.ptr<int32_t>()[t * top_k + k] = all[k];
+            w.ptr<float>()[t * top_k + k] = u(rng);
+          }
+        }
+        ExpertInputs in = ex->Dispatch(x, ids, w);
+        Tensor expert_out = Tensor::Empty(DType::kF32, {in.rows(), hidden});
+        for (int64_t j = 0; j < in.rows(); ++j) {
+          float* o = expert_out.ptr<float>() + j * hidden;
+          std::fill_n(o, hidden, 0.0f);
+          for (int k = 0; k < top_k; ++k) {
+            const int32_t local = in.topk_ids.ptr<int32_t>()[j * in.topk_ids.strides[0] + k];
+            if (local < 0 || local >= per_rank) continue;
+            const float scale = in.topk_weights.ptr<float>()[j * in.topk_weights.strides[0] + k] *
+                                static_cast<float>(r * per_rank + local + 1);
+            for (int h = 0; h < hidden; ++h) o[h] += scale * in.x.ptr<float>()[j * in.x.strides[0] + h];
+          }
+        }
+        Tensor out = Tensor::Empty(DType::kF32, {tokens, hidden});
+        std::fill_n(out.ptr<float>(), out.numel(), NAN);  // poisoned
+        ex->Combine(expert_out, out);
+        const RowRange mine = TpRowsOfRank(tokens, tp, r % tp);
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int h = 0; h < hidden; ++h) {
+            double ref = 0;
+            if (t >= mine.begin && t < mine.end)
+              for (int k = 0; k < top_k; ++k)
+                ref += w.ptr<float>()[t * top_k + k] * (ids.ptr<int32_t>()[t * top_k + k] + 1.0) *
+                       x.ptr<float>()[t * hidden + h];
+            const double got = out.ptr<float>()[t * hidden + h];
+            err[r] = std::isfinite(got) ? std::max(err[r], std::fabs(got - ref)) : INFINITY;
+          }
+      });
+      ASSERT_EQ(error, "");
+      for (int r = 0; r < world; ++r)
+        EXPECT_LT(err[r], 1e-5) << "capacity " << capacity << " round " << round << " rank " << r;
+    }
+  }
+}
+
 // Logits [L, V] of `ids` from `corolla logits` with `extra` arguments.
 std::vector<float> RunLogits(const std::string& model, const std::string& ids, const std::string& extra) {
   const std::string out = ::testing::TempDir() + "parallel_logits_" + std::to_string(getpid()) + ".safetensors";
@@ -405,6 +530,65 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_tuple("deepseek-v3-fp8", 2, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
         std::make_tuple("deepseek-v3-fp8", 4, "3,141,59,265,358,979,323"),
         std::make_tuple("deepseek-v3-fp8", 4, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1")));
+
+// DP x TP (issue 6's decode layout): --dp 2 --tp 2 --ep 4, four processes; each replica's
+// attention, dense layers and shared expert tensor-parallel over its two ranks, each TP rank
+// dispatching half of its replica's tokens (odd counts: 5 = 3 + 2, 1 = 1 + 0) to experts split
+// over all four. Also TP-EP through that exchange on two ranks (COROLLA_TP_EP_EXCHANGE=1), the
+// path a two-GPU machine can check.
+class DataParallelTpCpu : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
+
+TEST_P(DataParallelTpCpu, LogitsEqualOneProcess) {
+  const auto& [name, args, ids] = GetParam();
+  const std::string model = "tests/data/models/" + name;
+  std::vector<float> single = RunLogits(model, ids, "");
+  // "--tp 2 --via-exchange": TP-EP with COROLLA_TP_EP_EXCHANGE=1 in the ranks' environment.
+  const std::string via = " --via-exchange";
+  const bool via_exchange = args.size() > via.size() && args.compare(args.size() - via.size(), via.size(), via) == 0;
+  if (via_exchange) setenv("COROLLA_TP_EP_EXCHANGE", "1", 1);
+  std::vector<float> split = RunLogits(model, ids, via_exchange ? args.substr(0, args.size() - via.size()) : args);
+  unsetenv("COROLLA_TP_EP_EXCHANGE");
+  ASSERT_FALSE(single.empty());
+  ASSERT_EQ(single.size(), split.size());
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < single.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(split[i])) << i;
+    err = std::max(err, static_cast<double>(std::fabs(single[i] - split[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(single[i])));
+  }
+  std::printf("%s %s, ids %s: max |diff| %.2e of max|logit| %.2f (rel %.2e)\n", name.c_str(), args.c_str(),
+              ids.c_str(), err, scale, err / scale);
+  EXPECT_LT(err, 1e-5 * scale);
+}
+
+constexpr const char* kDpTp = "--dp 2 --tp 2 --ep 4";
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, DataParallelTpCpu,
+    ::testing::Values(
+        std::make_tuple("qwen3-moe", kDpTp, "3,141,59,265,358"),  // replica 1 idle; 5 tokens = 3 + 2
+        std::make_tuple("qwen3-moe", kDpTp, "3;141,59,265,358,979"),  // 1 token = 1 + 0; 5 tokens
+        std::make_tuple("qwen3-moe", kDpTp, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("qwen3.5-moe-hybrid", kDpTp, "3,141,59;265,358,979,323;846,264,338,327,950,288"),
+        std::make_tuple("qwen3.5-moe-hybrid", kDpTp, "3,141,59,265,358"),
+        std::make_tuple("deepseek-v3", kDpTp, "3,141,59,265,358"),
+        std::make_tuple("deepseek-v3", kDpTp, "3,141,59;265,358,979,323;846,264,338,327,950,288,419,716,939,937,1"),
+        std::make_tuple("deepseek-v3-fp8", kDpTp, "3,141,59;265,358,979,323;846,264,338,327,950,288"),
+        std::make_tuple("qwen3-moe", "--tp 2 --via-exchange", "3,141,59,265,358"),
+        std::make_tuple("qwen3.5-moe-hybrid", "--tp 2 --via-exchange", "3,141,59;265,358,979,323"),
+        std::make_tuple("deepseek-v3", "--tp 2 --via-exchange", "3,141,59,265,358")));
+
+TEST(DataParallelCpu, DpTimesTpGenerateEqualsOneProcess) {
+  // Three prompts over two replicas (2 + 1) of two TP ranks, greedy: one process's ids.
+  for (const char* name : {"qwen3-moe", "deepseek-v3"}) {
+    const std::string args = std::string("generate --device cpu --threads 1 --model tests/data/models/") + name +
+                             " --prompt-ids '1,2,3;17,300,42,99,5;7' --max-tokens 8 --temperature 0 --ignore-eos";
+    auto [ok1, one] = RunCorolla(args, /*with_stderr=*/false);
+    auto [ok2, split] = RunCorolla(args + " --dp 2 --tp 2 --ep 4", /*with_stderr=*/false);
+    ASSERT_TRUE(ok1 && ok2) << one << split;
+    EXPECT_EQ(std::count(one.begin(), one.end(), '\n'), 3) << one;
+    EXPECT_EQ(one, split) << name;
+  }
+}
 
 TEST(DataParallelCpu, GenerateEqualsOneProcess) {
   // Three prompts over two ranks (2 + 1), greedy: the same ids in the same order.

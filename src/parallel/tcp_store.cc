@@ -1,5 +1,6 @@
 #include "parallel/tcp_store.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,6 +11,8 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+
+#include "base/check.h"
 
 namespace corolla {
 namespace {
@@ -69,37 +72,65 @@ TcpStore::~TcpStore() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
+Result<std::unique_ptr<TcpStore>> TcpStore::Listen(int port, int world_size) {
+  std::unique_ptr<TcpStore> store(new TcpStore(world_size, 0));
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Internal(Errno("bootstrap socket"));
+  store->listen_fd_ = fd;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0)
+    return Internal(Errno("bootstrap: rank 0 cannot listen on port " + std::to_string(port)));
+  if (::listen(fd, world_size) != 0) return Internal(Errno("bootstrap listen"));
+  socklen_t len = sizeof(sa);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return Internal(Errno("bootstrap getsockname"));
+  store->port_ = ntohs(sa.sin_port);
+  return store;
+}
+
+Result<std::unique_ptr<TcpStore>> TcpStore::ListenForGroup(int world_size) { return Listen(0, world_size); }
+
+Status TcpStore::AcceptPeers() {
+  COROLLA_CHECK(rank_ == 0 && listen_fd_ >= 0 && peers_.empty());
+  peers_.assign(world_size_, -1);
+  for (int i = 1; i < world_size_; ++i) {
+    int c = ::accept(listen_fd_, nullptr, nullptr);
+    if (c < 0) return Internal(Errno("bootstrap accept"));
+    NoDelay(c);
+    int32_t peer = -1;
+    Status got = RecvAll(c, &peer, sizeof(peer));
+    if (!got.ok() || peer <= 0 || peer >= world_size_ || peers_[peer] >= 0) {
+      ::close(c);
+      if (!got.ok()) return got;
+      return Internal("bootstrap: a peer announced rank " + std::to_string(peer) + " twice or out of range");
+    }
+    peers_[peer] = c;
+  }
+  return Status::Ok();
+}
+
+std::string TcpStore::local_address() const {
+  if (rank_ == 0 || peers_.empty() || peers_[0] < 0) return "";
+  sockaddr_in sa{};
+  socklen_t len = sizeof(sa);
+  if (::getsockname(peers_[0], reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "";
+  char text[INET_ADDRSTRLEN] = {};
+  if (::inet_ntop(AF_INET, &sa.sin_addr, text, sizeof(text)) == nullptr) return "";
+  return text;
+}
+
 Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& addr, int port, int world_size, int rank,
                                                     double timeout_s) {
   std::unique_ptr<TcpStore> store(new TcpStore(world_size, rank));
   const std::string where = addr + ":" + std::to_string(port);
   if (world_size == 1) return store;
   if (rank == 0) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return Internal(Errno("bootstrap socket"));
-    store->listen_fd_ = fd;
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0)
-      return Internal(Errno("bootstrap: rank 0 cannot listen on port " + std::to_string(port)));
-    if (::listen(fd, world_size) != 0) return Internal(Errno("bootstrap listen"));
-    store->peers_.assign(world_size, -1);
-    for (int i = 1; i < world_size; ++i) {
-      int c = ::accept(fd, nullptr, nullptr);
-      if (c < 0) return Internal(Errno("bootstrap accept"));
-      NoDelay(c);
-      int32_t peer = -1;
-      RETURN_IF_ERROR(RecvAll(c, &peer, sizeof(peer)));
-      if (peer <= 0 || peer >= world_size || store->peers_[peer] >= 0) {
-        ::close(c);
-        return Internal("bootstrap: a peer announced rank " + std::to_string(peer) + " twice or out of range");
-      }
-      store->peers_[peer] = c;
-    }
+    ASSIGN_OR_RETURN(store, Listen(port, world_size));
+    RETURN_IF_ERROR(store->AcceptPeers());
     return store;
   }
   addrinfo hints{}, *res = nullptr;
