@@ -11,6 +11,10 @@ leading tokens agree and fails only on HTTP errors, a hung cancel or a bad exit.
 
   python3 scripts/serve_dp_check.py --bin build/corolla --device cpu           # here
   python3 scripts/serve_dp_check.py --bin mgpu-bundle/corolla --device cuda    # 2 x H200
+
+--dp-args='FLAGS' adds flags to the DP server only: --dp-args='--ep-capacity 16' on the CPU takes
+the fixed-capacity exchange in decode rounds (CUDA's default, where those rounds also replay
+decode graphs), --dp-args='--ep-capacity 0' the sized exchange in every round (no graphs).
 """
 import argparse
 import json
@@ -94,6 +98,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="build/corolla")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dp-args", default="", help="more flags for the --dp 2 --ep 2 server (--dp-args='...')")
     o = ap.parse_args()
     exact = o.device == "cpu"
     common = ["--device", o.device] + (["--threads", "1"] if o.device == "cpu" else [])
@@ -117,7 +122,10 @@ def main():
     ]
     for name, args, reqs in suites:
         one, p1 = start(o.bin, common + args, f"{tmp}/one.log")
-        dp, p2 = start(o.bin, common + args + ["--dp", "2", "--ep", "2"], f"{tmp}/dp.log")
+        dp, p2 = start(o.bin, common + args + ["--dp", "2", "--ep", "2"] + o.dp_args.split(), f"{tmp}/dp.log")
+        for line in open(f"{tmp}/dp.log"):
+            if "decode graphs" in line:
+                print(f"{name}: {line.strip()}")
         with ThreadPoolExecutor(2 * len(reqs) + 2) as ex:
             fa = [ex.submit(post, p1, path, body) for path, body in reqs]
             fb = [ex.submit(post, p2, path, body) for path, body in reqs]
@@ -168,6 +176,8 @@ def main():
                 failures.append(f"{name}: {label} exit {rc}")
         m = re.search(r"requests per rank: ([0-9, ]+)", open(f"{tmp}/dp.log").read())
         print(f"{name}: requests per rank {m.group(1) if m else '?'}")
+        m = re.search(r"fixed-capacity rounds: [0-9]+ of [0-9]+", open(f"{tmp}/dp.log").read())
+        print(f"{name}: {m.group(0) if m else 'fixed-capacity rounds: ?'}")
     print("serve_dp_check: " + ("PASS" if not failures else "FAIL\n  " + "\n  ".join(failures)))
     return 0 if not failures else 1
 

@@ -152,10 +152,11 @@ Result<LoadedModel> LoadModelFromOptions(const ModelOptions& options) {
   LoadedModel loaded;
   ASSIGN_OR_RETURN(loaded.dir, options.ModelDir());
   loaded.name = BaseName(loaded.dir);
-  ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(options.device, options.parallel()));
+  ASSIGN_OR_RETURN(RankSetup setup, SetUpRank(options.device, options.parallel(), options.ep_capacity));
   loaded.backend = std::move(setup.backend);
   loaded.parallel = std::move(setup.parallel);
-  const ModelShard shard = setup.shard;
+  ModelShard shard = setup.shard;
+  shard.ep_sized_fallback = options.ep_sized_fallback && options.ep_capacity > 0;
   auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(loaded.model, LoadModel(loaded.dir, *loaded.backend, shard));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

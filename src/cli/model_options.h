@@ -35,6 +35,9 @@ struct ModelOptions {
   std::string config;
   int64_t layers = 0;
   int64_t seed = 1;
+  // DP-EP exchanges (set by commands, not flags): ModelShard::ep_capacity / ep_sized_fallback.
+  int ep_capacity = 0;
+  bool ep_sized_fallback = false;
 
   void Declare(Flags& flags);
   ParallelConfig parallel() const {

@@ -17,6 +17,7 @@
 #include "engine/dp_engine.h"
 #include "engine/kv_budget.h"
 #include "model/safetensors.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/launcher.h"
 #include "server/server.h"
 
@@ -100,7 +101,24 @@ struct ServeOptions {
   int64_t drain_seconds = 30;
   bool prefix_caching = true;
   std::string async_scheduling;  // on|off; unset: on for cuda
+  int64_t ep_capacity = -1;      // --dp D --ep D: see --ep-capacity
 };
+
+// --dp D --ep D: every forward is collective. Rounds in which every rank brings at most
+// --ep-capacity tokens (decode of up to that many sequences) exchange them in fixed-size blocks,
+// with no host synchronisation, and replay decode CUDA graphs, which every rank captures at
+// start-up, the same list in the same order (DpRankEngine::CaptureDecodeGraphs); other rounds
+// (prefills) run eagerly through the sized exchange. -1: DecodeGraphs::kMaxBatch on cuda (the
+// graphs' largest batch), 0 on the CPU; 0: the sized exchange only, no graphs.
+Status ResolveEpCapacity(ServeOptions& o) {
+  if (o.ep_capacity < 0) o.ep_capacity = o.model.device == "cuda" ? DecodeGraphs::kMaxBatch : 0;
+  if (o.ep_capacity != 0 && (o.ep_capacity < DecodeGraphs::kMaxBatch || o.ep_capacity > kNvlExchangeMaxCapacity))
+    return InvalidArgument("--ep-capacity must be 0 or in [" + std::to_string(DecodeGraphs::kMaxBatch) + ", " +
+                           std::to_string(kNvlExchangeMaxCapacity) + "] (every decode graph's batch must fit)");
+  o.model.ep_capacity = static_cast<int>(o.ep_capacity);
+  o.model.ep_sized_fallback = o.ep_capacity > 0;
+  return Status::Ok();
+}
 
 Result<EngineOptions> MakeEngineOptions(const ServeOptions& o, const LoadedModel& loaded, bool async_scheduling) {
   EngineOptions eo;
@@ -118,14 +136,12 @@ Result<EngineOptions> MakeEngineOptions(const ServeOptions& o, const LoadedModel
 }
 
 // --dp: this rank's engine over `model`. Under DP-EP (experts split over the DP ranks) every
-// forward is collective and the ranks run one per round: no decode graphs, whose capture warms
-// up with forwards of its own.
+// forward is collective and the ranks run one per round (see ResolveEpCapacity).
 Result<std::unique_ptr<DpRankEngine>> MakeRankEngine(Model& model, Backend& backend, const EngineOptions& eo,
-                                                     const ParallelContext& parallel) {
+                                                     const ParallelContext& parallel, int ep_capacity) {
   const RankLayout& l = parallel.layout();
   const bool dp_ep = l.ep_size > l.tp_size;
-  if (dp_ep) setenv("COROLLA_CUDA_GRAPHS", "0", 1);
-  return DpRankEngine::Create(model, backend, eo, l.dp_rank, dp_ep);
+  return DpRankEngine::Create(model, backend, eo, l.dp_rank, dp_ep, dp_ep ? ep_capacity : 0);
 }
 
 // --dp: the smallest of the ranks' maximum model lengths (each rank's KV cache may differ).
@@ -136,17 +152,37 @@ Result<int> AgreeOnMaxModelLen(const DpAllGather& exchange, int mine) {
   return smallest;
 }
 
+// --dp --ep with a fixed capacity: every rank, after agreeing on max_model_len, captures the
+// same decode graphs in the same order (collective forwards), before the first round.
+void CaptureDpDecodeGraphs(DpRankEngine& rank, const ParallelContext& parallel, int ep_capacity, int max_model_len) {
+  const RankLayout& l = parallel.layout();
+  if (l.ep_size <= l.tp_size || ep_capacity == 0) return;
+  auto start = std::chrono::steady_clock::now();
+  const int forwards = rank.CaptureDecodeGraphs(max_model_len);
+  if (forwards == 0) {
+    LOG(INFO) << "DP rank " << l.dp_rank << ": no decode graphs (CPU, MLA or COROLLA_CUDA_GRAPHS=0); decode rounds "
+              << "still take the fixed-capacity exchange";
+    return;
+  }
+  LOG(INFO) << "DP rank " << l.dp_rank << ": decode graphs up to context " << max_model_len << ", " << forwards
+            << " start-up forwards in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s";
+}
+
 // --dp, ranks 1..D-1: no HTTP; the rounds of rank 0's DataParallelEngine until it stops them.
 // Once serving, SIGTERM/SIGINT are ignored (blocking them is not enough: threads started before
 // main, such as OpenBLAS's, would take them and die): rank 0 drains, then tells every rank to stop.
 Status RunFollower(const ServeOptions& o, bool async_scheduling) {
   ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelFromOptions(o.model));
   ASSIGN_OR_RETURN(EngineOptions eo, MakeEngineOptions(o, loaded, async_scheduling));
-  ASSIGN_OR_RETURN(std::unique_ptr<DpRankEngine> rank, MakeRankEngine(*loaded.model, *loaded.backend, eo, *loaded.parallel));
+  const int capacity = static_cast<int>(o.ep_capacity);
+  ASSIGN_OR_RETURN(std::unique_ptr<DpRankEngine> rank,
+                   MakeRankEngine(*loaded.model, *loaded.backend, eo, *loaded.parallel, capacity));
   const DpAllGather exchange = DpRoundExchange(*loaded.parallel);
   std::signal(SIGTERM, SIG_IGN);  // before rank 0 can say it is ready
   std::signal(SIGINT, SIG_IGN);
-  RETURN_IF_ERROR(AgreeOnMaxModelLen(exchange, rank->engine().max_model_len()).status());
+  ASSIGN_OR_RETURN(const int max_model_len, AgreeOnMaxModelLen(exchange, rank->engine().max_model_len()));
+  CaptureDpDecodeGraphs(*rank, *loaded.parallel, capacity, max_model_len);
   LOG(INFO) << loaded.parallel->layout().ToString() << ": KV cache " << rank->engine().num_kv_blocks() << " blocks; serving";
   return RunDpFollower(*rank, exchange);
 }
@@ -202,9 +238,11 @@ Status Run(const ServeOptions& o) {
   if (IsDataParallel(loaded)) {
     parallel = std::move(loaded.parallel);
     make_engine = [&](Model& model, Backend& backend) -> Result<std::unique_ptr<ServingEngine>> {
-      ASSIGN_OR_RETURN(std::unique_ptr<DpRankEngine> rank, MakeRankEngine(model, backend, eo, *parallel));
+      const int capacity = static_cast<int>(o.ep_capacity);
+      ASSIGN_OR_RETURN(std::unique_ptr<DpRankEngine> rank, MakeRankEngine(model, backend, eo, *parallel, capacity));
       const DpAllGather exchange = DpRoundExchange(*parallel);
       ASSIGN_OR_RETURN(const int max_model_len, AgreeOnMaxModelLen(exchange, rank->engine().max_model_len()));
+      CaptureDpDecodeGraphs(*rank, *parallel, capacity, max_model_len);
       // A failed round (a rank died) aborts every request; the SIGTERM then ends this process.
       auto engine = std::make_unique<DataParallelEngine>(std::move(rank), exchange, parallel->layout().dp_size,
                                                          max_model_len, ao, [](const Status&) { ::kill(::getpid(), SIGTERM); });
@@ -257,6 +295,10 @@ int ServeMain(int argc, char** argv) {
   flags.Int("max-body-bytes", &o.max_body_bytes, "largest request body accepted (413 above)");
   flags.Int("drain-seconds", &o.drain_seconds, "on SIGTERM, how long in-flight requests may still run");
   flags.Bool("prefix-caching", &o.prefix_caching, "reuse the KV cache of shared prompt prefixes");
+  flags.Int("ep-capacity", &o.ep_capacity,
+            "--dp D --ep D: tokens per rank up to which a round exchanges fixed-size blocks and replays "
+            "decode CUDA graphs (captured at start-up); other rounds exchange sized blocks eagerly. -1: " +
+                std::to_string(DecodeGraphs::kMaxBatch) + " on cuda, 0 on the CPU; 0: sized only, no graphs");
   flags.String("async-scheduling", &o.async_scheduling,
                "on|off: prepare and launch step N+1 while the device runs step N (requests with "
                "penalties or logprobs still step synchronously); default on with --device cuda, off on "
@@ -268,6 +310,7 @@ int ServeMain(int argc, char** argv) {
     s = Unsupported("serve --tp is not supported yet (every TP rank would have to run each step); --dp D --ep D is");
   if (s.ok())
     if (std::optional<int> rc = SpawnLocalRanks(o.model.world_size(), argc, argv)) return *rc;
+  if (s.ok()) s = ResolveEpCapacity(o);
   if (s.ok()) s = Run(o);
   return ReportStatus("serve", s);
 }

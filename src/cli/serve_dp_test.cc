@@ -178,7 +178,8 @@ double Metric(int port, const std::string& name) {
 
 const char* kMoeFixture = "--device cpu --threads 1 --model tests/data/models/qwen3-moe";
 
-TEST(ServeDataParallel, CompletionsEqualOneProcessAndSurviveACancel) {
+// `extra_flags`: more serve flags (the fixed-capacity exchange of decode rounds).
+void CompletionsEqualOneProcessAndSurviveACancel(const std::string& extra_flags) {
   // Prompts of 1 to 40 tokens, each with its own max_tokens; #5 is also streamed.
   std::vector<std::vector<int32_t>> prompts = {{7}, {1, 2, 3}, {17, 300, 42, 99, 5, 6, 8}, {}, {}};
   for (int i = 0; i < 20; ++i) prompts[3].push_back((i * 37 + 11) % 1024);
@@ -200,7 +201,7 @@ TEST(ServeDataParallel, CompletionsEqualOneProcessAndSurviveACancel) {
   }
   ASSERT_EQ(expected.size(), prompts.size()) << gen_out;
 
-  Server server(std::string(kMoeFixture) + " --dp 2 --ep 2 --max-model-len 2048");
+  Server server(std::string(kMoeFixture) + " --dp 2 --ep 2 --max-model-len 2048" + extra_flags);
   ASSERT_GT(server.port(), 0) << server.Log();
   const int port = server.port();
   auto body = [&](size_t i, int n, bool stream) {
@@ -283,6 +284,23 @@ TEST(ServeDataParallel, CompletionsEqualOneProcessAndSurviveACancel) {
   EXPECT_GT(std::stoi(counts[1]), 0);
   EXPECT_GT(std::stoi(counts[2]), 0);
   EXPECT_EQ(std::stoi(counts[1]) + std::stoi(counts[2]), 8);  // the too long prompt never left rank 0
+  std::smatch rounds;
+  ASSERT_TRUE(std::regex_search(log, rounds, std::regex("fixed-capacity rounds: ([0-9]+) of ([0-9]+)"))) << log;
+  if (extra_flags.find("--ep-capacity 16") != std::string::npos) {
+    EXPECT_GT(std::stoi(rounds[1]), 0) << "no decode round took the fixed-capacity exchange";
+    EXPECT_LT(std::stoi(rounds[1]), std::stoi(rounds[2])) << "no prefill round took the sized exchange";
+  } else {
+    EXPECT_EQ(std::stoi(rounds[1]), 0);
+  }
+}
+
+TEST(ServeDataParallel, CompletionsEqualOneProcessAndSurviveACancel) { CompletionsEqualOneProcessAndSurviveACancel(""); }
+
+// Decode rounds (every rank at most 16 tokens) through the fixed-capacity exchange, prefill
+// rounds through the sized one, both over the same ranks' collectives: a round in which the ranks
+// disagreed would hang or fail. (The CPU captures no graphs; CUDA adds them to the same rounds.)
+TEST(ServeDataParallel, FixedCapacityDecodeRoundsEqualOneProcess) {
+  CompletionsEqualOneProcessAndSurviveACancel(" --ep-capacity 16");
 }
 
 // The built-in demo model (Qwen3-MoE, 8 experts: 4 per rank) through its tokenizer and chat

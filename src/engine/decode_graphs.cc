@@ -30,7 +30,47 @@ bool DecodeGraphs::CanRun(std::span<const ScheduledChunk> chunks, bool all_logit
     if (c.num_tokens != 1 || static_cast<int>(s.block_table.size()) > max_blocks_per_seq_) return false;
     if (!all_logits && s.num_computed_tokens + 1 != s.length()) return false;
   }
-  return true;
+  return !(frozen_ && capture_) || graphs_.count(Key(chunks)) > 0;
+}
+
+int DecodeGraphs::ClampContext(int context) const {
+  return std::min(context, max_blocks_per_seq_ * kv_cache_.block_size());
+}
+
+std::pair<int, int> DecodeGraphs::Key(std::span<const ScheduledChunk> chunks) const {
+  int max_seq_len = 1;
+  for (const auto& c : chunks) max_seq_len = std::max(max_seq_len, c.seq->num_computed_tokens + 1);
+  int context = kMinContext;
+  while (context < max_seq_len) context *= 2;
+  return {BatchBucket(static_cast<int>(chunks.size())), ClampContext(context)};
+}
+
+void DecodeGraphs::Capture(Bucket& bucket, std::pair<int, int> key) {
+  Upload(bucket, {});
+  auto graph = backend_.CaptureGraph([&] { Forward(bucket, key.second); });
+  COROLLA_CHECK(graph.ok()) << "decode graph (batch " << key.first << ", context " << key.second
+                            << "): " << graph.status().ToString();
+  graphs_.emplace(key, std::move(*graph));
+}
+
+int DecodeGraphs::CaptureAll(int max_context) {
+  int num_forwards = 0;
+  for (int rows = 1; rows <= kMaxBatch; rows *= 2) {
+    Bucket& bucket = GetBucket(rows);
+    for (int context = kMinContext;; context *= 2) {
+      const std::pair<int, int> key(rows, ClampContext(context));
+      if (capture_ && graphs_.count(key) == 0) {
+        Capture(bucket, key);  // its warm-up is the one forward that runs
+      } else {
+        Upload(bucket, {});
+        Forward(bucket, key.second);
+      }
+      ++num_forwards;
+      if (context >= max_context) break;
+    }
+  }
+  frozen_ = true;
+  return num_forwards;
 }
 
 DecodeGraphs::Bucket& DecodeGraphs::GetBucket(int rows) {
@@ -97,6 +137,7 @@ void DecodeGraphs::Forward(Bucket& bucket, int max_seq_len) {
                      /*max_q_len=*/1,
                      max_seq_len};
   batch.logits_rows = part(l.logits_rows(), l.rows);
+  batch.ep_fixed_capacity = true;  // at most kMaxBatch rows (DP-EP: only in fixed-capacity steps)
   if (kv_cache_.has_state()) {
     batch.state_slots = part(l.state_slots(), l.rows);
     batch.linear_states = kv_cache_.state_views();
@@ -106,29 +147,19 @@ void DecodeGraphs::Forward(Bucket& bucket, int max_seq_len) {
 
 Tensor DecodeGraphs::Run(std::span<const ScheduledChunk> chunks) {
   const int num_seqs = static_cast<int>(chunks.size());
-  const int rows = BatchBucket(num_seqs);
-  Bucket& bucket = GetBucket(rows);
-  int max_seq_len = 1;
-  for (const auto& c : chunks) max_seq_len = std::max(max_seq_len, c.seq->num_computed_tokens + 1);
-  int context = kMinContext;
-  while (context < max_seq_len) context *= 2;
-  context = std::min(context, max_blocks_per_seq_ * kv_cache_.block_size());
+  const std::pair<int, int> key = Key(chunks);
+  Bucket& bucket = GetBucket(key.first);
   if (!capture_) {
     Upload(bucket, chunks);
-    Forward(bucket, context);
+    Forward(bucket, key.second);
   } else {
-    auto key = std::make_pair(rows, context);
-    auto it = graphs_.find(key);
-    if (it == graphs_.end()) {
-      // Warm-up and capture over padding only: no KV or state of a real sequence is touched.
-      Upload(bucket, {});
-      auto graph = backend_.CaptureGraph([&] { Forward(bucket, context); });
-      COROLLA_CHECK(graph.ok()) << "decode graph (batch " << rows << ", context " << context
-                                << "): " << graph.status().ToString();
-      it = graphs_.emplace(key, std::move(*graph)).first;
+    if (graphs_.count(key) == 0) {
+      COROLLA_CHECK(!frozen_) << "decode graph (batch " << key.first << ", context " << key.second
+                              << ") was not captured at start-up";
+      Capture(bucket, key);
     }
     Upload(bucket, chunks);
-    it->second->Replay();
+    graphs_.at(key)->Replay();
   }
   std::shared_ptr<void> owner = std::make_shared<Tensor>(bucket.logits);
   return Tensor::Adopt(bucket.logits.view().Slice(0, num_seqs), std::move(owner));

@@ -2,7 +2,9 @@
 // backend graphs, captured on first use per (batch bucket, context bucket). Batch buckets are
 // 1, 2, 4, ... kMaxBatch; each owns persistent device buffers for the step's metadata and its
 // logits, which every graph of that bucket reads and writes, so a step only copies fresh
-// metadata there and replays. Rows past the real batch are padding: token 0 at position 0,
+// metadata there and replays. Under DP-EP (every forward collective over the ranks) the graphs
+// are all captured at start-up by CaptureAll, the same list in the same order on every rank,
+// and Run never captures after it. Rows past the real batch are padding: token 0 at position 0,
 // cache slot -1 (no KV write), state slot -1 (no state update), one key read from block 0;
 // their logits are ignored. Context buckets (powers of two) fix the attention's host-side plan
 // (max_seq_len) that a graph bakes in. A graph begins by gathering its input ids from the
@@ -41,8 +43,16 @@ class DecodeGraphs {
   DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, TensorView sampled_ids, bool capture);
 
   // Whether a step of these chunks is pure decode that fits a bucket: every chunk one token
-  // that ends its sequence (or all_logits), at most kMaxBatch chunks, block tables that fit.
+  // that ends its sequence (or all_logits), at most kMaxBatch chunks, block tables that fit;
+  // after CaptureAll, also that its graph was captured.
   bool CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const;
+  // Collective start-up (DP-EP): for batch buckets 1, 2, ... kMaxBatch and context buckets
+  // kMinContext, 2 kMinContext, ... up to the first >= max_context, in that order, one forward
+  // of padding each (the capture's warm-up; with capture false, the eager bucket run), whatever
+  // this rank's KV cache: a context bucket clamped onto one already captured still runs its
+  // forward. Every rank passing the same max_context runs the same number of forwards, each
+  // with ForwardBatch::ep_fixed_capacity. Afterwards Run never captures. Returns the forwards.
+  int CaptureAll(int max_context);
   // Float32 logits [B, V], one row per chunk: a view of the bucket's buffer, overwritten by
   // the next Run of that bucket.
   Tensor Run(std::span<const ScheduledChunk> chunks);
@@ -78,6 +88,11 @@ class DecodeGraphs {
   };
 
   Bucket& GetBucket(int rows);
+  // The (batch bucket, context bucket) a step of these chunks runs in.
+  std::pair<int, int> Key(std::span<const ScheduledChunk> chunks) const;
+  int ClampContext(int context) const;
+  // Warm-up and capture over padding only: no KV or state of a real sequence is touched.
+  void Capture(Bucket& bucket, std::pair<int, int> key);
   // Fills the bucket's staging metadata from the chunks (rows past them padded) and uploads it.
   void Upload(Bucket& bucket, std::span<const ScheduledChunk> chunks);
   void Forward(Bucket& bucket, int max_seq_len);
@@ -88,6 +103,7 @@ class DecodeGraphs {
   const TensorView sampled_ids_;
   const bool capture_;
   const int max_blocks_per_seq_;
+  bool frozen_ = false;  // CaptureAll ran: no more captures
   std::map<int, Bucket> buckets_;  // rows -> bucket (node-based: addresses stay)
   std::map<std::pair<int, int>, std::unique_ptr<Backend::Graph>> graphs_;  // (rows, context)
 };

@@ -154,6 +154,7 @@ DpControl GetControl(BlobReader& r) {
 
 void PutReport(BlobWriter& w, const DpReport& p) {
   w.Put<uint8_t>(p.busy);
+  w.Put<int32_t>(p.next_step_tokens);
   const EngineStats& s = p.stats;
   for (int v : {s.num_running, s.num_waiting, s.num_kv_blocks, s.num_used_kv_blocks, s.block_size}) w.Put<int32_t>(v);
   for (int64_t v : {s.prefix_cache_queries, s.prefix_cache_hits, s.num_preemptions, s.num_steps}) w.Put<int64_t>(v);
@@ -186,6 +187,7 @@ void PutReport(BlobWriter& w, const DpReport& p) {
 DpReport GetReport(BlobReader& r) {
   DpReport p;
   p.busy = r.Get<uint8_t>() != 0;
+  p.next_step_tokens = r.Get<int32_t>();
   EngineStats& s = p.stats;
   for (int* v : {&s.num_running, &s.num_waiting, &s.num_kv_blocks, &s.num_used_kv_blocks, &s.block_size})
     *v = r.Get<int32_t>();
@@ -221,9 +223,10 @@ DpReport GetReport(BlobReader& r) {
 
 }  // namespace
 
-void RunEmptyForward(Model& model, Device device) {
+void RunEmptyForward(Model& model, Device device, bool ep_fixed_capacity) {
   const TensorView none(nullptr, DType::kI32, {0}, device);
   ForwardBatch batch;
+  batch.ep_fixed_capacity = ep_fixed_capacity;
   batch.token_ids = none;
   batch.positions = none;
   batch.logits_rows = none;
@@ -237,9 +240,14 @@ void RunEmptyForward(Model& model, Device device) {
 // --- DpRankEngine ----------------------------------------------------------------------------
 
 Result<std::unique_ptr<DpRankEngine>> DpRankEngine::Create(Model& model, Backend& backend, const EngineOptions& options,
-                                                           int dp_rank, bool collective) {
-  std::unique_ptr<DpRankEngine> rank(new DpRankEngine(model, backend, dp_rank, collective));
-  ASSIGN_OR_RETURN(rank->engine_, Engine::Create(rank->counting_, backend, options));
+                                                           int dp_rank, bool collective, int fixed_capacity) {
+  // Every decode graph bucket (up to kMaxBatch rows) must fit the fixed exchange.
+  COROLLA_CHECK(fixed_capacity == 0 || fixed_capacity >= DecodeGraphs::kMaxBatch)
+      << "fixed capacity " << fixed_capacity << " is below the decode graphs' largest batch " << DecodeGraphs::kMaxBatch;
+  std::unique_ptr<DpRankEngine> rank(new DpRankEngine(model, backend, dp_rank, collective, fixed_capacity));
+  EngineOptions o = options;
+  o.collective_forwards = o.collective_forwards || collective;
+  ASSIGN_OR_RETURN(rank->engine_, Engine::Create(rank->counting_, backend, o));
   return rank;
 }
 
@@ -249,6 +257,8 @@ std::string DpRankEngine::MakeBlob(const DpControl* control) {
   if (control) PutControl(w, *control);
   DpReport& p = pending_;
   p.busy = engine_->HasUnfinished() || num_parked_ > 0;
+  // Parked requests may be let in before the step (a cancelled leader): count on a prefill.
+  p.next_step_tokens = num_parked_ > 0 ? engine_->options().max_batch_tokens : engine_->EstimateNextStepTokens();
   p.stats.num_running = engine_->num_running();
   p.stats.num_waiting = engine_->num_waiting() + num_parked_;
   p.stats.num_kv_blocks = engine_->num_kv_blocks();
@@ -282,7 +292,15 @@ Result<DpRound> DpRankEngine::RunRound(const std::vector<std::string>& blobs) {
   for (const DpReport& p : round.reports) work = work || p.busy;
   if (!work) return round;
   round.stepped = true;
-  Step();
+  // The fixed-capacity exchange when no request arrives (its prefill would not fit) and every
+  // rank expects at most its capacity of tokens; the engines enforce the limit (an estimate may
+  // miss a preempted sequence readmitted within the step).
+  round.fixed_capacity = fixed_capacity_ > 0 && round.control.assignments.empty();
+  for (const DpReport& p : round.reports)
+    round.fixed_capacity = round.fixed_capacity && p.next_step_tokens <= fixed_capacity_;
+  ++num_rounds_stepped_;
+  num_fixed_rounds_ += round.fixed_capacity;
+  Step(round.fixed_capacity);
   return round;
 }
 
@@ -334,14 +352,17 @@ void DpRankEngine::Cancel(uint64_t id) {
   }
 }
 
-void DpRankEngine::Step() {
-  const int64_t before = counting_.num_forwards();
+void DpRankEngine::Step(bool fixed_capacity) {
+  const int64_t before = counting_.num_forwards(), steps_before = engine_->num_steps();
   std::vector<StepOutput> outputs;
+  if (collective_) engine_->SetCollectiveStep(fixed_capacity, fixed_capacity_);
   if (engine_->HasUnfinished()) outputs = engine_->Step();
   const int64_t ran = counting_.num_forwards() - before;
   // Under DP-EP a second forward would meet the other ranks' next step: they would deadlock.
   COROLLA_CHECK(ran <= 1 || !collective_) << "an engine step ran " << ran << " forwards; DP-EP needs one per round";
-  if (ran == 0 && collective_) RunEmptyForward(counting_, backend_.device());
+  // A replayed decode graph is a launched step without a Model::Forward: it joined the round.
+  const bool launched = ran > 0 || engine_->num_steps() > steps_before;
+  if (!launched && collective_) RunEmptyForward(counting_, backend_.device(), fixed_capacity);
   for (StepOutput& o : outputs) {
     auto rit = request_of_seq_.find(o.seq_id);
     if (rit == request_of_seq_.end()) continue;
@@ -546,7 +567,8 @@ void DataParallelEngine::Loop() {
     if (control.stop) {
       std::string counts;
       for (int64_t n : num_assigned_) counts += (counts.empty() ? "" : ", ") + std::to_string(n);
-      LOG(INFO) << "data-parallel ranks stopped; requests per rank: " << counts;
+      LOG(INFO) << "data-parallel ranks stopped; requests per rank: " << counts << "; fixed-capacity rounds: "
+                << local_->num_fixed_rounds() << " of " << local_->num_rounds_stepped();
       return;
     }
     idle = !round->stepped;

@@ -43,8 +43,9 @@ class CountingModel final : public Model {
   int64_t num_forwards_ = 0;
 };
 
-// One forward of no tokens on `device`: under DP-EP it joins every MoE layer's exchanges.
-void RunEmptyForward(Model& model, Device device);
+// One forward of no tokens on `device`: under DP-EP it joins every MoE layer's exchanges
+// (through the fixed-capacity exchange when `ep_fixed_capacity`, as the other ranks' forwards).
+void RunEmptyForward(Model& model, Device device, bool ep_fixed_capacity = false);
 
 // Every DP rank's blob, indexed by DP rank; collective over the DP ranks.
 using DpAllGather = std::function<Result<std::vector<std::string>>(const std::string& blob)>;
@@ -65,6 +66,7 @@ struct DpControl {
 // One rank's report of a round: what happened since its previous report.
 struct DpReport {
   bool busy = false;  // unfinished requests after its last step
+  int next_step_tokens = 0;  // an estimate from above of its next step's tokens (Engine::EstimateNextStepTokens)
   EngineStats stats;
   std::vector<std::pair<uint64_t, RequestOutput>> outputs;  // by request id, in step order
   std::vector<std::pair<uint64_t, std::string>> rejected;   // request id, the engine's error
@@ -74,14 +76,29 @@ struct DpRound {
   DpControl control;
   std::vector<DpReport> reports;  // by DP rank
   bool stepped = false;           // the ranks ran a step (some rank had work)
+  bool fixed_capacity = false;    // ... through the fixed-capacity exchange (see DpRankEngine)
 };
 
 class DpRankEngine {
  public:
   // An engine over `model` (kept by the caller, like `backend`). `collective`: every forward is
   // collective (DP-EP), so a rank without work runs an empty one when another rank steps.
+  // `fixed_capacity` > 0 (collective, a model with both exchanges: ModelShard::ep_capacity and
+  // ep_sized_fallback; at least DecodeGraphs::kMaxBatch): a round in which no request arrives and every rank's report estimates
+  // at most that many tokens steps through the fixed-capacity exchange, each engine limited to
+  // that many tokens, and pure decode steps may replay the graphs CaptureDecodeGraphs made;
+  // other rounds step eagerly through the sized exchange. Every rank decides alike from the
+  // same blobs, so the ranks' forwards of a round always take the same exchange.
   static Result<std::unique_ptr<DpRankEngine>> Create(Model& model, Backend& backend, const EngineOptions& options,
-                                                      int dp_rank, bool collective);
+                                                      int dp_rank, bool collective, int fixed_capacity = 0);
+
+  // Collective start-up, before the first round, on every rank with the same max_context (the
+  // agreed max model length): Engine::CaptureDecodeGraphs. Returns the forwards it ran.
+  int CaptureDecodeGraphs(int max_context) { return engine_->CaptureDecodeGraphs(max_context); }
+  // Rounds in which this rank stepped (or ran an empty forward), and those of them through the
+  // fixed-capacity exchange.
+  int64_t num_rounds_stepped() const { return num_rounds_stepped_; }
+  int64_t num_fixed_rounds() const { return num_fixed_rounds_; }
 
   int dp_rank() const { return dp_rank_; }
   // Any thread may call Validate / max_model_len on it (Engine::Validate reads immutable state).
@@ -105,24 +122,27 @@ class DpRankEngine {
     int64_t seq_id;
     int num_prompt_tokens;
   };
-  DpRankEngine(Model& model, Backend& backend, int dp_rank, bool collective)
-      : counting_(model), backend_(backend), dp_rank_(dp_rank), collective_(collective) {}
+  DpRankEngine(Model& model, Backend& backend, int dp_rank, bool collective, int fixed_capacity)
+      : counting_(model), backend_(backend), dp_rank_(dp_rank), collective_(collective),
+        fixed_capacity_(collective ? fixed_capacity : 0) {}
   void Add(DpControl::Assignment assignment);
   void AddToEngine(uint64_t id, GenerationRequest request);
   void Cancel(uint64_t id);
   void Unpark(uint64_t leader);  // lets the requests parked behind `leader` into the engine
-  void Step();
+  void Step(bool fixed_capacity);
 
   CountingModel counting_;
   Backend& backend_;
   const int dp_rank_;
   const bool collective_;
+  const int fixed_capacity_;
   std::unique_ptr<Engine> engine_;
   std::unordered_map<uint64_t, Active> active_;  // in the engine, by request id
   std::unordered_map<int64_t, uint64_t> request_of_seq_;
   std::unordered_map<uint64_t, std::vector<Parked>> parked_;  // by leader
   int num_parked_ = 0;
   DpReport pending_;  // outputs and rejections for the next blob
+  int64_t num_rounds_stepped_ = 0, num_fixed_rounds_ = 0;
 };
 
 // Rank 0's side: the server submits here; requests go to the least loaded rank (fewest running

@@ -71,19 +71,26 @@ class ThreadAllGather {
   bool broken_ = false;
 };
 
-// Counts forwards; a forward of no tokens (a rank's empty one) does nothing, as a model without
+// Counts forwards and records each one's tokens and exchange (what a DP-EP model's collectives
+// depend on); a forward of no tokens (a rank's empty one) does nothing, as a model without
 // expert exchanges has nothing to join.
 class LockstepModel final : public Model {
  public:
+  struct Call {
+    int64_t tokens;
+    bool fixed_capacity;  // ForwardBatch::ep_fixed_capacity
+  };
   explicit LockstepModel(Model& inner) : inner_(inner) {}
   const ModelConfig& config() const override { return inner_.config(); }
   KvCacheSpec kv_cache_spec() const override { return inner_.kv_cache_spec(); }
   StateSpec state_spec() const override { return inner_.state_spec(); }
   void Forward(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches, const TensorView& logits) override {
     ++num_forwards;
+    calls.push_back({batch.token_ids.dim(0), batch.ep_fixed_capacity});  // one thread per rank
     if (batch.token_ids.dim(0) > 0) inner_.Forward(batch, kv_caches, logits);
   }
   std::atomic<int64_t> num_forwards{0};
+  std::vector<Call> calls;  // read once the rank's thread has stopped
 
  private:
   Model& inner_;
@@ -131,18 +138,23 @@ class DataParallelEngineTest : public ::testing::Test {
       lockstep_.push_back(std::make_unique<LockstepModel>(*models_.back()));
     }
   }
-  void Start(EngineOptions o = {}, AsyncEngineOptions a = {}) {
+  // fixed_capacity > 0: each rank captures its decode graphs (here: runs the padded buckets once,
+  // with EngineOptions::decode_graphs kBucketsEager) before the rounds, as `corolla serve` does.
+  void Start(EngineOptions o = {}, AsyncEngineOptions a = {}, int fixed_capacity = 0) {
     o.async_scheduling = false;
     for (int r = 1; r < kRanks; ++r) {
-      followers_.push_back(DpRankEngine::Create(*lockstep_[r], *backends_[r], o, r, /*collective=*/true).value());
+      followers_.push_back(
+          DpRankEngine::Create(*lockstep_[r], *backends_[r], o, r, /*collective=*/true, fixed_capacity).value());
       DpRankEngine* rank = followers_.back().get();
+      if (fixed_capacity > 0) num_startup_forwards_[r] = rank->CaptureDecodeGraphs(rank->engine().max_model_len());
       follower_threads_.emplace_back([this, rank, r] {
         follower_status_[r] = RunDpFollower(*rank, exchange_.For(r));
         exchange_.Leave(r);
       });
     }
-    auto local = DpRankEngine::Create(*lockstep_[0], *backends_[0], o, 0, /*collective=*/true).value();
+    auto local = DpRankEngine::Create(*lockstep_[0], *backends_[0], o, 0, /*collective=*/true, fixed_capacity).value();
     const int max_model_len = local->engine().max_model_len();
+    if (fixed_capacity > 0) num_startup_forwards_[0] = local->CaptureDecodeGraphs(max_model_len);
     engine_ = std::make_unique<DataParallelEngine>(std::move(local), exchange_.For(0), kRanks, max_model_len, a,
                                                    [this](const Status& s) { failures_.push_back(s.ToString()); });
   }
@@ -166,6 +178,7 @@ class DataParallelEngineTest : public ::testing::Test {
   std::vector<std::unique_ptr<DpRankEngine>> followers_;
   std::vector<std::thread> follower_threads_;
   Status follower_status_[kRanks];
+  int num_startup_forwards_[kRanks] = {};
   std::unique_ptr<DataParallelEngine> engine_;
   std::vector<std::string> failures_;
 };
@@ -192,6 +205,78 @@ TEST_F(DataParallelEngineTest, OutputsEqualOneEngineAndEveryRankStepsInLockstep)
   // One forward per round on every rank (empty ones where a rank had nothing).
   EXPECT_EQ(lockstep_[0]->num_forwards.load(), lockstep_[1]->num_forwards.load());
   EXPECT_TRUE(failures_.empty());
+}
+
+// DP-EP serving with a fixed capacity: the start-up captures are the same forwards on every
+// rank; afterwards every round's forwards take the same exchange on every rank (eager steps,
+// bucket runs and empty forwards alike), a fixed-capacity round never brings more tokens than
+// the capacity, rounds with prefills take the sized exchange, and the outputs equal one engine's.
+TEST_F(DataParallelEngineTest, FixedCapacityRoundsAndStartUpGraphsMatchAcrossRanks) {
+  constexpr int kCapacity = DecodeGraphs::kMaxBatch;
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 7; ++i) requests.push_back(Request(i * 11 + 2, 3 + i * 5, 4 + i % 3 * 3));  // prompts 3..33
+  auto expected = Engine::Create(*models_[0], *backends_[0], {}).value()->Generate(requests).value();
+  EngineOptions o;
+  o.decode_graphs = DecodeGraphMode::kBucketsEager;
+  Start(o, {}, kCapacity);
+  ASSERT_GT(num_startup_forwards_[0], 0);
+  EXPECT_EQ(num_startup_forwards_[0], num_startup_forwards_[1]);
+  std::vector<std::shared_ptr<Collected>> got;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    got.push_back(std::make_shared<Collected>());
+    ASSERT_TRUE(engine_->Submit(requests[i], Collect(got.back())).ok());
+    if (i == 3) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a later arrival mid-decode
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(Wait(*got[i])) << i;
+    EXPECT_EQ(got[i]->tokens, expected[i].first) << i;
+  }
+  StopAll();
+  EXPECT_TRUE(follower_status_[1].ok()) << follower_status_[1].ToString();
+  const std::vector<LockstepModel::Call>& a = lockstep_[0]->calls;
+  const std::vector<LockstepModel::Call>& b = lockstep_[1]->calls;
+  ASSERT_EQ(a.size(), b.size());
+  int num_fixed = 0, num_sized = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].fixed_capacity, b[i].fixed_capacity) << "forward " << i;
+    if (static_cast<int>(i) < num_startup_forwards_[0]) {
+      EXPECT_TRUE(a[i].fixed_capacity && a[i].tokens > 0 && a[i].tokens <= kCapacity) << "start-up forward " << i;
+      continue;
+    }
+    for (const LockstepModel::Call* c : {&a[i], &b[i]}) {
+      if (c->fixed_capacity) {
+        EXPECT_LE(c->tokens, kCapacity) << "forward " << i;
+      }
+    }
+    ++(a[i].fixed_capacity ? num_fixed : num_sized);
+  }
+  EXPECT_GT(num_fixed, 0) << "no decode round took the fixed-capacity exchange";
+  EXPECT_GT(num_sized, 0) << "no prefill round took the sized exchange";
+  EXPECT_TRUE(failures_.empty());
+}
+
+// A fixed-capacity step schedules at most the capacity's tokens (a prefill goes on in chunks)
+// and says so to the model; a sized one takes the usual budget.
+TEST_F(DataParallelEngineTest, AFixedCapacityStepSchedulesAtMostItsTokens) {
+  EngineOptions o;
+  o.async_scheduling = false;
+  o.collective_forwards = true;
+  auto engine = Engine::Create(*lockstep_[0], *backends_[0], o).value();
+  ASSERT_TRUE(engine->AddRequest(Request(1, 40, 3)).ok());
+  EXPECT_EQ(engine->EstimateNextStepTokens(), 40);
+  const std::vector<LockstepModel::Call>& calls = lockstep_[0]->calls;
+  engine->SetCollectiveStep(/*fixed=*/true, 16);
+  for (int64_t want : {16, 16, 8}) {
+    engine->Step();
+    ASSERT_FALSE(calls.empty());
+    EXPECT_EQ(calls.back().tokens, want);
+    EXPECT_TRUE(calls.back().fixed_capacity);
+  }
+  EXPECT_EQ(engine->EstimateNextStepTokens(), 1);  // decoding now
+  engine->SetCollectiveStep(/*fixed=*/false, 16);
+  engine->Step();
+  EXPECT_EQ(calls.back().tokens, 1);
+  EXPECT_FALSE(calls.back().fixed_capacity);
 }
 
 TEST_F(DataParallelEngineTest, ChoicesOfOneRequestShareARankAndEachEnds) {

@@ -58,7 +58,7 @@ Engine::Engine(Model& model, Backend& backend, EngineOptions options, int num_bl
                 model.state_spec().num_layers > 0 ? options.max_num_seqs + 1 + NumSnapshots(options) : 0),
       pool_(num_blocks, options.enable_prefix_caching &&
                             (model.state_spec().num_layers == 0 || NumSnapshots(options) > 0)),
-      runner_(model, backend, kv_cache_, DecodeGraphMode::kAuto, options.max_num_seqs) {
+      runner_(model, backend, kv_cache_, options.decode_graphs, options.max_num_seqs, options.collective_forwards) {
   if (kv_cache_.has_state() && pool_.prefix_caching())
     snapshots_ = std::make_unique<StateSnapshots>(backend, kv_cache_, NumSnapshots(options));
 }
@@ -235,9 +235,17 @@ void Engine::Preempt(Sequence& s) {
   ++num_preemptions_;
 }
 
+int Engine::EstimateNextStepTokens() const {
+  int64_t tokens = 0;
+  for (const auto& s : running_) tokens += s->num_uncomputed();
+  for (const auto& s : waiting_) tokens += s->length();
+  return static_cast<int>(std::min<int64_t>(tokens, options_.max_batch_tokens));
+}
+
 Engine::Batch Engine::Schedule() {
   Batch batch;
   int budget = options_.max_batch_tokens;
+  if (step_token_limit_ > 0) budget = std::min(budget, step_token_limit_);
   auto add = [&](const std::shared_ptr<Sequence>& s, int n) {
     ScheduledChunk chunk{s.get(), n};
     if (s->num_pending > 0) chunk.sampled_row = s->last_sampled_row;  // its input is on the device

@@ -39,6 +39,11 @@ struct EngineOptions {
   // runs the forward, it buys nothing and outputs trail by a step (`corolla serve` turns it off
   // there unless asked); it stays on by default so that every test exercises it.
   bool async_scheduling = true;
+  // Decode graphs (ModelRunner): kAuto on CUDA; tests may ask kBucketsEager.
+  DecodeGraphMode decode_graphs = DecodeGraphMode::kAuto;
+  // DP-EP serving: every forward is collective over the ranks (ModelRunner's `collective`):
+  // decode graphs only from CaptureDecodeGraphs, steps as SetCollectiveStep says.
+  bool collective_forwards = false;
 };
 
 struct GenerationRequest {
@@ -104,6 +109,22 @@ class Engine {
   int64_t num_async_steps() const { return num_async_steps_; }  // launched before the last was taken
   const Sequence* Find(int64_t seq_id) const;
 
+  // --- DP-EP (collective_forwards) ---
+  // Start-up, on every rank with the same max_context (the ranks' agreed max model length):
+  // ModelRunner::CaptureDecodeGraphs. Returns the forwards it ran.
+  int CaptureDecodeGraphs(int max_context) { return runner_.CaptureDecodeGraphs(max_context); }
+  // What every rank agreed for the next Step. fixed: its forward takes the fixed-capacity
+  // exchange (decode graphs may replay) and it schedules at most max_tokens tokens; else an
+  // eager forward through the sized exchange, with the usual budget.
+  void SetCollectiveStep(bool fixed, int max_tokens) {
+    runner_.SetFixedCapacityStep(fixed);
+    step_token_limit_ = fixed ? max_tokens : 0;
+  }
+  // An estimate from above of the tokens the next Step schedules: the running sequences'
+  // uncomputed tokens and the waiting ones' lengths, at most max_batch_tokens. (A sequence
+  // preempted and readmitted within one Step can exceed it; SetCollectiveStep's limit holds.)
+  int EstimateNextStepTokens() const;
+
  private:
   // One batch: scheduled, then launched, then in flight until Finish takes its tokens.
   struct Batch {
@@ -155,6 +176,7 @@ class Engine {
   int64_t num_steps_ = 0;
   int64_t num_async_steps_ = 0;
   int num_host_sampling_ = 0;  // unfinished sequences with penalties or logprobs
+  int step_token_limit_ = 0;   // > 0: SetCollectiveStep's limit on a step's tokens
   // Shared with in_flight_, which keeps a sequence alive until its last step is taken.
   std::deque<std::shared_ptr<Sequence>> waiting_;
   std::vector<std::shared_ptr<Sequence>> running_;   // admission order

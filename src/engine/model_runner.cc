@@ -13,11 +13,12 @@
 namespace corolla {
 
 ModelRunner::ModelRunner(Model& model, Backend& backend, KvCache& kv_cache, DecodeGraphMode graph_mode,
-                         int max_num_seqs)
+                         int max_num_seqs, bool collective)
     : model_(model),
       backend_(backend),
       kv_cache_(kv_cache),
-      sampled_ids_(backend.Empty(DType::kI32, {std::max(1, max_num_seqs)})) {
+      sampled_ids_(backend.Empty(DType::kI32, {std::max(1, max_num_seqs)})),
+      collective_(collective) {
   const bool capture = graph_mode != DecodeGraphMode::kBucketsEager;
   bool on = graph_mode != DecodeGraphMode::kOff && (backend.supports_graphs() || !capture) &&
             model.config().mla.kv_lora_rank == 0;
@@ -53,7 +54,9 @@ Tensor ModelRunner::InputIds(const std::vector<int32_t>& host, const std::vector
 }
 
 Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_logits) {
-  if (graphs_ && graphs_->CanRun(chunks, all_logits)) return graphs_->Run(chunks);
+  // Collective: a graph's exchanges are the fixed-capacity ones, which every rank must take.
+  const bool graphs_usable = !collective_ || (captured_ && fixed_step_);
+  if (graphs_ && graphs_usable && graphs_->CanRun(chunks, all_logits)) return graphs_->Run(chunks);
   const int bs = kv_cache_.block_size();
   const int num_seqs = static_cast<int>(chunks.size());
   int max_blocks = 1, max_q_len = 0, max_seq_len = 0;
@@ -113,6 +116,7 @@ Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_log
   batch.positions = d_positions;
   batch.attention = {d_query_start, d_seq_lens, d_tables, d_slots, max_q_len, max_seq_len};
   batch.logits_rows = d_rows;
+  batch.ep_fixed_capacity = collective_ && fixed_step_;
   Tensor d_state_slots;
   if (kv_cache_.has_state()) {
     std::vector<int32_t> state_slots;

@@ -56,9 +56,23 @@ enum class DecodeGraphMode { kAuto, kOff, kOn, kBucketsEager };
 class ModelRunner {
  public:
   // max_num_seqs: the most chunks one step may sample (rows of the sampled-ids buffer).
+  // collective (DP-EP serving: every forward is collective over the ranks): decode graphs are
+  // made only by CaptureDecodeGraphs and replayed only in steps SetFixedCapacityStep allows.
   ModelRunner(Model& model, Backend& backend, KvCache& kv_cache,
-              DecodeGraphMode graph_mode = DecodeGraphMode::kAuto, int max_num_seqs = 256);
+              DecodeGraphMode graph_mode = DecodeGraphMode::kAuto, int max_num_seqs = 256,
+              bool collective = false);
   ~ModelRunner();
+
+  // Collective runners: whether the next steps' forwards take the fixed-capacity exchange
+  // (ForwardBatch::ep_fixed_capacity), which decode graph replays need; every rank sets the same
+  // before each step. Off (the default): eager forwards through the sized exchange.
+  void SetFixedCapacityStep(bool fixed) { fixed_step_ = fixed; }
+  // Collective start-up: DecodeGraphs::CaptureAll (0 forwards when graphs are off).
+  // Until it runs, a collective runner runs every step eagerly.
+  int CaptureDecodeGraphs(int max_context) {
+    captured_ = true;
+    return graphs_ ? graphs_->CaptureAll(max_context) : 0;
+  }
 
   // Runs the chunks and returns float32 logits (backend memory): one row per token of
   // every chunk when `all_logits`, else one row per chunk that reaches the end of its sequence,
@@ -93,6 +107,9 @@ class ModelRunner {
   KvCache& kv_cache_;
   Tensor sampled_ids_;  // [max_num_seqs] i32 on the device: the last launched step's ids
   std::unique_ptr<DecodeGraphs> graphs_;
+  const bool collective_;
+  bool fixed_step_ = false;
+  bool captured_ = false;  // CaptureDecodeGraphs ran
 };
 
 // Copies logits (any backend) to a host float32 tensor.

@@ -247,6 +247,18 @@ class Backend {
   // launch instead of two).
   virtual void MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                          const TensorView& topk_ids, const TensorView& topk_weights);
+  // --- side stream (last in the class: new virtuals go at the end) -----------------------
+  // Work that may run beside the main stream (DP-EP: the shared expert while the tokens are
+  // exchanged). RunOnSideStream enqueues what fn() enqueues on a second stream, ordered after
+  // everything enqueued before the call; the ops after it go to the main stream again, which
+  // does not wait for the side's work until JoinSideStream (one join per RunOnSideStream, before
+  // anything reads what fn() wrote). Memory freed between the two calls is not handed out again
+  // before the join, so tensors fn() allocates may die inside it. Both are legal inside
+  // CaptureGraph (CUDA: an event fork and join). fn() must not synchronise the host nor run
+  // collectives (an exchange must never need side-stream work to progress). The default (CPU)
+  // runs fn() in place and joins nothing: the same ops in the same order.
+  virtual void RunOnSideStream(const std::function<void()>& fn) { fn(); }
+  virtual void JoinSideStream() {}
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

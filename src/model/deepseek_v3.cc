@@ -158,7 +158,8 @@ Status DeepseekV3Model::PlanShard() {
   first_expert_ = shard_.ep_rank * num_local_experts_;
   if (!shard_.uses_ep_exchange()) return Status::Ok();
   if (shard_.ep_size > kMaxEpRanks) return fail("at most " + std::to_string(kMaxEpRanks) + " EP ranks");
-  ASSIGN_OR_RETURN(ep_exchange_, MakeEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity},
+  ASSIGN_OR_RETURN(ep_exchange_, MakeEpExchange(backend_, *shard_.ep,
+                                               {c.num_experts, shard_.ep_capacity, shard_.ep_sized_fallback},
                                                c.hidden_size, c.num_experts_per_token, tp, shard_.tp_rank));
   return Status::Ok();
 }
@@ -342,6 +343,14 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
   routing.scaling_factor = static_cast<float>(c.routed_scaling_factor);
   routing.correction_bias = lw.router_bias.view();
   backend_.MoeRoute(router_logits, routing, topk_ids, topk_weights);
+  // DP-EP: the shared experts (whole here, on this rank's tokens) run on the side stream while
+  // the routed tokens travel to their experts' ranks and back.
+  const bool overlap = ep_exchange_ && c.num_shared_experts > 0 && OverlapSharedExpert();
+  Tensor shared;
+  if (overlap) {
+    shared = backend_.Empty(backend_.activation_dtype(), {tokens, c.hidden_size});
+    backend_.RunOnSideStream([&] { Ffn(lw.shared, x, shared); });
+  }
   if (ep_exchange_) {
     // DP-EP: routed on the token's own rank (above), run on the experts' ranks.
     ExpertsOverRanks(lw, x, topk_ids, topk_weights, out);
@@ -353,8 +362,12 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
   if (c.num_shared_experts > 0) {
     // TP: this rank's columns of the shared experts. DP-EP: all of them (--tp 1) or this TP
     // rank's columns, on the replica's tokens.
-    Tensor shared = backend_.Empty(backend_.activation_dtype(), {tokens, c.hidden_size});
-    Ffn(lw.shared, x, shared);
+    if (overlap) {
+      backend_.JoinSideStream();
+    } else {
+      shared = backend_.Empty(backend_.activation_dtype(), {tokens, c.hidden_size});
+      Ffn(lw.shared, x, shared);
+    }
     backend_.Add(out, shared);
   }
   // TP-EP: local experts + shared-expert slice of every rank. DP-EP: out is whole with --tp 1;
@@ -519,6 +532,7 @@ void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCache
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (ep_exchange_) ep_exchange_->SelectFixedCapacity(batch.ep_fixed_capacity);
   if (batch.token_ids.rank() == 1 && batch.token_ids.dim(0) == 0) return IdleStep();
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
   const bool absorbed = mode_ == MlaMode::kAbsorbed || (mode_ == MlaMode::kAuto && batch.attention.max_q_len <= 1);

@@ -36,6 +36,10 @@ struct ModelShard {
   // the TP all-reduce assembles the outputs, the MoE path of DP x TP on tp ranks (a check of
   // that path on fewer GPUs than dp x tp).
   bool tp_ep_exchange = false;
+  // DP-EP with ep_capacity > 0: also a sized exchange, which a forward takes unless its batch
+  // says ep_fixed_capacity (serving: steps in which every rank brings at most ep_capacity tokens,
+  // the decode graphs among them, take the fixed one; the others, prefills, the sized one).
+  bool ep_sized_fallback = false;
   bool dp_ep() const { return dp_size > 1 && ep_size > tp_size; }
   // The MoE layers move tokens with an EpExchange (DP-EP, or TP-EP with tp_ep_exchange).
   bool uses_ep_exchange() const { return dp_ep() || (tp_ep_exchange && tp_size > 1 && ep_size == tp_size); }
@@ -63,6 +67,10 @@ struct ForwardBatch {
   // Hybrid models: each sequence's state slot [B] i32, and the states of the linear layers.
   TensorView state_slots;
   std::span<const LinearStateView> linear_states;
+  // DP-EP models with both exchanges (ModelShard::ep_sized_fallback): this forward's exchanges
+  // take the fixed-capacity one. Every rank's forward of one step must say the same (the
+  // exchanges are collective); models with one exchange ignore it.
+  bool ep_fixed_capacity = false;
 };
 
 // What the engine must allocate for the model's paged KV cache.

@@ -76,6 +76,8 @@ class Qwen3Model final : public Model {
   // DP-EP with no tokens on this rank: only every MoE layer's exchanges, with zero rows.
   void IdleStep();
   void Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out);
+  // Qwen3.5's shared expert of x [T, H] into out [T, H]: Mlp scaled by sigmoid(x . shared_gate).
+  void SharedExpert(const MoeWeights& w, const TensorView& x, const TensorView& out);
   Result<Tensor> LoadNorm(WeightLoader& w, const std::string& name, int64_t dim);
   // Splits heads, MLP columns and experts over the shard's ranks (all of them for one rank).
   Status PlanShard();
@@ -135,7 +137,8 @@ Status Qwen3Model::PlanShard() {
   first_expert_ = shard_.ep_rank * num_local_experts_;
   if (shard_.uses_ep_exchange() && c.num_experts > 0) {
     if (ep > kMaxEpRanks) return fail("at most " + std::to_string(kMaxEpRanks) + " EP ranks");
-    ASSIGN_OR_RETURN(ep_exchange_, MakeEpExchange(backend_, *shard_.ep, {c.num_experts, shard_.ep_capacity},
+    ASSIGN_OR_RETURN(ep_exchange_, MakeEpExchange(backend_, *shard_.ep,
+                                                 {c.num_experts, shard_.ep_capacity, shard_.ep_sized_fallback},
                                                  c.hidden_size, c.num_experts_per_token, tp, shard_.tp_rank));
   }
   return Status::Ok();
@@ -284,6 +287,14 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   routing.top_k = static_cast<int>(k);
   routing.renormalize = c.norm_topk_prob;
   backend_.MoeRouter(x, lw.moe.router, routing, topk_ids, topk_weights);
+  // DP-EP: the shared expert (whole here, on this rank's tokens) runs on the side stream while
+  // the routed tokens travel to their experts' ranks and back.
+  const bool overlap = ep_exchange_ && lw.moe.shared_gate.defined() && OverlapSharedExpert();
+  Tensor shared;
+  if (overlap) {
+    shared = backend_.Empty(act, {tokens, c.hidden_size});
+    backend_.RunOnSideStream([&] { SharedExpert(lw.moe, x, shared); });
+  }
   if (ep_exchange_) {
     ExpertsOverRanks(lw.moe, x, topk_ids, topk_weights, out);
   } else {
@@ -292,11 +303,12 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
     backend_.MoeExperts(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out);
   }
   if (lw.moe.shared_gate.defined()) {
-    Tensor shared = backend_.Empty(act, {tokens, c.hidden_size});
-    Tensor gate = backend_.Empty(act, {tokens, 1});
-    Mlp(lw.moe.shared, x, shared);
-    backend_.Linear(x, lw.moe.shared_gate, gate);
-    backend_.SigmoidMul(shared, gate);
+    if (overlap) {
+      backend_.JoinSideStream();
+    } else {
+      shared = backend_.Empty(act, {tokens, c.hidden_size});
+      SharedExpert(lw.moe, x, shared);
+    }
     backend_.Add(out, shared);
   }
   // TP-EP: local experts (+ this rank's shared-expert slice) of every rank. DP-EP: out is whole
@@ -305,9 +317,15 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   AllReduce(ep_exchange_ ? shard_.tp : shard_.ep, out);
 }
 
+void Qwen3Model::SharedExpert(const MoeWeights& w, const TensorView& x, const TensorView& out) {
+  Tensor gate = backend_.Empty(backend_.activation_dtype(), {x.dim(0), 1});  // [T, 1]
+  Mlp(w.shared, x, out);
+  backend_.Linear(x, w.shared_gate, gate);
+  backend_.SigmoidMul(out, gate);
+}
+
 void Qwen3Model::ExpertsOverRanks(const MoeWeights& w, const TensorView& x, const TensorView& topk_ids,
                                   const TensorView& topk_weights, const TensorView& out) {
-  // The shared expert could run here while the dispatch is in flight (once it is asynchronous).
   ExpertInputs in = ep_exchange_->Dispatch(x, topk_ids, topk_weights);          // [R, H], [R, K] local ids
   Tensor expert_out = backend_.Empty(backend_.activation_dtype(), {in.rows(), config_.hidden_size});  // [R, H]
   if (in.rows() > 0) backend_.MoeExperts(in.x, in.topk_ids, in.topk_weights, w.gate_up, w.down, expert_out);
@@ -339,6 +357,7 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (ep_exchange_) ep_exchange_->SelectFixedCapacity(batch.ep_fixed_capacity);
   if (batch.token_ids.rank() == 1 && batch.token_ids.dim(0) == 0) return IdleStep();
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), kv_cache_spec().num_layers);
   COROLLA_CHECK_EQ(static_cast<int>(batch.linear_states.size()), state_spec().num_layers);

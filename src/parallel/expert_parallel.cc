@@ -251,7 +251,34 @@ class AllToAllEpExchange final : public EpExchange {
   std::vector<int64_t> send_rows_, recv_rows_;  // capacity 0: rows to and from each rank
 };
 
+// A fixed-capacity exchange and a sized one; each forward takes the one its batch selects.
+// Dispatch and Combine of one layer go to the same one (the selection changes between
+// forwards only).
+class SelectableEpExchange final : public EpExchange {
+ public:
+  SelectableEpExchange(std::unique_ptr<EpExchange> fixed, std::unique_ptr<EpExchange> sized)
+      : fixed_(std::move(fixed)), sized_(std::move(sized)) {}
+  ExpertInputs Dispatch(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights) override {
+    return current().Dispatch(x, topk_ids, topk_weights);
+  }
+  void Combine(const TensorView& expert_out, const TensorView& out) override { current().Combine(expert_out, out); }
+  void SelectFixedCapacity(bool fixed) override { use_fixed_ = fixed; }
+
+ private:
+  EpExchange& current() { return use_fixed_ ? *fixed_ : *sized_; }
+  std::unique_ptr<EpExchange> fixed_, sized_;
+  bool use_fixed_ = false;
+};
+
 }  // namespace
+
+bool OverlapSharedExpert() {
+  static const bool on = [] {
+    const char* v = std::getenv("COROLLA_SHARED_EXPERT_OVERLAP");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
 
 std::unique_ptr<EpExchange> MakeAllToAllEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config) {
   COROLLA_CHECK(comm.size() <= kMaxEpRanks && config.num_experts % comm.size() == 0 && config.capacity >= 0)
@@ -286,6 +313,8 @@ class TpSlicedEpExchange final : public EpExchange {
                             topk_weights.Slice(rows_.begin, rows_.end));
   }
 
+  void SelectFixedCapacity(bool fixed) override { inner_->SelectFixedCapacity(fixed); }
+
   void Combine(const TensorView& expert_out, const TensorView& out) override {
     COROLLA_CHECK(out.rank() == 2 && out.dim(0) == tokens_ && out.dim(1) == zero_row_.view().dim(0))
         << "ep combine into " << out.ToString() << " after a dispatch of " << tokens_ << " tokens";
@@ -313,6 +342,13 @@ class TpSlicedEpExchange final : public EpExchange {
 
 Result<std::unique_ptr<EpExchange>> MakeReplicaEpExchange(Backend& backend, Communicator& comm,
                                                           const EpExchangeConfig& config, int64_t hidden, int top_k) {
+  if (config.sized_fallback && config.capacity > 0) {
+    EpExchangeConfig fixed = config;
+    fixed.sized_fallback = false;
+    ASSIGN_OR_RETURN(std::unique_ptr<EpExchange> fixed_exchange, MakeReplicaEpExchange(backend, comm, fixed, hidden, top_k));
+    return std::unique_ptr<EpExchange>(std::make_unique<SelectableEpExchange>(
+        std::move(fixed_exchange), MakeAllToAllEpExchange(backend, comm, {config.num_experts, 0})));
+  }
   const char* env = std::getenv("COROLLA_EP_EXCHANGE");
   const std::string kind = env != nullptr && *env != '\0' ? env : "auto";
   if (kind != "auto" && kind != "alltoall" && kind != "nvl")

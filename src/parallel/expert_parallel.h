@@ -50,6 +50,10 @@ class EpExchange {
   // Writes out [T, H] (the T of the last Dispatch): each token's partials from the ranks it
   // went to, summed in rank order in f32.
   virtual void Combine(const TensorView& expert_out, const TensorView& out) = 0;
+  // Exchanges made with both a fixed capacity and a sized fallback (EpExchangeConfig::
+  // sized_fallback): which one the next forward's Dispatch / Combine calls take (a model calls
+  // this at the top of each forward, from ForwardBatch::ep_fixed_capacity). Others ignore it.
+  virtual void SelectFixedCapacity(bool fixed) { (void)fixed; }
 };
 
 struct EpExchangeConfig {
@@ -59,6 +63,9 @@ struct EpExchangeConfig {
   // more tokens is an error. 0: per-peer row counts are exchanged first and read on the host
   // (one synchronisation per exchange), and only real rows travel.
   int capacity = 0;
+  // With capacity > 0: also keep a sized exchange, taken while SelectFixedCapacity(false) (the
+  // default). Every rank must select the same one before each forward.
+  bool sized_fallback = false;
 };
 
 std::unique_ptr<EpExchange> MakeAllToAllEpExchange(Backend& backend, Communicator& comm, const EpExchangeConfig& config);
@@ -85,6 +92,10 @@ struct RowRange {
   int64_t begin = 0, end = 0;
 };
 RowRange TpRowsOfRank(int64_t tokens, int tp_size, int tp_rank);
+
+// DP-EP models: whether the shared expert runs on the backend's side stream while the routed
+// tokens are exchanged (Backend::RunOnSideStream). On unless COROLLA_SHARED_EXPERT_OVERLAP=0.
+bool OverlapSharedExpert();
 
 // The steps of AllToAllEpExchange on the tensors' device (plain loops on the CPU, kernels in
 // parallel/cuda/ep_kernels.cu on CUDA); public for tests. A destination rank's block of rows

@@ -28,8 +28,9 @@ void KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
                 batch.slot_mapping.numel() == tokens);
   const int32_t* slots = batch.slot_mapping.ptr<int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;  // a padding row (decode graph buckets): no write, as on CUDA
     int64_t block = slots[t] / bs, offset = slots[t] % bs;
-    COROLLA_CHECK(slots[t] >= 0 && block < cache.k.dim(0)) << "slot " << slots[t];
+    COROLLA_CHECK(block < cache.k.dim(0)) << "slot " << slots[t];
     for (int64_t h = 0; h < heads; ++h) {
       std::memcpy(CacheRow(cache.k, block, h, offset),
                   k.ptr<float>() + t * k.strides[0] + h * k.strides[1], d * sizeof(float));

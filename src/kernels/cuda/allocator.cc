@@ -64,6 +64,23 @@ void* CachingAllocator::Allocate(size_t bytes) {
 void CachingAllocator::Free(void* ptr) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (defer_frees_) {
+    COROLLA_CHECK(live_.count(ptr)) << "freeing unknown device pointer";
+    deferred_.push_back(ptr);
+    return;
+  }
+  FreeLocked(ptr);
+}
+
+void CachingAllocator::DeferFrees(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  defer_frees_ = on;
+  if (on) return;
+  for (void* p : deferred_) FreeLocked(p);
+  deferred_.clear();
+}
+
+void CachingAllocator::FreeLocked(void* ptr) {
   auto it = live_.find(ptr);
   COROLLA_CHECK(it != live_.end()) << "freeing unknown device pointer";
   size_t size = it->second;

@@ -31,6 +31,11 @@ class CachingAllocator {
   // to the pool it came from, whatever the mode. Graphs share the pool: they replay one at a
   // time on the backend's stream, so one graph's scratch may be another's.
   void SetGraphPool(bool on);
+  // On: Free keeps blocks out of the free lists (still counted in use) until it is turned off.
+  // The backend's side stream (Backend::RunOnSideStream) runs beside the main one until their
+  // join, so a block freed by either in between must not serve the other's next allocation;
+  // turned off at the join, after which both streams' uses are ordered before any later work.
+  void DeferFrees(bool on);
 
   size_t bytes_cached() const;
   size_t bytes_in_use() const;
@@ -40,6 +45,7 @@ class CachingAllocator {
 
  private:
   void ReleaseCachedLocked();
+  void FreeLocked(void* ptr);
 
   const int device_;
   mutable std::mutex mu_;
@@ -48,6 +54,8 @@ class CachingAllocator {
   std::map<size_t, std::vector<void*>> graph_free_;  // GUARDED_BY(mu_): the graph pool's free blocks
   std::set<void*> graph_blocks_;                     // GUARDED_BY(mu_): every block of the graph pool
   bool graph_pool_ = false;                          // GUARDED_BY(mu_)
+  bool defer_frees_ = false;                         // GUARDED_BY(mu_)
+  std::vector<void*> deferred_;                      // GUARDED_BY(mu_): freed while deferring
   size_t cached_bytes_ = 0;                    // GUARDED_BY(mu_)
   size_t live_bytes_ = 0;                      // GUARDED_BY(mu_)
   int64_t num_mallocs_ = 0;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "base/logging.h"
@@ -68,10 +69,52 @@ CudaBackend::CudaBackend(int device_idx, cudaStream_t stream)
       host_ids_(std::make_shared<HostIdsPool>()) {}
 
 CudaBackend::~CudaBackend() {
+  if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
   cudaStreamSynchronize(stream_);
   linear_.reset();
   fp8_linear_.reset();
+  side_linear_.reset();
+  side_fp8_linear_.reset();
+  if (side_stream_ != nullptr) {
+    cudaEventDestroy(fork_event_);
+    cudaEventDestroy(join_event_);
+    cudaStreamDestroy(side_stream_);
+  }
   cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::RunOnSideStream(const std::function<void()>& fn) {
+  COROLLA_CHECK(!on_side_ && !side_unjoined_) << "RunOnSideStream: the last side work is not joined yet";
+  if (side_stream_ == nullptr) {
+    COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+    COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming));
+    COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming));
+    side_linear_ = std::make_unique<LtLinear>(*alloc_);
+    side_fp8_linear_ = std::make_unique<Fp8Linear>(*alloc_);
+  }
+  // Fork: the side stream starts after everything enqueued so far (in a capture, this makes it
+  // part of the capture).
+  COROLLA_CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
+  COROLLA_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
+  alloc_->DeferFrees(true);
+  auto swap = [&] {
+    std::swap(stream_, side_stream_);
+    std::swap(linear_, side_linear_);
+    std::swap(fp8_linear_, side_fp8_linear_);
+    on_side_ = !on_side_;
+  };
+  swap();
+  fn();
+  swap();
+  COROLLA_CUDA_CHECK(cudaEventRecord(join_event_, side_stream_));
+  side_unjoined_ = true;
+}
+
+void CudaBackend::JoinSideStream() {
+  if (!side_unjoined_) return;
+  COROLLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
+  alloc_->DeferFrees(false);  // any later use of those blocks is ordered after both streams' work
+  side_unjoined_ = false;
 }
 
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {

@@ -83,6 +83,12 @@ class CudaBackend final : public Backend {
   Result<std::unique_ptr<Graph>> CaptureGraph(const std::function<void()>& fn) override;
   void MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                  const TensorView& topk_ids, const TensorView& topk_weights) override;
+  // A second non-blocking stream, forked from and joined to the main one by events (legal in a
+  // capture). While fn() runs, stream_ is the side stream and the cuBLASLt objects are the
+  // side's own (their workspaces must not be shared by concurrent GEMMs); the allocator defers
+  // frees from the fork to the join. Made on first use (a stream, two events, two workspaces).
+  void RunOnSideStream(const std::function<void()>& fn) override;
+  void JoinSideStream() override;
 
   // cuBLASLt block scaling for the weights it takes (fp8_gemm.h); the SIMT kernel for the rest.
   bool supports_linear_fp8(int64_t n, int64_t k) const override { return Fp8Linear::LtTakes(n, k); }
@@ -102,6 +108,14 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CachingAllocator> alloc_;
   std::unique_ptr<LtLinear> linear_;
   std::unique_ptr<Fp8Linear> fp8_linear_;
+  // The side stream and its GEMM state (swapped with stream_, linear_, fp8_linear_ inside
+  // RunOnSideStream); null until first used.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
+  std::unique_ptr<LtLinear> side_linear_;
+  std::unique_ptr<Fp8Linear> side_fp8_linear_;
+  bool on_side_ = false;       // inside RunOnSideStream's fn()
+  bool side_unjoined_ = false;  // RunOnSideStream ran; JoinSideStream has not
   // RopeParams' fields (all of them: what RopeInvFreq reads is a subset) -> RopeInvFreq on the
   // device, so a forward looks frequencies up without recomputing them each layer.
   using RopeKey = std::tuple<int, float, bool, float, int, float, float, float>;
