@@ -4,7 +4,8 @@
 #  1. cuda_kernels_test --gtest_filter='*Fp8*': the 1 x 128 activation quantisation bit for bit,
 #     LinearFp8 (cuBLASLt block scaling and the SIMT kernel) against the CPU twin, the
 #     deepseek-v3-fp8 fixture native / dequantised against its golden, and CudaPerf.Fp8Gemm
-#     ("fp8 gemm perf:" rows; COROLLA_FP8_SKIP_PERF=1 skips it).
+#     ("fp8 gemm perf:" rows; COROLLA_FP8_SKIP_PERF=1 skips it), MoeExpertsFp8 (FP8 routed experts,
+#     both regimes, against the CPU twin) and CudaPerf.MoeFp8 ("moe fp8 perf:" rows).
 #  2. `corolla logits` of the fixture's 5 golden sequences with --fp8 native and --fp8 dequant,
 #     each against the golden (scripts/compare_logits.py: max|a-b| / max|b|).
 set -uo pipefail
@@ -21,8 +22,8 @@ filter='*Fp8*'
 timeout 540 $B/cuda_kernels_test --gtest_filter="$filter" >"$OUT/fp8_tests.log" 2>&1
 note "cuda_kernels_test $filter exit $?"
 grep -E "^\[  FAILED  \]|Failure|Check failed|CUDA error|cuBLAS error|declined|no .*FP8 algorithm" "$OUT/fp8_tests.log" | head -30
-grep -E "^(Fp8|LinearFp8|Perf\.fp8|Perf\.bf16|Fp8Model)" "$OUT/fp8_tests.log" | head -250
-grep -E "fp8 gemm perf:|fp8 model:" "$OUT/fp8_tests.log"
+grep -E "^(Fp8|LinearFp8|Perf\.fp8|Perf\.bf16|Fp8Model|MoeExpertsFp8|Perf\.moe)" "$OUT/fp8_tests.log" | head -400
+grep -E "fp8 gemm perf:|fp8 model:|moe fp8 perf:" "$OUT/fp8_tests.log"
 
 m=deepseek-v3-fp8
 golden=tests/data/golden/$m.safetensors

@@ -22,6 +22,7 @@
 #include "kernels/profiling_backend.h"
 #include "model/config.h"
 #include "model/random_weights.h"
+#include "model/weights.h"
 #include "parallel/launcher.h"
 
 #ifdef COROLLA_HAVE_CUDA
@@ -197,9 +198,11 @@ struct ModelBytes {
   double state_per_seq = 0;            // hybrids: linear-attention states read and written per step
 };
 
-ModelBytes CountBytes(const ModelConfig& c, DType state_dtype) {
+// fp8: DeepSeek's projections held block-scaled FP8 (--fp8 native on an FP8 config): one byte a
+// weight for q_a/q_b/kv_a/o, the MLPs and the experts (kv_b, router, norms, LM head stay bf16).
+ModelBytes CountBytes(const ModelConfig& c, DType state_dtype, bool fp8) {
   ModelBytes b;
-  const double h = c.hidden_size, two = 2.0;
+  const double h = c.hidden_size, two = 2.0, proj = fp8 ? 1.0 : 2.0;
   const LinearAttentionConfig& la = c.linear;
   const MlaConfig& m = c.mla;
   const bool mla = m.kv_lora_rank > 0;
@@ -214,9 +217,8 @@ ModelBytes CountBytes(const ModelConfig& c, DType state_dtype) {
       const double heads = c.num_attention_heads;
       const double q = m.q_lora_rank > 0 ? m.q_lora_rank * h + heads * m.qk_head_dim() * m.q_lora_rank
                                          : heads * m.qk_head_dim() * h;
-      b.dense_per_layer_total += two * (q + (m.kv_lora_rank + m.qk_rope_head_dim) * h +
-                                        heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank +
-                                        h * heads * m.v_head_dim);
+      b.dense_per_layer_total += proj * (q + (m.kv_lora_rank + m.qk_rope_head_dim) * h + h * heads * m.v_head_dim) +
+                                 two * heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank;
       b.kv_per_token_all_layers += two * (m.kv_lora_rank + m.qk_rope_head_dim);  // the latent, K and V at once
     } else {
       const double q_rows = c.q_size() * (c.attention_output_gate ? 2.0 : 1.0);
@@ -227,12 +229,12 @@ ModelBytes CountBytes(const ModelConfig& c, DType state_dtype) {
     if (c.is_moe_layer(l)) {
       ++b.moe_layers;
       const double shared = c.shared_expert_intermediate_size + static_cast<double>(c.moe_intermediate_size) * c.num_shared_experts;
-      b.dense_per_layer_total += two * (3.0 * shared * h + (c.shared_expert_intermediate_size > 0 ? h : 0.0));
+      b.dense_per_layer_total += proj * 3.0 * shared * h + two * (c.shared_expert_intermediate_size > 0 ? h : 0.0);
     } else {
-      b.dense_per_layer_total += two * 3.0 * c.intermediate_size * h;
+      b.dense_per_layer_total += proj * 3.0 * c.intermediate_size * h;
     }
   }
-  b.expert = two * 3.0 * c.moe_intermediate_size * h;
+  b.expert = proj * 3.0 * c.moe_intermediate_size * h;
   b.router = two * c.num_experts * h;
   b.lm_head = two * c.vocab_size * h + two * h;
   return b;
@@ -335,7 +337,9 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   Flags flags(std::string("bench ") + name, summary);
   flags.String("model", &o->model, "Hugging Face checkpoint directory");
   flags.String("config", &o->config, "config.json of the shape to measure (with --random-weights)");
-  flags.Bool("random-weights", &o->random_weights, "random bf16 weights of --config's shape, no checkpoint");
+  flags.Bool("random-weights", &o->random_weights,
+             "random weights of --config's shape, no checkpoint (bf16; DeepSeek's projections block-scaled FP8 "
+             "for an fp8 config under COROLLA_FP8=native)");
   flags.String("device", &o->device, "cpu or cuda");
   flags.String("batch", &o->batch, "sequences in the batch (a comma-separated list measures each)");
   flags.String("context", &o->context,
@@ -468,7 +472,8 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   }
 #endif
 
-  const ModelBytes mb = CountBytes(c, o.state_dtype);
+  const Result<bool> native_fp8 = NativeFp8Requested(backend);
+  const ModelBytes mb = CountBytes(c, o.state_dtype, c.quant.method == "fp8" && native_fp8.ok() && *native_fp8);
   // Distinct experts a step reads per MoE layer, expected under uniform routing of B tokens
   // (DP-EP: of all ranks' tokens, over this rank's share of the experts).
   const double e = c.num_experts, k = c.num_experts_per_token;

@@ -35,7 +35,7 @@ void ModelOptions::Declare(Flags& flags) {
   flags.String("fp8", &fp8,
                "FP8 checkpoints (DeepSeek-V3): dequant (weights dequantised to bf16 at load; default) or "
                "native (block-scaled FP8 GEMMs for the dense projections, activations quantised per "
-               "1x128; routed experts stay bf16)");
+               "1x128; routed experts FP8 too where the backend has FP8 experts)");
 }
 
 Result<DType> ParseLinearStateDtype(const std::string& name) {

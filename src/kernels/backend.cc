@@ -35,6 +35,10 @@ void Backend::SigmoidMul(const TensorView&, const TensorView&) { Missing(*this, 
 void Backend::LinearFp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
   Missing(*this, "LinearFp8");
 }
+void Backend::MoeExpertsFp8(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                            const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
+  Missing(*this, "MoeExpertsFp8");
+}
 void Backend::CausalConv1d(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                            const AttentionBatch&, const TensorView&) {
   Missing(*this, "CausalConv1d");

@@ -247,7 +247,7 @@ class Backend {
   // launch instead of two).
   virtual void MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                          const TensorView& topk_ids, const TensorView& topk_weights);
-  // --- side stream (last in the class: new virtuals go at the end) -----------------------
+  // --- side stream (new virtuals go at the end of the class) ------------------------------
   // Work that may run beside the main stream (DP-EP: the shared expert while the tokens are
   // exchanged). RunOnSideStream enqueues what fn() enqueues on a second stream, ordered after
   // everything enqueued before the call; the ops after it go to the main stream again, which
@@ -259,6 +259,29 @@ class Backend {
   // runs fn() in place and joins nothing: the same ops in the same order.
   virtual void RunOnSideStream(const std::function<void()>& fn) { fn(); }
   virtual void JoinSideStream() {}
+  // --- FP8 routed experts (after the side stream: new virtuals go at the end) ------------------
+  // MoeExperts with block-scaled e4m3 weights (DeepSeek-V3 checkpoints): W = w * scale by
+  // 128 x 128 block of each expert's matrix.
+  //   w_gate_up [E, 2I, H] e4m3 (gate rows first), gu_scale [E, 2 ceil(I/128), ceil(H/128)] f32:
+  //     scale rows [0, ceil(I/128)) are the gate's blocks, then the up's (so an I that is not a
+  //     multiple of 128 keeps each half's own blocks, as the checkpoint stores them);
+  //   w_down [E, H, I] e4m3, d_scale [E, ceil(H/128), ceil(I/128)] f32; all contiguous.
+  // x, out, topk_ids, topk_weights and the skipping of ids outside [0, E) as MoeExperts.
+  // Activation math, per regime (what the CPU twin cpu::MoeExpertsFp8 reproduces with its
+  // quantize_activations flag):
+  //   weight-only (CUDA for few (token, expert) pairs, the CPU backend always): activations
+  //     stay bf16/f32, times w * scale, f32 accumulation (= MoeExperts of the dequantised W);
+  //   quantised (CUDA grouped path): x and the SiLU-mul output (rounded to bf16 first) are
+  //     quantised per row and group of 128 columns as LinearFp8 does (sx = max(amax,
+  //     kFp8MinAmax) / 448), e4m3 x e4m3 products, per 128-wide k block sum * sx * scale in f32.
+  // Backends without it answer false to supports_moe_fp8 (the default); a model dequantises.
+  virtual bool supports_moe_fp8(int64_t hidden, int64_t inter) const {
+    (void)hidden, (void)inter;
+    return false;
+  }
+  virtual void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                             const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                             const TensorView& d_scale, const TensorView& out);
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

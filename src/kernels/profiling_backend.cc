@@ -99,6 +99,12 @@ void ProfilingBackend::LinearFp8(const TensorView& x, const TensorView& w, const
   Mark("LinearFp8 " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)));
   inner_->LinearFp8(x, w, w_scale, out);
 }
+void ProfilingBackend::MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                                     const TensorView& w_gate_up, const TensorView& gu_scale,
+                                     const TensorView& w_down, const TensorView& d_scale, const TensorView& out) {
+  Mark("MoeExpertsFp8");
+  inner_->MoeExpertsFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out);
+}
 void ProfilingBackend::BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // w [B, N, K]: B projections of K -> N (MLA's absorbed per-head GEMMs).
   Mark("BatchedLinear " + std::to_string(w.dim(0)) + "x " + std::to_string(w.dim(2)) + "->" +

@@ -78,6 +78,12 @@ class ProfilingBackend final : public Backend {
   bool supports_linear_attention() const override { return inner_->supports_linear_attention(); }
   bool supports_linear_fp8(int64_t n, int64_t k) const override { return inner_->supports_linear_fp8(n, k); }
   void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale, const TensorView& out) override;
+  bool supports_moe_fp8(int64_t hidden, int64_t inter) const override {
+    return inner_->supports_moe_fp8(hidden, inter);
+  }
+  void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                     const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                     const TensorView& d_scale, const TensorView& out) override;
   void SigmoidMul(const TensorView& x, const TensorView& gate) override;
   void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
                     const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override;

@@ -40,7 +40,8 @@ struct LayerWeights {
   FfnWeights dense;     // when !is_moe
   Tensor router;        // [E, H] (every rank routes every token)
   Tensor router_bias;   // [E] f32 (e_score_correction_bias)
-  Tensor experts_gate_up, experts_down;  // [El, 2I, H], [El, H, I]: this rank's experts
+  Tensor experts_gate_up, experts_down;  // [El, 2I, H], [El, H, I]: this rank's experts (bf16)
+  ExpertsFp8 experts_fp8;                // or the same kept FP8 (native FP8 on a backend that takes them)
   FfnWeights shared;    // when num_shared_experts > 0
 };
 
@@ -83,6 +84,9 @@ class DeepseekV3Model final : public Model {
   void DecompressedAttention(const MlaWeights& w, const TensorView& q, const ForwardBatch& batch,
                              const KvCacheView& cache, const TensorView& out);
   void Moe(const LayerWeights& lw, const TensorView& x, const TensorView& out);
+  // MoeExperts over this rank's experts (local ids in topk_ids), bf16 or FP8 as they were loaded.
+  void RoutedExperts(const LayerWeights& lw, const TensorView& x, const TensorView& topk_ids,
+                     const TensorView& topk_weights, const TensorView& out);
   // DP-EP: this rank's tokens x [T, H] go to the ranks of their experts (topk_ids global) and
   // their routed outputs come back summed into out [T, H]; T may be 0.
   void ExpertsOverRanks(const LayerWeights& lw, const TensorView& x, const TensorView& topk_ids,
@@ -230,10 +234,14 @@ Status DeepseekV3Model::LoadLayer(WeightLoader& w, const std::string& p, bool is
     lw.router_bias = backend_.Empty(DType::kF32, {e});
     backend_.CopyFromHost(bias.view().data, lw.router_bias);
   }
-  ASSIGN_OR_RETURN(lw.experts_gate_up, w.LoadExpertsGateUp(f + "experts.", e, inter, c.hidden_size, first_expert_,
-                                                           num_local_experts_));
-  ASSIGN_OR_RETURN(lw.experts_down, w.LoadExpertsDown(f + "experts.", e, inter, c.hidden_size, first_expert_,
-                                                      num_local_experts_));
+  ASSIGN_OR_RETURN(const bool fp8_experts, w.LoadExpertsFp8(f + "experts.", e, inter, c.hidden_size, first_expert_,
+                                                             num_local_experts_, &lw.experts_fp8));
+  if (!fp8_experts) {
+    ASSIGN_OR_RETURN(lw.experts_gate_up, w.LoadExpertsGateUp(f + "experts.", e, inter, c.hidden_size, first_expert_,
+                                                             num_local_experts_));
+    ASSIGN_OR_RETURN(lw.experts_down, w.LoadExpertsDown(f + "experts.", e, inter, c.hidden_size, first_expert_,
+                                                        num_local_experts_));
+  }
   if (c.num_shared_experts > 0)
     RETURN_IF_ERROR(LoadFfn(w, f + "shared_experts.", static_cast<int64_t>(inter) * c.num_shared_experts, &lw.shared));
   return Status::Ok();
@@ -357,7 +365,7 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
   } else {
     // TP-EP: every rank routes all tokens and runs the pairs of its own experts.
     if (shard_.ep_size > 1) ToLocalExpertIds(backend_, topk_ids, first_expert_);
-    backend_.MoeExperts(x, topk_ids, topk_weights, lw.experts_gate_up, lw.experts_down, out);
+    RoutedExperts(lw, x, topk_ids, topk_weights, out);
   }
   if (c.num_shared_experts > 0) {
     // TP: this rank's columns of the shared experts. DP-EP: all of them (--tp 1) or this TP
@@ -375,12 +383,21 @@ void DeepseekV3Model::Moe(const LayerWeights& lw, const TensorView& x, const Ten
   AllReduce(ep_exchange_ ? shard_.tp : shard_.ep, out);
 }
 
+void DeepseekV3Model::RoutedExperts(const LayerWeights& lw, const TensorView& x, const TensorView& topk_ids,
+                                    const TensorView& topk_weights, const TensorView& out) {
+  const ExpertsFp8& f = lw.experts_fp8;
+  if (f.loaded())
+    backend_.MoeExpertsFp8(x, topk_ids, topk_weights, f.gate_up, f.gate_up_scale, f.down, f.down_scale, out);
+  else
+    backend_.MoeExperts(x, topk_ids, topk_weights, lw.experts_gate_up, lw.experts_down, out);
+}
+
 void DeepseekV3Model::ExpertsOverRanks(const LayerWeights& lw, const TensorView& x, const TensorView& topk_ids,
                                        const TensorView& topk_weights, const TensorView& out) {
   ExpertInputs in = ep_exchange_->Dispatch(x, topk_ids, topk_weights);  // [R, H], [R, K] local ids
   Tensor expert_out = backend_.Empty(backend_.activation_dtype(), {in.rows(), config_.hidden_size});  // [R, H]
   if (in.rows() > 0)
-    backend_.MoeExperts(in.x, in.topk_ids, in.topk_weights, lw.experts_gate_up, lw.experts_down, expert_out);
+    RoutedExperts(lw, in.x, in.topk_ids, in.topk_weights, expert_out);
   ep_exchange_->Combine(expert_out, out);
 }
 

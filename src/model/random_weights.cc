@@ -9,6 +9,7 @@
 #include "model/deepseek_v3.h"
 #include "model/qwen3.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 
 namespace corolla {
 namespace {
@@ -68,8 +69,9 @@ std::vector<std::pair<std::string, Shape>> Qwen3Tensors(const ModelConfig& c) {
   return t;
 }
 
-// The same for DeepSeek-V3 (bf16: the CUDA path dequantises FP8 checkpoints at load anyway).
-std::vector<std::pair<std::string, Shape>> DeepseekTensors(const ModelConfig& c) {
+// The same for DeepSeek-V3. per_expert: routed experts as `experts.E.{gate,up,down}_proj.weight`
+// (an FP8 checkpoint's layout), else fused [E, ...] tensors.
+std::vector<std::pair<std::string, Shape>> DeepseekTensors(const ModelConfig& c, bool per_expert) {
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
   const MlaConfig& m = c.mla;
   const std::string& root = c.weight_prefix;
@@ -96,8 +98,17 @@ std::vector<std::pair<std::string, Shape>> DeepseekTensors(const ModelConfig& c)
       const int64_t e = c.num_experts, inter = c.moe_intermediate_size, si = inter * c.num_shared_experts;
       t.push_back({f + "gate.weight", {e, h}});
       t.push_back({f + "gate.e_score_correction_bias", {e}});
-      t.push_back({f + "experts.gate_up_proj", {e, 2 * inter, h}});
-      t.push_back({f + "experts.down_proj", {e, h, inter}});
+      if (per_expert) {
+        for (int64_t x = 0; x < e; ++x) {
+          const std::string ex = f + "experts." + std::to_string(x) + ".";
+          t.push_back({ex + "gate_proj.weight", {inter, h}});
+          t.push_back({ex + "up_proj.weight", {inter, h}});
+          t.push_back({ex + "down_proj.weight", {h, inter}});
+        }
+      } else {
+        t.push_back({f + "experts.gate_up_proj", {e, 2 * inter, h}});
+        t.push_back({f + "experts.down_proj", {e, h, inter}});
+      }
       if (si > 0) {
         t.push_back({f + "shared_experts.gate_proj.weight", {si, h}});
         t.push_back({f + "shared_experts.up_proj.weight", {si, h}});
@@ -113,13 +124,29 @@ std::vector<std::pair<std::string, Shape>> DeepseekTensors(const ModelConfig& c)
 }
 
 bool IsNorm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+// The projections a DeepSeek-V3 FP8 checkpoint stores block-scaled (not the embedding, LM head,
+// norms or router).
+bool IsFp8Projection(const std::string& name) {
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with("_proj.weight") || ends_with("_proj_with_mqa.weight");
+}
 
 }  // namespace
 
 Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backend& backend, uint64_t seed,
                                                const ModelShard& shard) {
   const bool deepseek = config.family == ModelFamily::kDeepseekV3;
-  const auto tensors = deepseek ? DeepseekTensors(config) : Qwen3Tensors(config);
+  // DeepSeek with an FP8 quantization_config and native FP8 requested: the projections in
+  // block-scaled e4m3 (values U(-448, 448), scales ~ std 0.02 / 258.6, so the weights keep std
+  // ~0.02) as a checkpoint holds them, so the native paths run. Otherwise bf16 (what dequant
+  // would hold after the load anyway).
+  bool fp8 = false;
+  if (deepseek && config.quant.method == "fp8") {
+    ASSIGN_OR_RETURN(fp8, NativeFp8Requested(backend));
+  }
+  const auto tensors = deepseek ? DeepseekTensors(config, fp8) : Qwen3Tensors(config);
   int64_t largest = 0;
   for (const auto& [name, shape] : tensors) largest = std::max(largest, shape.numel());
   // One buffer of uniform values with std 0.02 (checkpoint-like), and one of norm weights in
@@ -136,8 +163,31 @@ Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backen
   const float half_width = 0.02f * 1.7320508f;
   for (bf16& v : values) v = ToBf16((2.0f * next() - 1.0f) * half_width);
   for (bf16& v : norms) v = ToBf16(0.9f + 0.2f * next());
+  std::vector<uint8_t> fp8_values;
+  std::vector<float> fp8_scales;
+  if (fp8) {
+    int64_t largest_fp8 = 0;
+    for (const auto& [name, shape] : tensors)
+      if (IsFp8Projection(name)) largest_fp8 = std::max(largest_fp8, shape.numel());
+    fp8_values.resize(largest_fp8 + kSlack);
+    fp8_scales.resize(kSlack);
+    for (uint8_t& v : fp8_values) v = ToFp8e4m3((2.0f * next() - 1.0f) * kFp8Max).bits;
+    const float scale = 0.02f / (kFp8Max / 1.7320508f);  // std of U(-448, 448) is 448 / sqrt(3)
+    for (float& v : fp8_scales) v = scale * (0.9f + 0.2f * next());
+  }
   std::vector<std::pair<std::string, TensorView>> views;
   for (const auto& [name, shape] : tensors) {
+    if (fp8 && IsFp8Projection(name)) {
+      const int64_t room = static_cast<int64_t>(fp8_values.size()) - shape.numel();
+      const int64_t offset = static_cast<int64_t>(next() * static_cast<float>(room)) & ~int64_t{15};
+      views.push_back({name, TensorView(fp8_values.data() + offset, DType::kF8E4M3, shape, Device::kCpu, 0)});
+      const Shape scale_shape{(shape[0] + kFp8Block - 1) / kFp8Block, (shape[1] + kFp8Block - 1) / kFp8Block};
+      const int64_t scale_room = static_cast<int64_t>(fp8_scales.size()) - scale_shape.numel();
+      const int64_t scale_offset = static_cast<int64_t>(next() * static_cast<float>(scale_room));
+      views.push_back({name + "_scale_inv",
+                       TensorView(fp8_scales.data() + scale_offset, DType::kF32, scale_shape, Device::kCpu, 0)});
+      continue;
+    }
     const bool norm = IsNorm(name);
     std::vector<bf16>& buf = norm ? norms : values;
     const int64_t room = static_cast<int64_t>(buf.size()) - shape.numel();
@@ -148,7 +198,7 @@ Result<std::unique_ptr<Model>> LoadModelRandom(const ModelConfig& config, Backen
   if (deepseek) {
     ModelConfig c = config;
     c.num_nextn_predict_layers = 0;  // no MTP weights here
-    c.quant = QuantConfig{};         // bf16 weights (what the CUDA path holds after dequantising)
+    if (!fp8) c.quant = QuantConfig{};  // bf16 weights (what dequantising at load would hold)
     return LoadDeepseekV3(c, *checkpoint, backend, shard);
   }
   return LoadQwen3(config, *checkpoint, backend, shard);

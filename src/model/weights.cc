@@ -110,10 +110,10 @@ Result<Tensor> WeightLoader::LoadConcat(const std::vector<std::string>& names,
 
 Result<bool> NativeFp8Requested(const Backend& backend) {
   const char* v = std::getenv("COROLLA_FP8");
-  // Default dequant everywhere: native FP8 covers the dense projections only (the routed
-  // experts stay bf16 until a grouped FP8 GEMM exists), and at decode sizes its quantise +
-  // GEMM launches are no faster than bf16 (docs/benchmarks/deepseek.md); prefill-sized GEMMs
-  // run at 66-90% of the FP8 peak with --fp8 native.
+  // Default dequant everywhere: at decode sizes the dense projections' quantise + GEMM launches
+  // were no faster than bf16 (docs/benchmarks/deepseek.md); prefill-sized GEMMs run at 66-90%
+  // of the FP8 peak with --fp8 native, which also keeps the routed experts FP8
+  // (Backend::MoeExpertsFp8) where the backend takes them.
   if (v == nullptr || *v == '\0') return false;
   if (std::string(v) == "native") return true;
   if (std::string(v) == "dequant") return false;
@@ -308,6 +308,69 @@ Result<Tensor> WeightLoader::LoadExpertsDown(const std::string& prefix, int num_
   Tensor t = backend_.LoadWeightConcat(views).Reshaped({num_local, hidden, inter});
   scratch_.clear();
   return t;
+}
+
+Result<bool> WeightLoader::LoadExpertsFp8(const std::string& prefix, int num_experts, int inter, int hidden,
+                                          int first_expert, int num_local, ExpertsFp8* out) {
+  if (num_local < 0) num_local = num_experts - first_expert;
+  COROLLA_CHECK(first_expert >= 0 && first_expert + num_local <= num_experts);
+  if (!native_fp8_ || num_local == 0) return false;
+  const char* kParts[] = {"gate_proj", "up_proj", "down_proj"};
+  // FP8 with scales, per expert (the first local expert decides; each is checked below).
+  const std::string first = prefix + std::to_string(first_expert) + ".";
+  for (const char* part : kParts) {
+    Result<TensorView> v = checkpoint_.Get(first + part + ".weight");
+    if (!v.ok() || v->dtype != DType::kF8E4M3 || !checkpoint_.Has(first + part + ".weight_scale_inv")) return false;
+  }
+  auto no = [&](const std::string& reason) -> Result<bool> {
+    dequantised_fp8_.push_back(prefix + "* (" + reason + ")");
+    return false;
+  };
+  if (fp8_block_rows_ != kFp8Block || fp8_block_cols_ != kFp8Block) return no("scale blocks are not 128 x 128");
+  if (!backend_.supports_moe_fp8(hidden, inter))
+    return no("the " + backend_.name() + " backend's FP8 experts do not take H " + std::to_string(hidden) + ", I " +
+              std::to_string(inter));
+  const int64_t h = hidden, i = inter, hb = (h + kFp8Block - 1) / kFp8Block, ib = (i + kFp8Block - 1) / kFp8Block;
+  const int64_t el = num_local;
+  out->gate_up = backend_.Empty(DType::kF8E4M3, {el, 2 * i, h});
+  out->down = backend_.Empty(DType::kF8E4M3, {el, h, i});
+  Tensor gus = Tensor::Empty(DType::kF32, {el, 2 * ib, hb}), ds = Tensor::Empty(DType::kF32, {el, hb, ib});
+  // One e4m3 matrix (checked) straight from the file into `dst`, its scales into `scale_dst`.
+  auto take = [&](const std::string& name, const Shape& shape, const TensorView& dst, float* scale_dst) -> Status {
+    ASSIGN_OR_RETURN(TensorView w, checkpoint_.Get(name));
+    ASSIGN_OR_RETURN(TensorView scale, checkpoint_.Get(name + "_scale_inv"));
+    const Shape scale_shape{(shape[0] + kFp8Block - 1) / kFp8Block, (shape[1] + kFp8Block - 1) / kFp8Block};
+    if (w.dtype != DType::kF8E4M3 || w.shape != shape || !w.is_contiguous())
+      return InvalidArgument("tensor " + name + ": expected " + shape.ToString() + " f8_e4m3, got " + w.ToString());
+    if (scale.dtype != DType::kF32 || scale.shape != scale_shape || !scale.is_contiguous())
+      return InvalidArgument("tensor " + name + "_scale_inv: expected " + scale_shape.ToString() + " f32, got " +
+                             scale.ToString());
+    used_.insert(name);
+    used_.insert(name + "_scale_inv");
+    backend_.CopyFromHost(w.data, dst);
+    std::memcpy(scale_dst, scale.data, scale_shape.numel() * sizeof(float));
+    return Status::Ok();
+  };
+  for (int e = 0; e < num_experts; ++e) {
+    const std::string p = prefix + std::to_string(e) + ".";
+    if (e < first_expert || e >= first_expert + num_local) {
+      for (const char* part : kParts) MarkUsed(p + part + ".weight");
+      continue;
+    }
+    const int64_t l = e - first_expert;
+    const TensorView gu = out->gate_up.view().Index(l);  // [2I, H]: gate rows, then up rows
+    RETURN_IF_ERROR(take(p + "gate_proj.weight", {i, h}, gu.Slice(0, i), gus.ptr<float>() + l * 2 * ib * hb));
+    RETURN_IF_ERROR(
+        take(p + "up_proj.weight", {i, h}, gu.Slice(i, 2 * i), gus.ptr<float>() + (l * 2 * ib + ib) * hb));
+    RETURN_IF_ERROR(take(p + "down_proj.weight", {h, i}, out->down.view().Index(l), ds.ptr<float>() + l * hb * ib));
+  }
+  out->gate_up_scale = backend_.Empty(DType::kF32, gus.shape());
+  backend_.CopyFromHost(gus.view().data, out->gate_up_scale);
+  out->down_scale = backend_.Empty(DType::kF32, ds.shape());
+  backend_.CopyFromHost(ds.view().data, out->down_scale);
+  backend_.Synchronize();  // the host scale buffers die here
+  num_native_fp8_ += 3 * num_local;
+  return true;
 }
 
 Status WeightLoader::CheckAllUsed(const std::function<bool(const std::string&)>& ignore) const {

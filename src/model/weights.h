@@ -56,6 +56,13 @@ void RunLinear(Backend& backend, const TensorView& x, const LinearWeight& w, con
 // the CPU (whose float32 forward of the dequantised weights is what the goldens are).
 Result<bool> NativeFp8Requested(const Backend& backend);
 
+// A rank's routed experts kept block-scaled FP8 (Backend::MoeExpertsFp8's layouts).
+struct ExpertsFp8 {
+  Tensor gate_up, gate_up_scale;  // [El, 2I, H] e4m3; [El, 2 ceil(I/128), ceil(H/128)] f32 (gate's blocks, then up's)
+  Tensor down, down_scale;        // [El, H, I] e4m3; [El, ceil(H/128), ceil(I/128)] f32
+  bool loaded() const { return gate_up.view().rank() == 3; }
+};
+
 class WeightLoader {
  public:
   WeightLoader(const Checkpoint& checkpoint, Backend& backend)
@@ -99,6 +106,15 @@ class WeightLoader {
                                    int first_expert = 0, int num_local = -1);
   Result<Tensor> LoadExpertsDown(const std::string& prefix, int num_experts, int inter, int hidden,
                                  int first_expert = 0, int num_local = -1);
+
+  // The same experts kept FP8 when native FP8 is on, the checkpoint stores them per expert as
+  // block-scaled e4m3 (`E.gate_proj.weight` + `_scale_inv`, ...) in 128 x 128 blocks, and the
+  // backend takes the shape (supports_moe_fp8): fills *out and answers true. Otherwise loads
+  // nothing and answers false (the caller loads bf16 through LoadExperts*; why, when the
+  // experts are FP8, is added to dequantised_fp8()). Expert ranges as LoadExperts*: whole
+  // experts, so no scale block is cut.
+  Result<bool> LoadExpertsFp8(const std::string& prefix, int num_experts, int inter, int hidden, int first_expert,
+                              int num_local, ExpertsFp8* out);
 
   // Error listing checkpoint tensors never loaded, except those `ignore` accepts.
   Status CheckAllUsed(const std::function<bool(const std::string&)>& ignore) const;

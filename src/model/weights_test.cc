@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "base/numeric.h"
@@ -179,6 +180,80 @@ TEST_F(Fp8Shard, LoadLinearDequantisesWhenNativeIsOff) {
   EXPECT_FALSE(w->is_fp8());
   EXPECT_TRUE(loader.dequantised_fp8().empty());
   EXPECT_EQ(MaxError(w->dense, {}), 0.0);
+}
+
+// Routed experts kept FP8 (LoadExpertsFp8): per-expert e4m3 gate/up/down with their own scale
+// blocks (I 192: a partial block in each half), an expert-parallel range of 2 of 4 experts;
+// Backend::MoeExpertsFp8 on them equals MoeExperts on the dequantised load.
+TEST(Fp8Experts, LoadExpertsFp8KeepsTheRankExpertsFp8) {
+  constexpr int64_t kExperts = 4, kInter = 192, kHidden = 256, kIb = 2, kHb = 2;
+  std::mt19937 rng(3);
+  std::vector<Tensor> tensors;
+  std::vector<std::pair<std::string, TensorView>> views;
+  auto add = [&](const std::string& name, int64_t rows, int64_t cols) {
+    Tensor w = Tensor::Empty(DType::kF8E4M3, {rows, cols});
+    for (int64_t i = 0; i < w.numel(); ++i) w.ptr<uint8_t>()[i] = ToFp8e4m3(std::uniform_real_distribution<float>(-4, 4)(rng)).bits;
+    Tensor s = Tensor::Empty(DType::kF32, {(rows + 127) / 128, (cols + 127) / 128});
+    for (int64_t i = 0; i < s.numel(); ++i) s.ptr<float>()[i] = std::uniform_real_distribution<float>(0.01f, 0.02f)(rng);
+    views.push_back({name, w.view()});
+    views.push_back({name + "_scale_inv", s.view()});
+    tensors.push_back(w);
+    tensors.push_back(s);
+  };
+  for (int e = 0; e < kExperts; ++e) {
+    const std::string p = "experts." + std::to_string(e) + ".";
+    add(p + "gate_proj.weight", kInter, kHidden);
+    add(p + "up_proj.weight", kInter, kHidden);
+    add(p + "down_proj.weight", kHidden, kInter);
+  }
+  auto checkpoint = Checkpoint::FromViews("<fp8 experts test>", views);
+  auto cpu = MakeCpuBackend();
+  {
+    WeightLoader off(*checkpoint, *cpu);  // native FP8 off: nothing loaded
+    ExpertsFp8 none;
+    auto r = off.LoadExpertsFp8("experts.", kExperts, kInter, kHidden, 1, 2, &none);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(*r);
+    EXPECT_FALSE(none.loaded());
+  }
+  WeightLoader loader(*checkpoint, *cpu);
+  loader.set_native_fp8(true);
+  ExpertsFp8 fp8;
+  auto r = loader.LoadExpertsFp8("experts.", kExperts, kInter, kHidden, 1, 2, &fp8);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(*r);
+  EXPECT_TRUE(loader.CheckAllUsed([](const std::string&) { return false; }).ok());
+  EXPECT_EQ(loader.num_native_fp8(), 6);
+  EXPECT_EQ(fp8.gate_up.view().shape, (Shape{2, 2 * kInter, kHidden}));
+  EXPECT_EQ(fp8.gate_up_scale.view().shape, (Shape{2, 2 * kIb, kHb}));
+  EXPECT_EQ(fp8.down.view().shape, (Shape{2, kHidden, kInter}));
+  EXPECT_EQ(fp8.down_scale.view().shape, (Shape{2, kHb, kIb}));
+  // Expert 2 (local 1): its up rows and up scales follow its gate's.
+  const TensorView up = checkpoint->Get("experts.2.up_proj.weight").value();
+  const TensorView up_scale = checkpoint->Get("experts.2.up_proj.weight_scale_inv").value();
+  EXPECT_EQ(std::memcmp(fp8.gate_up.ptr<uint8_t>() + (2 * kInter + kInter) * kHidden, up.data, kInter * kHidden), 0);
+  EXPECT_EQ(fp8.gate_up_scale.ptr<float>()[(2 * kIb + kIb) * kHb + 1], up_scale.ptr<float>()[1]);
+
+  WeightLoader dense_loader(*checkpoint, *cpu);
+  Tensor gate_up = dense_loader.LoadExpertsGateUp("experts.", kExperts, kInter, kHidden, 1, 2).value();
+  Tensor down = dense_loader.LoadExpertsDown("experts.", kExperts, kInter, kHidden, 1, 2).value();
+  const int64_t tokens = 5, k = 2;
+  Tensor x = Tensor::Empty(DType::kF32, {tokens, kHidden});
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = std::uniform_real_distribution<float>(-1, 1)(rng);
+  Tensor ids = Tensor::Empty(DType::kI32, {tokens, k}), weights = Tensor::Empty(DType::kF32, {tokens, k});
+  const int32_t id_list[] = {0, 1, 1, -1, 0, 0, 1, 0, 2, 1};
+  for (int64_t i = 0; i < tokens * k; ++i) ids.ptr<int32_t>()[i] = id_list[i], weights.ptr<float>()[i] = 0.5f;
+  Tensor want = Tensor::Empty(DType::kF32, {tokens, kHidden}), got = Tensor::Empty(DType::kF32, {tokens, kHidden});
+  cpu->MoeExperts(x, ids, weights, gate_up, down, want);
+  ASSERT_TRUE(cpu->supports_moe_fp8(kHidden, kInter));
+  cpu->MoeExpertsFp8(x, ids, weights, fp8.gate_up, fp8.gate_up_scale, fp8.down, fp8.down_scale, got);
+  double err = 0, scale = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(got.ptr<float>()[i] - want.ptr<float>()[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(want.ptr<float>()[i])));
+  }
+  EXPECT_GT(scale, 0.01);
+  EXPECT_LT(err / scale, 1e-5);
 }
 
 }  // namespace

@@ -116,6 +116,12 @@ class CpuBackend final : public Backend {
                   const TensorView& out) override {
     cpu::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
   }
+  bool supports_moe_fp8(int64_t, int64_t) const override { return true; }
+  void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                     const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                     const TensorView& d_scale, const TensorView& out) override {
+    cpu::MoeExpertsFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out);
+  }
   bool supports_linear_attention() const override { return true; }
   bool supports_linear_fp8(int64_t, int64_t) const override { return true; }
   void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "base/numeric.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/ops.h"
 
@@ -117,6 +118,92 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
     for (int64_t i = 0; i < n; ++i) {
       int64_t t = routed[e][i] / k, s = routed[e][i] % k;
       float weight = topk_weights.ptr<float>()[t * topk_weights.strides[0] + s];
+      float* o = out.ptr<float>() + t * out.strides[0];
+      const float* y = ye.ptr<float>() + i * hidden;
+      for (int64_t j = 0; j < hidden; ++j) o[j] += weight * y[j];
+    }
+  }
+}
+
+void DequantizeFp8Blocks(const uint8_t* w, const float* scale, int64_t n, int64_t k, float* out) {
+  float lut[256];
+  for (int b = 0; b < 256; ++b) lut[b] = ToFloat(fp8e4m3::FromBits(static_cast<uint8_t>(b)));
+  const int64_t groups = (k + kFp8Block - 1) / kFp8Block;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* s = scale + (r / kFp8Block) * groups;
+    for (int64_t i = 0; i < k; ++i) out[r * k + i] = lut[w[r * k + i]] * s[i / kFp8Block];
+  }
+}
+
+namespace {
+// rows [N, K] f32 in place -> e4m3(rows / s) * s per row and group of 128 (QuantizeFp8Groups).
+void RoundThroughFp8(const TensorView& rows) {
+  const int64_t n = rows.dim(0), k = rows.dim(1), groups = (k + kFp8Block - 1) / kFp8Block;
+  std::vector<uint8_t> q(n * k);
+  std::vector<float> s(n * groups);
+  QuantizeFp8Groups(rows, q.data(), s.data());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i)
+      rows.ptr<float>()[r * k + i] = ToFloat(fp8e4m3::FromBits(q[r * k + i])) * s[r * groups + i / kFp8Block];
+}
+}  // namespace
+
+void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                   const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                   const TensorView& d_scale, const TensorView& out, bool quantize_activations) {
+  const int64_t tokens = x.dim(0), hidden = x.dim(1), k = topk_ids.dim(1);
+  const int64_t experts = w_gate_up.dim(0), inter = w_down.dim(2);
+  const int64_t h_blocks = (hidden + kFp8Block - 1) / kFp8Block, i_blocks = (inter + kFp8Block - 1) / kFp8Block;
+  COROLLA_CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32 && w_gate_up.dtype == DType::kF8E4M3 &&
+                w_down.dtype == DType::kF8E4M3 && gu_scale.dtype == DType::kF32 && d_scale.dtype == DType::kF32 &&
+                w_gate_up.is_contiguous() && w_down.is_contiguous() && gu_scale.is_contiguous() &&
+                d_scale.is_contiguous() && w_gate_up.dim(1) == 2 * inter && w_gate_up.dim(2) == hidden &&
+                w_down.dim(0) == experts && w_down.dim(1) == hidden && out.dim(0) == tokens && out.dim(1) == hidden &&
+                gu_scale.rank() == 3 && gu_scale.dim(0) == experts && gu_scale.dim(1) == 2 * i_blocks &&
+                gu_scale.dim(2) == h_blocks && d_scale.rank() == 3 && d_scale.dim(0) == experts &&
+                d_scale.dim(1) == h_blocks && d_scale.dim(2) == i_blocks)
+      << "moe fp8 x " << x.ToString() << " gate_up " << w_gate_up.ToString() << " gu_scale " << gu_scale.ToString()
+      << " down " << w_down.ToString() << " d_scale " << d_scale.ToString() << " out " << out.ToString();
+
+  std::vector<std::vector<int64_t>> routed(experts);
+  const int32_t* ids = topk_ids.ptr<int32_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t e = ids[t * topk_ids.strides[0] + s];
+      if (e >= 0 && e < experts) routed[e].push_back(t * k + s);
+    }
+  for (int64_t t = 0; t < tokens; ++t) std::fill_n(out.ptr<float>() + t * out.strides[0], hidden, 0.0f);
+
+  Tensor wgu = Tensor::Empty(DType::kF32, {2 * inter, hidden});
+  Tensor wd = Tensor::Empty(DType::kF32, {hidden, inter});
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t n = static_cast<int64_t>(routed[e].size());
+    if (n == 0) continue;
+    // Gate rows, then up rows, each half with its own scale blocks.
+    const uint8_t* gu = w_gate_up.ptr<uint8_t>() + e * 2 * inter * hidden;
+    const float* gus = gu_scale.ptr<float>() + e * 2 * i_blocks * h_blocks;
+    DequantizeFp8Blocks(gu, gus, inter, hidden, wgu.ptr<float>());
+    DequantizeFp8Blocks(gu + inter * hidden, gus + i_blocks * h_blocks, inter, hidden,
+                        wgu.ptr<float>() + inter * hidden);
+    DequantizeFp8Blocks(w_down.ptr<uint8_t>() + e * hidden * inter, d_scale.ptr<float>() + e * h_blocks * i_blocks,
+                        hidden, inter, wd.ptr<float>());
+    Tensor xe = Tensor::Empty(DType::kF32, {n, hidden});
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(x.ptr<float>() + (routed[e][i] / k) * x.strides[0], hidden, xe.ptr<float>() + i * hidden);
+    if (quantize_activations) RoundThroughFp8(xe);
+    Tensor gate_up = Tensor::Empty(DType::kF32, {n, 2 * inter});
+    Tensor act = Tensor::Empty(DType::kF32, {n, inter});
+    Tensor ye = Tensor::Empty(DType::kF32, {n, hidden});
+    Linear(xe, wgu, gate_up);
+    SiluMul(gate_up, act);
+    if (quantize_activations) {  // as CUDA: act is written bf16 (the activation dtype), then quantised
+      for (int64_t i = 0; i < n * inter; ++i) act.ptr<float>()[i] = ToFloat(ToBf16(act.ptr<float>()[i]));
+      RoundThroughFp8(act);
+    }
+    Linear(act, wd, ye);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = routed[e][i] / k, s = routed[e][i] % k;
+      const float weight = topk_weights.ptr<float>()[t * topk_weights.strides[0] + s];
       float* o = out.ptr<float>() + t * out.strides[0];
       const float* y = ye.ptr<float>() + i * hidden;
       for (int64_t j = 0; j < hidden; ++j) o[j] += weight * y[j];

@@ -35,6 +35,17 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
               const TensorView& topk_ids, const TensorView& topk_weights);
 void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                 const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out);
+// Backend::MoeExpertsFp8 (layouts there): each used expert's weights dequantised to f32, then
+// MoeExperts' loop. quantize_activations: x and the SiLU-mul output are first rounded through
+// QuantizeFp8Groups (e4m3 times the group scale, the regime of CUDA's grouped FP8 GEMM; act
+// rounded to bf16 first, as CUDA writes it); else
+// they are used as they are (weight-only, the CPU backend's and CUDA's decode regime).
+void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                   const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                   const TensorView& d_scale, const TensorView& out, bool quantize_activations = false);
+// Dequantises one block-scaled e4m3 matrix w [N, K] with scales [ceil(N/128), ceil(K/128)]
+// (contiguous) into out [N, K] f32: out = w * scale of its 128 x 128 block.
+void DequantizeFp8Blocks(const uint8_t* w, const float* scale, int64_t n, int64_t k, float* out);
 
 // Gated DeltaNet and gated attention (linear_attention.cc).
 void SigmoidMul(const TensorView& x, const TensorView& gate);

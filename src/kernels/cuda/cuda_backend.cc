@@ -8,6 +8,7 @@
 #include "base/logging.h"
 #include "base/numeric.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/ops.h"
 
 namespace corolla {
@@ -321,6 +322,14 @@ void CudaBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids,
                              const TensorView& topk_weights, const TensorView& w_gate_up,
                              const TensorView& w_down, const TensorView& out) {
   cuda::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out, *alloc_, stream_);
+}
+bool CudaBackend::supports_moe_fp8(int64_t hidden, int64_t inter) const {
+  return cuda::MoeFp8Supports(hidden, inter);
+}
+void CudaBackend::MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                                const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                                const TensorView& d_scale, const TensorView& out) {
+  cuda::MoeExpertsFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out, *alloc_, stream_);
 }
 void CudaBackend::SigmoidMul(const TensorView& x, const TensorView& gate) { cuda::SigmoidMul(x, gate, stream_); }
 void CudaBackend::CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,

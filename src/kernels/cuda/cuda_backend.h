@@ -93,6 +93,11 @@ class CudaBackend final : public Backend {
   // cuBLASLt block scaling for the weights it takes (fp8_gemm.h); the SIMT kernel for the rest.
   bool supports_linear_fp8(int64_t n, int64_t k) const override { return Fp8Linear::LtTakes(n, k); }
   void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale, const TensorView& out) override;
+  // FP8 routed experts (moe_fp8.h): weight-only pair GEMVs for a few pairs, grouped FP8 GEMMs above.
+  bool supports_moe_fp8(int64_t hidden, int64_t inter) const override;
+  void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                     const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                     const TensorView& d_scale, const TensorView& out) override;
 
   cudaStream_t stream() const { return stream_; }
   Fp8Linear& fp8_linear() { return *fp8_linear_; }

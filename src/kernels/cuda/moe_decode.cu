@@ -3,6 +3,8 @@
 // Each warp streams a few weight rows with 16-byte loads, every lane holding its share of K;
 // the input row (x or the pair's activations) is read from global memory, where every warp of
 // the grid reading the same row keeps it in L1/L2.
+#include <cuda_fp8.h>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/ops.h"
@@ -270,6 +272,210 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
     LaunchPdl(PairDownSlotsKernel, dim3(tokens, CeilDiv(hidden, kSlotRows)), dim3(kSlotWarps * 32), 0, s, 1, p);
   else
     LaunchPdl(PairDownCombineKernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s, 1, p);
+}
+
+// ---- FP8 (block-scaled e4m3) weights ---------------------------------------------------------
+namespace {
+
+constexpr int kFp8Chunk = 16;  // e4m3 weights per 16-byte load
+constexpr int kFp8Group = 128;
+
+// 16 e4m3 (byte i = element i) -> f32, two at a time through half2 (exact: e4m3 fits f16).
+__device__ __forceinline__ void UnpackFp8x16(const uint4& v, float (&f)[kFp8Chunk]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> 16), __NV_E4M3);
+    const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+    f[4 * i] = a.x;
+    f[4 * i + 1] = a.y;
+    f[4 * i + 2] = b.x;
+    f[4 * i + 3] = b.y;
+  }
+}
+
+__device__ __forceinline__ uint4 LoadStreamingFp8(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+
+struct PairGemvFp8Params {
+  const bf16_t* x;
+  int64_t x_stride;
+  const int32_t* ids;
+  int64_t ids_stride;
+  const float* weights;
+  int64_t weights_stride;
+  const uint8_t* w_gate_up;  // [E, 2I, H] e4m3
+  const float* gu_scale;     // [E, 2 ceil(I/128), ceil(H/128)]
+  const uint8_t* w_down;     // [E, H, I] e4m3
+  const float* d_scale;      // [E, ceil(H/128), ceil(I/128)]
+  float* act;                // [T * k, I]
+  bf16_t* out;
+  int64_t out_stride;
+  int experts, top_k, hidden, inter, h_groups, i_groups;
+};
+
+__global__ void __launch_bounds__(kWarps * 32) PairGateUpFp8Kernel(const __grid_constant__ PairGemvFp8Params p) {
+  GridDependencyWait();
+  TriggerDependents();
+  const int pair = blockIdx.x;
+  const int t = pair / p.top_k, slot = pair % p.top_k;
+  const int e = p.ids[t * p.ids_stride + slot];
+  if (e < 0 || e >= p.experts) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = (blockIdx.y * kWarps + warp) * kGateUpN;
+  if (n0 >= p.inter) return;
+  const uint8_t* w = p.w_gate_up + static_cast<int64_t>(e) * 2 * p.inter * p.hidden;
+  const float* sc = p.gu_scale + static_cast<int64_t>(e) * 2 * p.i_groups * p.h_groups;
+  // Rows 2i: gate n0 + i, 2i + 1: up n0 + i (outputs past I repeat a valid row, dropped below);
+  // srow: each row's scales over H (the up half's blocks follow the gate half's).
+  const uint8_t* rows[2 * kGateUpN];
+  const float* srow[2 * kGateUpN];
+#pragma unroll
+  for (int i = 0; i < kGateUpN; ++i) {
+    const int n = min(n0 + i, p.inter - 1);
+    rows[2 * i] = w + static_cast<int64_t>(n) * p.hidden;
+    rows[2 * i + 1] = w + static_cast<int64_t>(p.inter + n) * p.hidden;
+    srow[2 * i] = sc + static_cast<int64_t>(n / kFp8Group) * p.h_groups;
+    srow[2 * i + 1] = sc + static_cast<int64_t>(p.i_groups + n / kFp8Group) * p.h_groups;
+  }
+  float acc[2 * kGateUpN] = {};
+  const bf16_t* x = p.x + t * p.x_stride;
+  for (int c0 = lane * kFp8Chunk; c0 < p.hidden; c0 += kUnroll * 32 * kFp8Chunk) {
+    Bf16x8 xv[kUnroll][2];
+    uint4 wv[kUnroll][2 * kGateUpN];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int c = c0 + j * 32 * kFp8Chunk;
+      if (c >= p.hidden) break;
+      xv[j][0] = *reinterpret_cast<const Bf16x8*>(x + c);
+      xv[j][1] = *reinterpret_cast<const Bf16x8*>(x + c + 8);
+#pragma unroll
+      for (int r = 0; r < 2 * kGateUpN; ++r) wv[j][r] = LoadStreamingFp8(rows[r] + c);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int c = c0 + j * 32 * kFp8Chunk;
+      if (c >= p.hidden) break;
+      float xf[kFp8Chunk];
+      Unpack8(xv[j][0], xf);
+      Unpack8(xv[j][1], xf + 8);
+      const int g = c / kFp8Group;
+#pragma unroll
+      for (int r = 0; r < 2 * kGateUpN; ++r) {
+        float wf[kFp8Chunk];
+        UnpackFp8x16(wv[j][r], wf);
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < kFp8Chunk; ++i) dot = fmaf(wf[i], xf[i], dot);
+        acc[r] = fmaf(dot, __ldg(srow[r] + g), acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2 * kGateUpN; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane < kGateUpN && n0 + lane < p.inter) {
+    float g = acc[0], u = acc[1];
+#pragma unroll
+    for (int i = 1; i < kGateUpN; ++i)
+      if (lane == i) g = acc[2 * i], u = acc[2 * i + 1];
+    p.act[static_cast<int64_t>(pair) * p.inter + n0 + lane] = g / (1.f + expf(-g)) * u;
+  }
+}
+
+__global__ void __launch_bounds__(kWarps * 32) PairDownCombineFp8Kernel(const __grid_constant__ PairGemvFp8Params p) {
+  GridDependencyWait();
+  TriggerDependents();
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h0 = (blockIdx.y * kWarps + warp) * kDownRows;
+  if (h0 >= p.hidden) return;
+  float acc[kDownRows] = {};
+  for (int slot = 0; slot < p.top_k; ++slot) {
+    const int e = p.ids[t * p.ids_stride + slot];
+    if (e < 0 || e >= p.experts) continue;
+    const float wt = p.weights[t * p.weights_stride + slot];
+    const uint8_t* w = p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter;
+    const float* sc = p.d_scale + static_cast<int64_t>(e) * p.h_groups * p.i_groups;
+    const float* a = p.act + static_cast<int64_t>(t * p.top_k + slot) * p.inter;
+    const uint8_t* rows[kDownRows];
+    const float* srow[kDownRows];
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) {
+      const int h = min(h0 + r, p.hidden - 1);
+      rows[r] = w + static_cast<int64_t>(h) * p.inter;
+      srow[r] = sc + static_cast<int64_t>(h / kFp8Group) * p.i_groups;
+    }
+    float part[kDownRows] = {};
+    for (int c0 = lane * kFp8Chunk; c0 < p.inter; c0 += kUnroll * 32 * kFp8Chunk) {
+      float4 av[kUnroll][4];
+      uint4 wv[kUnroll][kDownRows];
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int c = c0 + j * 32 * kFp8Chunk;
+        if (c >= p.inter) break;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) av[j][q] = *reinterpret_cast<const float4*>(a + c + 4 * q);
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r) wv[j][r] = LoadStreamingFp8(rows[r] + c);
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int c = c0 + j * 32 * kFp8Chunk;
+        if (c >= p.inter) break;
+        float af[kFp8Chunk];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          af[4 * q] = av[j][q].x;
+          af[4 * q + 1] = av[j][q].y;
+          af[4 * q + 2] = av[j][q].z;
+          af[4 * q + 3] = av[j][q].w;
+        }
+        const int g = c / kFp8Group;
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r) {
+          float wf[kFp8Chunk];
+          UnpackFp8x16(wv[j][r], wf);
+          float dot = 0.f;
+#pragma unroll
+          for (int i = 0; i < kFp8Chunk; ++i) dot = fmaf(wf[i], af[i], dot);
+          part[r] = fmaf(dot, __ldg(srow[r] + g), part[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) acc[r] = fmaf(wt, part[r], acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane < kDownRows && h0 + lane < p.hidden) {
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < kDownRows; ++r)
+      if (lane == r) v = acc[r];
+    p.out[t * p.out_stride + h0 + lane] = __float2bfloat16(v);
+  }
+}
+
+}  // namespace
+
+void MoeExpertsPairGemvFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                           const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                           const TensorView& d_scale, const TensorView& out, CachingAllocator& alloc,
+                           cudaStream_t s) {
+  const int64_t tokens = x.dim(0);
+  const int k = static_cast<int>(topk_ids.dim(1));
+  const int inter = static_cast<int>(w_down.dim(2)), hidden = static_cast<int>(x.dim(1));
+  if (tokens == 0) return;
+  ScratchBuffer act(alloc, tokens * k * inter * sizeof(float));
+  PairGemvFp8Params p{x.ptr<bf16_t>(), tokens > 1 ? x.strides[0] : hidden, topk_ids.ptr<int32_t>(),
+                      topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0],
+                      w_gate_up.ptr<uint8_t>(), gu_scale.ptr<float>(), w_down.ptr<uint8_t>(), d_scale.ptr<float>(),
+                      act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
+                      static_cast<int>(w_gate_up.dim(0)), k, hidden, inter, CeilDiv(hidden, kFp8Group),
+                      CeilDiv(inter, kFp8Group)};
+  LaunchPdl(PairGateUpFp8Kernel, dim3(tokens * k, CeilDiv(inter, kWarps * kGateUpN)), dim3(kWarps * 32), 0, s, 1, p);
+  LaunchPdl(PairDownCombineFp8Kernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s, 1,
+            p);
 }
 
 }  // namespace corolla::cuda

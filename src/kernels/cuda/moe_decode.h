@@ -18,4 +18,13 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                         CachingAllocator& alloc, cudaStream_t s);
 
+// The same two launches over block-scaled e4m3 weights (Backend::MoeExpertsFp8, weight-only
+// regime): 16-byte loads of 16 e4m3 weights, converted in registers, times x (bf16) or act
+// (f32); each 16-column chunk lies in one 128-column block, whose scale multiplies the chunk's
+// dot product. Validated by MoeExpertsFp8 (moe_fp8.cu); H and I multiples of 16.
+void MoeExpertsPairGemvFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                           const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                           const TensorView& d_scale, const TensorView& out, CachingAllocator& alloc,
+                           cudaStream_t s);
+
 }  // namespace corolla::cuda

@@ -1,0 +1,34 @@
+// Routed experts with block-scaled e4m3 weights (Backend::MoeExpertsFp8) on CUDA (moe_fp8.cu):
+// the weight-only pair GEMVs (moe_decode.cu) for a few pairs, else the quantised grouped FP8
+// GEMMs. Launchers enqueue on `s` without synchronising; internal to the CUDA backend and tests.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/allocator.h"
+#include "tensor/tensor.h"
+
+namespace corolla::cuda {
+
+// Shapes the kernels take: 16-byte rows of e4m3 in both GEMMs.
+bool MoeFp8Supports(int64_t hidden, int64_t inter);
+
+// Backend::MoeExpertsFp8 (semantics and layouts: kernels/backend.h). Weight-only regime when
+// tokens * k <= Tuning().moe_pair_gemv_max_pairs, else the quantised one.
+void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                   const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
+                   const TensorView& d_scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+
+// The two grouped GEMMs (rows of expert e: [offsets[e], offsets[e + 1]), offsets [E + 1] on the
+// device). GateUp: act [TK, I] bf16 = silu(xq W_gate^T) * (xq W_up^T) over rows perm_token[r] of
+// xq [T, H] e4m3 (row stride tokens_stride) with scales xs [T, ceil(H/128)]. Down: y [TK, H] f32
+// = actq [TK, I] e4m3 (scales [TK, ceil(I/128)]) W_down^T. Weights and scales as MoeExpertsFp8's.
+void GroupedGemmFp8GateUp(const uint8_t* xq, const float* xs, int64_t tokens_stride, const int32_t* perm_token,
+                          const int32_t* offsets, const TensorView& w_gate_up, const TensorView& gu_scale,
+                          const TensorView& act, cudaStream_t s);
+void GroupedGemmFp8Down(const uint8_t* actq, const float* act_scale, const int32_t* offsets, const TensorView& w_down,
+                        const TensorView& d_scale, const TensorView& y, cudaStream_t s);
+
+}  // namespace corolla::cuda
