@@ -13,6 +13,8 @@
 // number of splits from its hints (upper bounds under CUDA-graph replay), each CTA derives its
 // key range from its own sequence's device-side length, and SplitKvMergeKernel
 // (split_kv_merge.cuh) merges the partial softmax states (one partial format for all kernels).
+// Prefill at D 128 (more than 16 query tokens in a sequence) goes to the wgmma kernel
+// (attention_wgmma.cu) on sm_90 unless Tuning().attention_wgmma is off.
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -323,6 +325,10 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
   // read each sequence's rows and keys on the device). max_q_len: without it, every token could
   // belong to one sequence.
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
+  // Prefill at D 128 on wgmma (attention_wgmma.cu): above 16 tokens a sequence, where the plan
+  // below never splits the keys.
+  if (use_mma && dk == 128 && dv == 128 && max_q_len > 16 && Tuning().attention_wgmma && AttentionWgmmaSupported())
+    return AttentionWgmma(q, cache, batch, scale * 1.4426950408889634f, out, s);
   const int64_t max_rows = static_cast<int64_t>(max_q_len) * group;
   const int rows_per_cta = !use_mma ? kBlockM : max_rows <= kMmaDecodeRows ? kMmaDecodeRows : kMmaPrefillRows;
   const int row_tiles = CeilDiv(max_rows, rows_per_cta);

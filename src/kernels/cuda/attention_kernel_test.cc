@@ -1,6 +1,8 @@
 // KvWrite and Attention on the GPU against their CPU twins (cpu::KvWrite, cpu::Attention). Every
-// case runs through both attention kernels (Tuning().attention_mma on: the tensor-core kernel of
-// attention_mma.cu where the shape allows, else SIMT; off: SIMT) and every split-KV setting
+// case runs through every attention kernel (Tuning().attention_mma on: the tensor-core kernels
+// where the shape allows, else SIMT: attention_wgmma.cu for D 128 prefill (more than 16 tokens
+// a sequence) unless Tuning().attention_wgmma is off ("mma.sync" variants), attention_mma.cu
+// otherwise; mma off: SIMT) and every split-KV setting
 // (off, default, as wide as possible; with exact host hints and with loose ones, as under
 // CUDA-graph replay where the host only knows upper bounds; split mma runs merge in the last
 // split CTA and, again, through the separate merge kernel). The sweep: decode, prefill and
@@ -8,7 +10,9 @@
 // heads, head dims 32-256, block sizes 16, 5 and 1, MLA's shapes (SIMT; decode also through
 // mla_decode.cu, whose own sweep is mla_decode_test.cc), a decode batch of 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
 // ||out - ref|| / ||ref|| < kBf16Tol. CudaPerf.Attention prints both kernels' speed
-// ("attention perf:" lines). Needs a GPU; skips otherwise.
+// ("attention perf:" lines; prefill: simt, mma.sync and wgmma, with a "wgmma / mma.sync" ratio
+// line). CudaKernelTest.AttentionWgmmaTileProbe checks one wgmma S tile and one P V tile alone.
+// Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -32,8 +36,10 @@ struct AttnVariant {
   int split_min_ctas;
   bool loose_hints;
   bool fused_merge = true;  // mma with splits: the last split CTA merges (else AttentionMergeKernel)
+  bool wgmma = true;        // mma: D 128 prefill on attention_wgmma.cu (else attention_mma.cu)
+  int Kernel() const { return !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
-    return std::string(mma ? "mma" : "simt") +
+    return std::string(!mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge");
   }
@@ -47,6 +53,10 @@ std::vector<AttnVariant> AttnVariants() {
       v.push_back({mma, min_ctas, loose, true});
       if (mma && min_ctas > 0) v.push_back({mma, min_ctas, loose, false});
     }
+  // The mma.sync prefill kernel where the wgmma one would serve (the splits only apply at <= 16
+  // tokens a sequence, where the wgmma kernel never runs).
+  v.push_back({true, 0, false, true, false});
+  v.push_back({true, def, true, true, false});
   return v;
 }
 
@@ -127,11 +137,12 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
   EXPECT_EQ(ev, 0.0) << shape;
 
   const char* kernel = c.shared ? "Attention.mla_latent" : dv != d ? "Attention.dv<dk" : "Attention";
-  double worst[2] = {0, 0};  // per kernel setting (mma off, on), over the split settings
+  double worst[3] = {0, 0, 0};  // per kernel setting (simt, mma, mma.sync), over the split settings
   for (const AttnVariant& var : AttnVariants()) {
     cuda::Tuning().attention_mma = var.mma;
     cuda::Tuning().attention_split_min_ctas = var.split_min_ctas;
     cuda::Tuning().attention_fused_merge = var.fused_merge;
+    cuda::Tuning().attention_wgmma = var.wgmma;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints ? max_q + 5 : max_q,
@@ -140,18 +151,24 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     Poison(gpu, gout);
     gpu.Attention(gq, gcache, gb, scale, gout);
     const double e = RelError(Download(gpu, gout), ref);
-    worst[var.mma] = std::max(worst[var.mma], e);
+    worst[var.Kernel()] = std::max(worst[var.Kernel()], e);
     EXPECT_LT(e, kBf16Tol) << shape << " " << var.Name();
   }
   // Shapes outside the mma kernels' tables run SIMT under both settings: one row for them. MLA
   // latent decode with exact hints goes to mla_decode.cu (loose hints' max_q_len keeps it SIMT).
   const bool mla_decode = c.shared && c.hk == 1 && max_q == 1 && ((d == 576 && dv == 512) || (d == 48 && dv == 32));
   const bool mma_shape = (!c.shared && dv == d && (d == 32 || d == 64 || d == 128 || d == 256)) || mla_decode;
-  if (mma_shape) {
+  // D 128 prefill: "mma" is the wgmma kernel (on sm_90), "mma.sync" attention_mma.cu.
+  const bool wgmma_shape = mma_shape && !c.shared && d == 128 && max_q > 16;
+  if (wgmma_shape) {
     Record(kernel, shape + " simt", worst[0], kBf16Tol);
-    Record(kernel, shape + " mma", worst[1], kBf16Tol);
+    Record(kernel, shape + " wgmma", worst[1], kBf16Tol);
+    Record(kernel, shape + " mma.sync", worst[2], kBf16Tol);
+  } else if (mma_shape) {  // "mma" and "mma.sync" variants ran the same kernels
+    Record(kernel, shape + " simt", worst[0], kBf16Tol);
+    Record(kernel, shape + " mma", std::max(worst[1], worst[2]), kBf16Tol);
   } else {
-    Record(kernel, shape + " simt", std::max(worst[0], worst[1]), kBf16Tol);
+    Record(kernel, shape + " simt", std::max({worst[0], worst[1], worst[2]}), kBf16Tol);
   }
   cuda::Tuning() = DefaultTuning();
 }
@@ -211,6 +228,74 @@ TEST_F(CudaKernelTest, AttentionBlockSizes) {
     }
   RunAttention(gpu(), {256, 4, {1, 33}, {700, 71}, 0, 2, false, 5});
   RunAttention(gpu(), {48, 16, {1, 5}, {300, 40}, 32, 1, true, 5});  // MLA latent (SIMT), odd blocks
+}
+
+// The wgmma prefill kernel's edges (D 128, more than 16 tokens a sequence; every case also runs
+// on mma.sync and SIMT): lengths around the 128-row / 128-key tiles at GQA groups 1/4/8, several
+// sequences of different lengths, chunks over cached prefixes (q_len < seq_len, prefixes off the
+// tiles), the block sizes the engine uses (16, 32, 64) and odd ones (5, 1).
+TEST_F(CudaKernelTest, AttentionWgmmaPrefill) {
+  for (int group : {1, 4, 8}) {
+    RunAttention(gpu(), {128, group, {127}, {0}, 0, 4});
+    RunAttention(gpu(), {128, group, {128}, {0}, 0, 4});
+    RunAttention(gpu(), {128, group, {129, 17}, {0, 0}, 0, 4});
+    RunAttention(gpu(), {128, group, {255, 257, 40}, {1, 128, 0}, 0, 4});   // several lengths, prefixes
+    RunAttention(gpu(), {128, group, {300, 33}, {1000, 4097}, 0, 4});       // chunks over long prefixes
+    RunAttention(gpu(), {128, group, {1100}, {0}, 0, 4});                   // many key tiles
+  }
+  for (int bs : {32, 64, 5, 1})
+    for (int group : {1, 8}) {
+      RunAttention(gpu(), {128, group, {200, 31}, {0, 77}, 0, 2, false, bs});
+      RunAttention(gpu(), {128, group, {65, 129}, {300, 127}, 0, 2, false, bs});
+    }
+}
+
+// One S = Q K^T tile (64 x 128 keys x D 128) and one O = P V tile (64 x 128 keys x D 128)
+// through the wgmma wrappers and shared layouts of attention_wgmma.cu, against double-precision
+// host products: a descriptor (V's MN-major LBO/SBO), swizzle or fragment-layout bug shows here
+// alone. P V both as the kernel issues it (m64n128k16, "wide": reads the descriptor's LBO) and
+// as 2 x m64n64k16 (one swizzle atom wide, no LBO): if only "narrow" passes, set kPvWide false.
+// The first mismatching (row, column) is printed.
+TEST_F(CudaKernelTest, AttentionWgmmaTileProbe) {
+  if (!cuda::AttentionWgmmaSupported()) GTEST_SKIP() << "not an sm_90 device";
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu()).stream();
+  // Rows of q and p carry a spike at their own column (plus noise): a permutation is visible.
+  std::vector<float> q = RandomBf16(64 * 128, 0.25f), k = RandomBf16(128 * 128), pm = RandomBf16(64 * 128, 0.25f),
+                     v = RandomBf16(128 * 128);
+  for (int i = 0; i < 64; ++i) q[i * 128 + i] = pm[i * 128 + 2 * i] = 2.f;
+  Tensor gq = Upload(gpu(), q, {64, 128}, DType::kBF16), gk = Upload(gpu(), k, {128, 128}, DType::kBF16);
+  Tensor gp = Upload(gpu(), pm, {64, 128}, DType::kBF16), gv = Upload(gpu(), v, {128, 128}, DType::kBF16);
+  std::vector<float> s_ref(64 * 128), o_ref(64 * 128);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < 128; ++n) {
+      double s = 0, o = 0;
+      for (int kk = 0; kk < 128; ++kk) {
+        s += double(q[m * 128 + kk]) * k[n * 128 + kk];
+        o += double(pm[m * 128 + kk]) * v[kk * 128 + n];
+      }
+      s_ref[m * 128 + n] = static_cast<float>(s);
+      o_ref[m * 128 + n] = static_cast<float>(o);
+    }
+  auto check = [](const char* what, const std::vector<float>& got, const std::vector<float>& ref) {
+    const double e = RelError(got, ref);
+    Record("AttentionWgmmaTileProbe", what, e, kF32Tol);
+    EXPECT_LT(e, kF32Tol) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!(std::fabs(got[i] - ref[i]) <= 1e-3f * (1.f + std::fabs(ref[i])))) {
+        ADD_FAILURE() << what << ": first mismatch at row " << i / 128 << " column " << i % 128 << ": got " << got[i]
+                      << ", expected " << ref[i];
+        break;
+      }
+  };
+  for (bool wide : {true, false}) {
+    Tensor gs = gpu().Empty(DType::kF32, {64, 128}), go = gpu().Empty(DType::kF32, {64, 128});
+    Poison(gpu(), gs);
+    Poison(gpu(), go);
+    cuda::AttentionWgmmaTileProbe(gq, gk, gp, gv, gs, go, wide, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    check(wide ? "S=QK^T 64x128x128" : "S=QK^T 64x128x128 (narrow run)", Download(gpu(), gs), s_ref);
+    check(wide ? "O=PV m64n128k16 (wide)" : "O=PV 2x m64n64k16 (narrow)", Download(gpu(), go), o_ref);
+  }
 }
 
 // Qwen3-30B-A3B's attention (Hk 4, group 8, D 128) at decode batches 1, 2, 3, 8 and contexts
@@ -373,26 +458,32 @@ TEST(CudaPerf, Attention) {
     pb.batch = AttentionBatch{pb.qs, pb.sl, pb.tab, pb.slot, static_cast<int>(q_len), static_cast<int>(ctx)};
     return pb;
   };
-  auto run = [&](PerfBatch& pb, bool mma, int reps) {
+  auto run = [&](PerfBatch& pb, bool mma, int reps, bool wgmma = true) {
     cuda::Tuning().attention_mma = mma;
+    cuda::Tuning().attention_wgmma = wgmma;
     const double us = time_us([&] { gpu.Attention(pb.q, KvCacheView{pb.kc, pb.vc}, pb.batch, scale, pb.out); }, reps);
     cuda::Tuning() = DefaultTuning();
     return us;
   };
 
-  for (int64_t t : {4096, 8192}) {
+  // Prefill: simt (0; not at 8192, ~30 ms a run), mma.sync (1: attention_wgmma off) and wgmma (2).
+  for (int64_t t : {1024, 4096, 8192}) {
     PerfBatch pb = make_batch(1, t, t);
     const double flops = 4.0 * hq * d * (t * (t + 1) / 2);
-    double tf[2];
-    for (bool mma : {false, true}) {
-      const double us = run(pb, mma, mma ? 20 : 3);
-      tf[mma] = flops / (us * 1e-6) / 1e12;
-      std::printf("attention perf: prefill T%lld Hq%lld Hk%lld D%lld %-4s %9.1f us %7.1f TFLOP/s (%.1f%% of matmul)\n",
+    double tf[3] = {0, 0, 0};
+    static const char* const kNames[3] = {"simt", "mma.sync", "wgmma"};
+    for (int kernel = t > 4096 ? 1 : 0; kernel < 3; ++kernel) {
+      const double us = run(pb, kernel > 0, kernel > 0 ? 20 : 3, kernel == 2);
+      tf[kernel] = flops / (us * 1e-6) / 1e12;
+      std::printf("attention perf: prefill T%lld Hq%lld Hk%lld D%lld %-8s %9.1f us %7.1f TFLOP/s (%.1f%% of matmul)\n",
                   static_cast<long long>(t), static_cast<long long>(hq), static_cast<long long>(hk),
-                  static_cast<long long>(d), mma ? "mma" : "simt", us, tf[mma], 100.0 * tf[mma] / matmul_tflops);
-      Record(std::string("Perf.attn_prefill_TFLOPs.") + (mma ? "mma" : "simt"), "T" + std::to_string(t), tf[mma], 0);
+                  static_cast<long long>(d), kNames[kernel], us, tf[kernel], 100.0 * tf[kernel] / matmul_tflops);
+      Record(std::string("Perf.attn_prefill_TFLOPs.") + (kernel == 0 ? "simt" : kernel == 1 ? "mma" : "wgmma"),
+             "T" + std::to_string(t), tf[kernel], 0);
     }
-    std::printf("attention perf: prefill T%lld mma / simt %.2fx\n", static_cast<long long>(t), tf[1] / tf[0]);
+    if (tf[0] > 0) std::printf("attention perf: prefill T%lld mma.sync / simt %.2fx\n", static_cast<long long>(t), tf[1] / tf[0]);
+    std::printf("attention perf: prefill T%lld wgmma / mma.sync %.2fx (%.1f vs %.1f TFLOP/s)\n",
+                static_cast<long long>(t), tf[2] / tf[1], tf[2], tf[1]);
   }
   for (int64_t ctx : {1024, 8192})
     for (int64_t num_seqs : {1, 64, 256}) {

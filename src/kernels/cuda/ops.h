@@ -35,9 +35,9 @@ class ScratchBuffer {
 // them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS, COROLLA_MOE_PAIR_GEMV_MAX_PAIRS,
 // COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS, COROLLA_ATTN_MMA,
 // COROLLA_ATTN_FUSED_MERGE, COROLLA_PDL, COROLLA_FUSED_ROUTER_MAX_TOKENS,
-// COROLLA_MOE_PAIR_DOWN_SLOTS, COROLLA_GDN_CHUNKED_MIN_TOKENS, COROLLA_MLA_DECODE_SPLITS and
-// COROLLA_MOE_GEMM_WGMMA in the environment set the defaults). Not synchronised: set them
-// before launching work.
+// COROLLA_MOE_PAIR_DOWN_SLOTS, COROLLA_GDN_CHUNKED_MIN_TOKENS, COROLLA_MLA_DECODE_SPLITS,
+// COROLLA_MOE_GEMM_WGMMA and COROLLA_ATTN_WGMMA in the environment set the defaults). Not
+// synchronised: set them before launching work.
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
   // mma GEMMs (grouped_gemm.cu) above it. 256: from ~2 tokens per expert on (E 128, k 8:
@@ -88,6 +88,10 @@ struct KernelTuning {
   // token) 22.3 against 26.2 us; the B1 decode step 3.166 -> 3.046 ms. (An L2 prefetch of the
   // pairs' W_down from the gate/up CTAs was tried too: slower, 3.38 ms.)
   bool moe_pair_down_slots = true;
+  // Prefill attention at D 128 (a sequence with more than 16 query tokens: no split-KV) runs on
+  // the wgmma kernel (attention_wgmma.cu) on sm_90 when Tuning().attention_mma is on too; off:
+  // the mma.sync kernel (attention_mma.cu). COROLLA_ATTN_WGMMA sets it.
+  bool attention_wgmma = true;
 };
 KernelTuning& Tuning();
 
@@ -133,6 +137,20 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
 // attention.cu
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+
+// attention_wgmma.cu (called by Attention): the prefill kernel for D = Dk = Dv = 128 on wgmma,
+// separate K/V caches, 16-byte aligned q/out rows (Attention checks all of it); one CTA per 128
+// query rows of a (sequence, KV head), no split-KV. Supported: the device is sm_90 with the
+// shared memory it needs.
+bool AttentionWgmmaSupported();
+void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+                    const TensorView& out, cudaStream_t s);
+// One S = q k^T tile (q [64, 128], k [128, 128] bf16 -> s_out [64, 128] f32) and one O = p v tile
+// (p [64, 128 keys], v [128 keys, 128] bf16 -> o_out [64, 128] f32) through the kernel's
+// wrappers and shared layouts; wide: P V as m64n128k16 (the kernel's choice) else 2 x m64n64k16.
+// CudaKernelTest.AttentionWgmmaTileProbe.
+void AttentionWgmmaTileProbe(const TensorView& q, const TensorView& k, const TensorView& p, const TensorView& v,
+                             const TensorView& s_out, const TensorView& o_out, bool wide, cudaStream_t s);
 
 // mla_decode.cu: Attention (semantics: kernels/backend.h) on tensor cores for MLA's absorbed
 // decode: one token per sequence (max_q_len 1), one latent KV head shared by K and V (Dk/Dv

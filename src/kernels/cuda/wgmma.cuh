@@ -2,7 +2,7 @@
 // both operands in shared memory), its 64-bit shared-memory matrix descriptor, mbarriers, TMA
 // (cp.async.bulk.tensor) loads and the proxy fences between them. Device code only.
 //
-// Shared-memory operand layout used throughout (both operands K-major, 128-byte swizzle): a tile
+// Shared-memory operand layout used throughout (K-major operands, 128-byte swizzle): a tile
 // of R rows x 64 bf16 (one 128-byte row per matrix row), its base 1024-byte aligned; the 16-byte
 // chunk c of row r sits at byte r * 128 + ((c ^ (r % 8)) << 4). That is the layout TMA writes
 // with CU_TENSOR_MAP_SWIZZLE_128B and a 64-element inner box, and the one the descriptor below
@@ -37,6 +37,21 @@ __device__ __forceinline__ uint64_t SmemDescSw128(uint32_t smem_addr) {
 // inside the 128-byte row: 32 per k16 step of bf16).
 __device__ __forceinline__ uint64_t DescAdvance(uint64_t desc, uint32_t bytes) {
   return desc + (bytes >> 4);
+}
+
+// The descriptor of an MN-major operand (B of O += P V: V stored [keys][dims], dims contiguous;
+// used with imm-trans-b 1) in the same 128-byte-swizzled layout: swizzle atoms of 8 K rows
+// (keys) x 64 MN elements (128 bytes), K-row groups of 8 SBO = 1024 bytes apart, and the next
+// 64 MN elements LBO = `mn_atom_bytes` further (the canonical MN-major SW128 layout
+// ((8 x 8 elements, m atoms), (8 rows, k groups)) : ((1, 8, LBO), (128 bytes, SBO)); an
+// instruction with N <= 64 never reads the LBO). A k16 step is 2 K-row groups: + 2048 bytes.
+__device__ __forceinline__ uint64_t SmemDescSw128Mn(uint32_t smem_addr, uint32_t mn_atom_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3ffffu) >> 4);
+  d |= static_cast<uint64_t>((mn_atom_bytes >> 4) & 0x3fffu) << 16;
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
 }
 
 // ---- wgmma -----------------------------------------------------------------------------------
@@ -99,6 +114,97 @@ __device__ __forceinline__ void MmaM64N256K16(float (&d)[128], uint64_t desc_a, 
         "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
         "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// d[64 x 128] (+)= A[64 x 16] B[128 x 16]^T, as MmaM64N256K16 with N = 128 (d[4 j + 2 h + i]:
+// row 16 w + l / 4 + 8 h, column 8 j + 2 (l % 4) + i, j < 16).
+__device__ __forceinline__ void MmaM64N128K16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                              bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
+      " %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// The register-A forms (O += P V): A[64 x 16] from registers, per warp w of the warpgroup the
+// mma.sync m16n8k16 A fragment of rows 16 w..16 w + 15 (g = l / 4, c = l % 4: a[0] = (g, 2c..+1),
+// a[1] = (g + 8, 2c..+1), a[2] = (g, 2c + 8..+9), a[3] = (g + 8, 2c + 8..+9), bf16x2, the lower
+// column in the low half), so a bf16-packed accumulator fragment of the previous product is the
+// A operand as it is. B is MN-major (imm-trans-b 1; descriptor SmemDescSw128Mn): d += A B with
+// B[k][n] (k < 16, n < N) element n of shared row k. d's fragment as in the forms above.
+__device__ __forceinline__ void MmaM64N128K16RsMn(float (&d)[64], const uint32_t (&a)[4],
+                                                  uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
+      " {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+__device__ __forceinline__ void MmaM64N64K16RsMn(float (&d)[32], const uint32_t (&a)[4],
+                                                  uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},"
+      " {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// Warp-specialised register budgets: the warpgroup's per-thread register count moves to kRegs
+// (a multiple of 8 in [24, 256]); dec frees registers for another warpgroup's inc, which waits
+// until the pool has them. Every thread of the warpgroup executes it, converged.
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
 // ---- mbarrier ----------------------------------------------------------------------------------

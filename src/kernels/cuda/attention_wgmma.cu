@@ -1,0 +1,521 @@
+// Prefill attention on Hopper's wgmma (FlashAttention-3 style) for D = Dk = Dv = 128, bf16, over
+// the paged, heads-major KV cache ([num_blocks, Hk, block_size, D], any block_size). Same
+// semantics and query rows as attention_mma.cu: row r of a sequence is (token r / group, head
+// kvh * group + r % group), so one K/V tile in shared memory serves every query head of its GQA
+// group and the rows of a tile may mix tokens, each masked at its own position. attention.cu
+// chooses this kernel (Tuning().attention_wgmma, sm_90) for batches with more than 16 query
+// tokens in a sequence (never split-KV); decode stays on attention_mma.cu.
+//
+// CTA = 128 query rows x KV head x sequence, 384 threads, warp-specialised:
+// - warpgroups 0 and 1 (consumers) own rows 0-63 / 64-127 of the tile. Per K/V tile of 128 keys:
+//   S = Q K^T by 8 wgmma.m64n128k16 (Q and K from shared memory, both K-major), mask (causal per
+//   row, only on tiles that reach past the warpgroup's first row), online softmax in f32 in the
+//   log2 domain, P packed to bf16 registers (the accumulator fragment is the register-A
+//   fragment), O += P V by 8 wgmma.m64n128k16 with A from registers and V (stored [keys][dims])
+//   as an MN-major B operand (imm-trans-b 1). O (64 f32 per thread) stays in registers; the
+//   output is normalised and written bf16 from them.
+// - warpgroup 2 (producer) gathers the K and V rows of each tile through the block table by
+//   16-byte cp.async into the 128-byte-swizzled layout (keys past the CTA's last visible key
+//   zero-filled); once it has issued tile t + kLag it waits for tile t's copies (cp.async
+//   groups), fences them to the async proxy and arrives on full[t % kStages] (count 128);
+//   consumers release a stage per warp on empty[stage] (count 8) after its P V. kStages deep.
+// Shared tiles: a [rows][128] bf16 tile is two 64-dim halves [2][rows][64], each 1024-aligned,
+// element (r, d) of half d / 64 at Sw128(r, (d % 64) / 8) + 2 (d % 8) (wgmma.cuh's layout).
+// Q (32 KB) is loaded once by all threads before the roles split.
+// CudaKernelTest.AttentionWgmmaTileProbe checks one S tile and one P V tile alone.
+#include <atomic>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kBlockM = 128;  // query rows per CTA
+constexpr int kBlockN = 128;  // keys per K/V tile
+// K/V ring depth: 225 KB of shared memory with Q (of the 227 an sm_90 CTA may have).
+constexpr int kStages = 3;
+constexpr int kLag = 1;  // producer: tiles between issuing a tile's copies and signalling them
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr int kProducerThreads = 128;
+constexpr uint32_t kQBytes = kBlockM * kD * 2;
+constexpr uint32_t kHalfK = kBlockN * 128;  // bytes of one 64-dim half of a K or V tile
+constexpr uint32_t kTileBytes = kBlockN * kD * 2;
+constexpr uint32_t kStageBytes = 2 * kTileBytes;  // K then V
+constexpr size_t kSmemBytes =
+    1024 + kQBytes + kStages * kStageBytes + 2 * kStages * sizeof(uint64_t);
+// O += P V with one m64n128k16 per 16 keys (true; reads the descriptor's LBO: the V half 64
+// dims on) or two m64n64k16 (false; one swizzle atom wide each, no LBO). The tile probe checks
+// both.
+constexpr bool kPvWide = true;
+// Registers per thread after the split (launch: 65536 / 384 = 168): the producer needs few, the
+// consumers hold S (64 f32), O (64 f32) and P (32 bf16x2) at once.
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
+// Consumers at tile j need full[j], signalled once the producer has issued j + kLag, which needs
+// empty[j + kLag - kStages]: released by the consumers after tile j + kLag - kStages < j.
+static_assert(kLag >= 0 && kLag <= kStages - 2, "deadlock-free lag of the full signal");
+static_assert(kD == 128 && kBlockN == 128, "fragment indexing below assumes 128 x 128 tiles");
+static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kHalfK % 1024 == 0,
+              "1024-aligned tiles");
+static_assert(kBlockN % 8 == 0 && kProducerThreads == 128,
+              "producer: 16 chunks x 8 key rows per pass");
+
+struct WgmmaAttnParams {
+  const bf16_t* q;
+  int64_t q_token_stride, q_head_stride;
+  bf16_t* out;
+  int64_t out_token_stride, out_head_stride;
+  const bf16_t* k_cache;  // [num_blocks, Hk, block_size, kD]
+  const bf16_t* v_cache;
+  const int32_t* block_tables;  // [B, table_stride]
+  int64_t table_stride;
+  const int32_t* query_start;  // [B + 1]
+  const int32_t* seq_lens;     // [B]
+  int kv_heads, group, block_size;
+  int block_shift;   // log2(block_size) when a power of two, else -1
+  float scale_log2;  // softmax scale * log2(e)
+  int row_tiles;
+};
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Byte offset of 16-byte chunk c (of 16) of row r in a [rows][128] bf16 tile (two halves).
+__device__ __forceinline__ uint32_t TileChunk(int rows, int r, int c) {
+  return static_cast<uint32_t>((c / 8) * rows * 128) + wgmma::Sw128(r, c % 8);
+}
+
+// O (+)= P V for one 16-key step: P's A fragment, V's 16 key rows at byte `v_rows` of the stage
+// (2048 per step, inside both halves).
+__device__ __forceinline__ void PvStep(float (&o)[64], const uint32_t (&a)[4], uint32_t v_rows) {
+  if constexpr (kPvWide) {
+    wgmma::MmaM64N128K16RsMn(o, a, wgmma::SmemDescSw128Mn(v_rows, kHalfK), true);
+  } else {
+    wgmma::MmaM64N64K16RsMn(*reinterpret_cast<float(*)[32]>(&o[0]), a,
+                            wgmma::SmemDescSw128Mn(v_rows, 0), true);
+    wgmma::MmaM64N64K16RsMn(*reinterpret_cast<float(*)[32]>(&o[32]), a,
+                            wgmma::SmemDescSw128Mn(v_rows + kHalfK, 0), true);
+  }
+}
+
+__device__ __forceinline__ void Produce(const WgmmaAttnParams& p, int b, int kvh, int kv_end,
+                                        int num_tiles, uint32_t pipe, uint32_t full,
+                                        uint32_t empty) {
+  const int t = threadIdx.x - kConsumers * 128;
+  const int c = t % 16, r0 = t / 16;  // this thread's chunk, key rows r0 + 8 i
+  const int32_t* table = p.block_tables + b * p.table_stride;
+  for (int it = 0; it < num_tiles; ++it) {
+    const int stage = it % kStages;
+    if (it >= kStages) wgmma::MbarWait(empty + 8 * stage, ((it / kStages) - 1) & 1);
+    const uint32_t sk = pipe + stage * kStageBytes, sv = sk + kTileBytes;
+#pragma unroll 4
+    for (int i = 0; i < kBlockN / 8; ++i) {
+      const int j = r0 + 8 * i, key = it * kBlockN + j;
+      const bool valid = key < kv_end;
+      int64_t offset = 0;
+      if (valid) {
+        int blk, in_blk;
+        if (p.block_shift >= 0) {
+          blk = key >> p.block_shift;
+          in_blk = key & (p.block_size - 1);
+        } else {
+          blk = key / p.block_size;
+          in_blk = key - blk * p.block_size;
+        }
+        offset =
+            ((static_cast<int64_t>(table[blk]) * p.kv_heads + kvh) * p.block_size + in_blk) * kD +
+            c * 8;
+      }
+      const uint32_t dst = TileChunk(kBlockN, j, c);
+      wgmma::CpAsync16(sk + dst, p.k_cache + offset, valid);
+      wgmma::CpAsync16(sv + dst, p.v_cache + offset, valid);
+    }
+    wgmma::CpAsyncCommit();
+    if (it >= kLag) {  // tile it - kLag's copies have landed: fence them to the async proxy (the
+                       // consumers' wgmma reads) and signal them
+      wgmma::CpAsyncWait<kLag>();
+      wgmma::FenceProxyAsync();
+      wgmma::MbarArrive(full + 8 * ((it - kLag) % kStages));
+    }
+  }
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  for (int it = max(0, num_tiles - kLag); it < num_tiles; ++it)
+    wgmma::MbarArrive(full + 8 * (it % kStages));
+}
+
+// One consumer warpgroup's softmax state and its steps over a K/V tile (see Consume).
+struct ConsumerState {
+  float o[64];  // O: o[4 j + 2 h + i] = row g + 8 h, dim 8 j + 2 cq + i
+  float s[64];  // S, then P (f32): s[4 j + 2 h + i] = row g + 8 h, key n0 + 8 j + 2 cq + i
+  uint32_t a[kBlockN / 16][4];  // P as bf16 A fragments, one per 16 keys
+  float m[2], l[2];  // running max (log2 domain) and this thread's part of the sums, rows g, g + 8
+  int limit[2];      // key limit (exclusive) of rows g, g + 8; 0 past the sequence's rows
+  int wg_limit;      // keys below it are visible to every valid row of the warpgroup
+};
+
+// S = Q K^T over 8 k16 steps of D (step ks reads half ks / 4 at +32 bytes per step), committed
+// as one wgmma group.
+__device__ __forceinline__ void IssueS(ConsumerState& c, uint32_t q_rows, uint32_t sk) {
+  // A fresh value (the first step does not accumulate): the previous tile's P is dead here,
+  // not carried through the asm's "+f" operands.
+#pragma unroll
+  for (int i = 0; i < 64; ++i) c.s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.s[i]);
+  wgmma::Fence();
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const uint32_t qa = q_rows + (ks / 4) * (kBlockM * 128) + 32 * (ks % 4);
+    const uint32_t kb = sk + (ks / 4) * kHalfK + 32 * (ks % 4);
+    wgmma::MmaM64N128K16(c.s, wgmma::SmemDescSw128(qa), wgmma::SmemDescSw128(kb), ks > 0);
+  }
+  wgmma::Commit();
+}
+
+// O += P V over 8 k16 steps of keys from the packed fragments, committed as one wgmma group.
+__device__ __forceinline__ void IssuePv(ConsumerState& c, uint32_t sv) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.o[i]);
+  wgmma::Fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) PvStep(c.o, c.a[kk], sv + kk * 16 * 128);
+  wgmma::Commit();
+}
+
+// Mask (causal per row, only where the tile reaches past the warpgroup's first row), scale into
+// the log2 domain and take the online softmax step on S (done): s becomes P, m and l move on;
+// returns each row's alpha (the factor O still has to take). Does not touch O.
+__device__ __forceinline__ void Softmax(ConsumerState& c, int n0, float scale_log2, int cq,
+                                        float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.s[i]);
+  const bool need_mask = n0 + kBlockN > c.wg_limit;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = n0 + 8 * j + 2 * cq + (e & 1);
+      c.s[4 * j + e] = need_mask && key >= c.limit[e / 2] ? -INFINITY : c.s[4 * j + e] * scale_log2;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // a row's keys sit in the 4 lanes of a quad
+    float mx = c.m[h];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(c.s[4 * j + 2 * h], c.s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row that has seen no key yet keeps max -inf; subtract 0 then (p = 2^-inf = 0, alpha 0).
+    const float base = mx == -INFINITY ? 0.f : mx;
+    alpha[h] = exp2f(c.m[h] - base);
+    c.m[h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      c.s[4 * j + 2 * h] = exp2f(c.s[4 * j + 2 * h] - base);
+      c.s[4 * j + 2 * h + 1] = exp2f(c.s[4 * j + 2 * h + 1] - base);
+      sum += c.s[4 * j + 2 * h] + c.s[4 * j + 2 * h + 1];
+    }
+    c.l[h] = c.l[h] * alpha[h] + sum;
+  }
+}
+
+// O *= alpha per row (O's wgmmas done), then P -> bf16 A fragments: the fragment of keys 16 kk..
+// is the packed S fragment of key columns 2 kk (a[kk][0], a[kk][1]) and 2 kk + 1 (a[kk][2],
+// a[kk][3]). Packed before the P V fence: registers written between a fence and the wgmmas make
+// ptxas insert a warpgroup arrive and serialise the wgmmas.
+__device__ __forceinline__ void RescaleAndPack(ConsumerState& c, const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.o[i]);
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c.o[4 * j + e] *= alpha[e / 2];
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      c.a[kk][i] = PackBf16x2(c.s[8 * kk + 2 * i], c.s[8 * kk + 2 * i + 1]);
+}
+
+// A consumer warpgroup: 64 rows of the tile over all its K/V tiles; per tile S, softmax, P V,
+// each waited for. (FlashAttention-3's intra-warpgroup overlap, tile t's S issued with tile
+// t - 1's P V and the softmax run under it, was tried: with S, O and P live at once ptxas
+// spilled ~200 bytes and serialised the wgmmas at this tile size.)
+__device__ __forceinline__ void Consume(const WgmmaAttnParams& p, int q0, int row0, int rows_total,
+                                        int prefix, int kvh, int num_tiles, uint32_t sq,
+                                        uint32_t pipe, uint32_t full, uint32_t empty) {
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, cq = lane % 4;
+  const int wg_row0 = row0 + 64 * wg;
+  ConsumerState c;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = wg_row0 + 16 * warp + g + 8 * h;
+    c.limit[h] = row < rows_total ? prefix + row / p.group + 1 : 0;
+    c.m[h] = -INFINITY;
+    c.l[h] = 0.f;
+  }
+  c.wg_limit = wg_row0 < rows_total ? prefix + wg_row0 / p.group + 1 : 0;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) c.o[i] = 0.f;
+  const uint32_t q_rows = sq + wg * 64 * 128;  // this warpgroup's Q rows in each half
+  for (int it = 0; it < num_tiles; ++it) {
+    const int stage = it % kStages;
+    const uint32_t sk = pipe + stage * kStageBytes;
+    wgmma::MbarWait(full + 8 * stage, (it / kStages) & 1);
+    __syncwarp();  // converged after the barrier spin (the wgmma instructions are .aligned)
+    IssueS(c, q_rows, sk);
+    wgmma::Wait<0>();
+    float alpha[2];
+    Softmax(c, it * kBlockN, p.scale_log2, cq, alpha);
+    RescaleAndPack(c, alpha);
+    IssuePv(c, sk + kTileBytes);
+    wgmma::Wait<0>();
+    __syncwarp();
+    if (lane == 0) wgmma::MbarArrive(empty + 8 * stage);  // this warp is done with the stage
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.o[i]);
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    c.l[h] += __shfl_xor_sync(0xffffffffu, c.l[h], 1);
+    c.l[h] += __shfl_xor_sync(0xffffffffu, c.l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = wg_row0 + 16 * warp + g + 8 * h;
+    if (row >= rows_total) continue;
+    const float inv = 1.f / c.l[h];
+    bf16_t* dst = p.out + (q0 + row / p.group) * p.out_token_stride +
+                  (kvh * p.group + row % p.group) * p.out_head_stride + 2 * cq;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+          __floats2bfloat162_rn(c.o[4 * j + 2 * h] * inv, c.o[4 * j + 2 * h + 1] * inv);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    AttentionWgmmaKernel(const __grid_constant__ WgmmaAttnParams p) {
+  // Declared 16-byte aligned so that the 1024-byte alignment is computed, not assumed.
+  extern __shared__ __align__(16) unsigned char attn_wgmma_smem[];
+  const uint32_t base = wgmma::SmemAddr(attn_wgmma_smem);
+  const uint32_t sq = (base + 1023) & ~1023u;
+  const uint32_t pipe = sq + kQBytes;
+  const uint32_t full = pipe + kStages * kStageBytes, empty = full + 8 * kStages;
+
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): q and the cache
+  TriggerDependents();
+  const int b = blockIdx.z, kvh = blockIdx.y;
+  // Latest rows first: under causality they see the most keys, so the long CTAs start early.
+  const int tile = p.row_tiles - 1 - static_cast<int>(blockIdx.x);
+  const int row0 = tile * kBlockM;
+  const int q0 = p.query_start[b];
+  const int q_len = p.query_start[b + 1] - q0;
+  const int rows_total = q_len * p.group;
+  if (row0 >= rows_total) return;  // the whole CTA, before any barrier
+  const int prefix = p.seq_lens[b] - q_len;
+  const int kv_end =
+      prefix + (min(row0 + kBlockM, rows_total) - 1) / p.group + 1;  // keys the tile sees
+  const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
+
+  // Q tile -> shared by all threads, rows past the sequence's zero-filled.
+  for (int idx = threadIdx.x; idx < kBlockM * 16; idx += kThreads) {
+    const int r = idx / 16, c = idx % 16, row = row0 + r;
+    const bool valid = row < rows_total;
+    const bf16_t* src = p.q;
+    if (valid)
+      src += (q0 + row / p.group) * p.q_token_stride +
+             (kvh * p.group + row % p.group) * p.q_head_stride + c * 8;
+    wgmma::CpAsync16(sq + TileChunk(kBlockM, r, c), src, valid);
+  }
+  wgmma::CpAsyncCommit();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      wgmma::MbarInit(full + 8 * s, kProducerThreads);
+      wgmma::MbarInit(empty + 8 * s, kConsumers * 4);
+    }
+    wgmma::MbarInitFence();
+  }
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  __syncthreads();
+  if (threadIdx.x >= kConsumers * 128) {
+    wgmma::SetMaxRegsDec<kProducerRegs>();
+    Produce(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
+  } else {
+    wgmma::SetMaxRegsInc<kConsumerRegs>();
+    Consume(p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty);
+  }
+}
+
+// One S tile and one P V tile through the same wrappers and layouts as the kernel:
+// s[64][128] = q[64][128] k[128][128]^T; o[64][128] = p[64][128 keys] v[128 keys][128].
+// CudaKernelTest.AttentionWgmmaTileProbe.
+template <bool kWide>
+__global__ void __launch_bounds__(128, 1)
+    AttentionWgmmaProbeKernel(const bf16_t* q, const bf16_t* k, const bf16_t* pm, const bf16_t* v,
+                              float* s_out, float* o_out) {
+  extern __shared__ __align__(16) unsigned char probe_smem[];
+  const uint32_t base = wgmma::SmemAddr(probe_smem);
+  const uint32_t sq = (base + 1023) & ~1023u, sk = sq + 64 * 256, sv = sk + kTileBytes;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, cq = lane % 4;
+  for (int idx = t; idx < 64 * 16; idx += 128)
+    wgmma::CpAsync16(sq + TileChunk(64, idx / 16, idx % 16), q + idx * 8, true);
+  for (int idx = t; idx < 128 * 16; idx += 128) {
+    wgmma::CpAsync16(sk + TileChunk(128, idx / 16, idx % 16), k + idx * 8, true);
+    wgmma::CpAsync16(sv + TileChunk(128, idx / 16, idx % 16), v + idx * 8, true);
+  }
+  wgmma::CpAsyncCommit();
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  __syncthreads();
+  float s[64], o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    wgmma::FenceOperand(s[i]);
+    wgmma::FenceOperand(o[i]);
+  }
+  // P's A fragments straight from global: rows 16 warp + g (+8), keys 16 kk + 2 cq (+8).
+  const int r = 16 * warp + g;
+  uint32_t a[8][4];
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const int col = 16 * kk + 2 * cq;
+    a[kk][0] = *reinterpret_cast<const uint32_t*>(pm + r * 128 + col);
+    a[kk][1] = *reinterpret_cast<const uint32_t*>(pm + (r + 8) * 128 + col);
+    a[kk][2] = *reinterpret_cast<const uint32_t*>(pm + r * 128 + col + 8);
+    a[kk][3] = *reinterpret_cast<const uint32_t*>(pm + (r + 8) * 128 + col + 8);
+  }
+  wgmma::Fence();
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+    wgmma::MmaM64N128K16(s, wgmma::SmemDescSw128(sq + (ks / 4) * 64 * 128 + 32 * (ks % 4)),
+                         wgmma::SmemDescSw128(sk + (ks / 4) * kHalfK + 32 * (ks % 4)), ks > 0);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t v_rows = sv + kk * 16 * 128;
+    if constexpr (kWide) {
+      wgmma::MmaM64N128K16RsMn(o, a[kk], wgmma::SmemDescSw128Mn(v_rows, kHalfK), true);
+    } else {
+      wgmma::MmaM64N64K16RsMn(*reinterpret_cast<float(*)[32]>(&o[0]), a[kk],
+                              wgmma::SmemDescSw128Mn(v_rows, 0), true);
+      wgmma::MmaM64N64K16RsMn(*reinterpret_cast<float(*)[32]>(&o[32]), a[kk],
+                              wgmma::SmemDescSw128Mn(v_rows + kHalfK, 0), true);
+    }
+  }
+  wgmma::Commit();
+  wgmma::Wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    wgmma::FenceOperand(s[i]);
+    wgmma::FenceOperand(o[i]);
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * warp + g + 8 * h, col = 8 * j + 2 * cq;
+      s_out[row * 128 + col] = s[4 * j + 2 * h];
+      s_out[row * 128 + col + 1] = s[4 * j + 2 * h + 1];
+      o_out[row * 128 + col] = o[4 * j + 2 * h];
+      o_out[row * 128 + col + 1] = o[4 * j + 2 * h + 1];
+    }
+}
+
+// Sets the kernel's shared-memory attribute once per device.
+template <class Kernel>
+void SetSmemOnce(Kernel kernel, std::atomic<uint64_t>& set, size_t bytes) {
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t device_bit = uint64_t{1} << (device % 64);
+  if (set.load(std::memory_order_acquire) & device_bit) return;
+  COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
+  set.fetch_or(device_bit, std::memory_order_acq_rel);
+}
+
+}  // namespace
+
+bool AttentionWgmmaSupported() {
+  int device = 0, major = 0, max_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  COROLLA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return major == 9 && kSmemBytes <= static_cast<size_t>(max_smem);
+}
+
+void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                    float scale_log2, const TensorView& out, cudaStream_t s) {
+  COROLLA_CHECK(q.dim(2) == kD && out.dim(2) == kD && cache.k.dim(3) == kD && cache.v.dim(3) == kD)
+      << "attention wgmma: D " << q.dim(2) << ", the kernel is built for " << kD;
+  const int kv_heads = static_cast<int>(cache.k.dim(1));
+  const int group = static_cast<int>(q.dim(1) / kv_heads);
+  const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
+  const int row_tiles = static_cast<int>(CeilDiv(static_cast<int64_t>(max_q_len) * group, kBlockM));
+  const int bs = cache.block_size();
+  WgmmaAttnParams p{q.ptr<bf16_t>(),
+                    q.strides[0],
+                    q.strides[1],
+                    out.ptr<bf16_t>(),
+                    out.strides[0],
+                    out.strides[1],
+                    cache.k.ptr<bf16_t>(),
+                    cache.v.ptr<bf16_t>(),
+                    batch.block_tables.ptr<int32_t>(),
+                    batch.block_tables.rank() == 2 ? batch.block_tables.dim(1) : 0,
+                    batch.query_start.ptr<int32_t>(),
+                    batch.seq_lens.ptr<int32_t>(),
+                    kv_heads,
+                    group,
+                    bs,
+                    BlockShift(bs),
+                    scale_log2,
+                    row_tiles};
+  static std::atomic<uint64_t> attrs_set{0};
+  SetSmemOnce(AttentionWgmmaKernel, attrs_set, kSmemBytes);
+  const dim3 grid(row_tiles, kv_heads, static_cast<unsigned>(batch.seq_lens.numel()));
+  LaunchPdl(AttentionWgmmaKernel, grid, dim3(kThreads), kSmemBytes, s, 1, p);
+}
+
+void AttentionWgmmaTileProbe(const TensorView& q, const TensorView& k, const TensorView& pm,
+                             const TensorView& v, const TensorView& s_out, const TensorView& o_out,
+                             bool wide, cudaStream_t s) {
+  auto is = [](const TensorView& t, DType dt, int64_t rows) {
+    return t.dtype == dt && t.rank() == 2 && t.dim(0) == rows && t.dim(1) == 128 &&
+           t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  };
+  COROLLA_CHECK(is(q, DType::kBF16, 64) && is(k, DType::kBF16, 128) && is(pm, DType::kBF16, 64) &&
+                is(v, DType::kBF16, 128) && is(s_out, DType::kF32, 64) &&
+                is(o_out, DType::kF32, 64))
+      << "attention wgmma probe: q " << q.ToString() << " k " << k.ToString() << " p "
+      << pm.ToString() << " v " << v.ToString();
+  constexpr size_t kProbeSmem = 1024 + 64 * 256 + 2 * kTileBytes;
+  static std::atomic<uint64_t> set_wide{0}, set_narrow{0};
+  if (wide) {
+    SetSmemOnce(AttentionWgmmaProbeKernel<true>, set_wide, kProbeSmem);
+    AttentionWgmmaProbeKernel<true>
+        <<<1, 128, kProbeSmem, s>>>(q.ptr<bf16_t>(), k.ptr<bf16_t>(), pm.ptr<bf16_t>(),
+                                    v.ptr<bf16_t>(), s_out.ptr<float>(), o_out.ptr<float>());
+  } else {
+    SetSmemOnce(AttentionWgmmaProbeKernel<false>, set_narrow, kProbeSmem);
+    AttentionWgmmaProbeKernel<false>
+        <<<1, 128, kProbeSmem, s>>>(q.ptr<bf16_t>(), k.ptr<bf16_t>(), pm.ptr<bf16_t>(),
+                                    v.ptr<bf16_t>(), s_out.ptr<float>(), o_out.ptr<float>());
+  }
+  COROLLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace corolla::cuda
