@@ -23,7 +23,7 @@ timeout 540 $B/cuda_kernels_test --gtest_filter="$filter" >"$OUT/fp8_tests.log" 
 note "cuda_kernels_test $filter exit $?"
 grep -E "^\[  FAILED  \]|Failure|Check failed|CUDA error|cuBLAS error|declined|no .*FP8 algorithm" "$OUT/fp8_tests.log" | head -30
 grep -E "^(Fp8|LinearFp8|Perf\.fp8|Perf\.bf16|Fp8Model|MoeExpertsFp8|Perf\.moe)" "$OUT/fp8_tests.log" | head -400
-grep -E "fp8 gemm perf:|fp8 model:|moe fp8 perf:" "$OUT/fp8_tests.log"
+grep -E "fp8 gemm perf:|fp8 gemv perf:|fp8 model:|moe fp8 perf:" "$OUT/fp8_tests.log"
 
 m=deepseek-v3-fp8
 golden=tests/data/golden/$m.safetensors

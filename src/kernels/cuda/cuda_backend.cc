@@ -30,6 +30,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_SLOTS")) t.moe_pair_down_slots = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA")) t.moe_gemm_wgmma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA")) t.attention_wgmma = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_LINEAR_FP8_GEMV_MAX_ROWS")) t.linear_fp8_gemv_max_rows = std::atoi(v);
     return t;
   }();
   return tuning;
@@ -271,7 +272,8 @@ void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorV
 }
 void CudaBackend::LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
                             const TensorView& out) {
-  fp8_linear_->Run(x, w, w_scale, out, stream_);
+  // A few rows: the FP8 GEMV with the quantisation fused in (fp8_gemv.cu); else quantise + cuBLASLt.
+  if (!LinearFp8Gemv(x, w, w_scale, out, stream_)) fp8_linear_->Run(x, w, w_scale, out, stream_);
 }
 void CudaBackend::BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
   if (linear_->RunBatched(x, w, out, stream_)) return;

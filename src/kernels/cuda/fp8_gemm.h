@@ -38,6 +38,15 @@ void ExpandFp8WeightScales(const TensorView& w_scale, const TensorView& out, cud
 // out's rows may be strided.
 void TransposeBf16(const TensorView& dt, const TensorView& out, cudaStream_t s);
 
+// fp8_gemv.cu: Backend::LinearFp8 (semantics: kernels/backend.h) for x of
+// 1..min(8, Tuning().linear_fp8_gemv_max_rows) rows in one launch, the activation quantisation
+// done in the kernel (the same sx and q as QuantizeFp8Groups); out bf16 or f32. False (nothing
+// launched) for more rows or layouts it does not cover (K % 16, 16-byte aligned x and w, x's row
+// stride % 8, M x K bytes in shared memory). Launched with programmatic dependent launch: it
+// reads w and w_scale before the previous kernel has finished (they must be weights).
+bool LinearFp8Gemv(const TensorView& x, const TensorView& w, const TensorView& w_scale, const TensorView& out,
+                   cudaStream_t s);
+
 // One way of handing the block-scaled GEMM to cuBLASLt. Column-major terms, always "TN" (A op
 // T, B op N, both stored K-contiguous, as the docs require of FP8 on Hopper):
 //   x_is_a = false: A = weight [K, N], B = activations [K, M4], D [N, M4] = out (row-major);

@@ -174,6 +174,9 @@ TEST_F(CudaKernelTest, Fp8ScaleExpandAndTranspose) {
 TEST_F(CudaKernelTest, LinearFp8) {
   auto& fp8 = dynamic_cast<cuda::CudaBackend&>(gpu()).fp8_linear();
   const cuda::Fp8Linear::Path default_path = fp8.path();
+  // cuBLASLt and the SIMT kernel at every M (the FP8 GEMV has its own test: LinearFp8Gemv).
+  const int default_gemv_rows = cuda::Tuning().linear_fp8_gemv_max_rows;
+  cuda::Tuning().linear_fp8_gemv_max_rows = 0;
   struct Case {
     int64_t n, k;
     int64_t x_pad, out_pad;  // extra columns of x's / out's rows (strided views)
@@ -231,6 +234,7 @@ TEST_F(CudaKernelTest, LinearFp8) {
   }
   fp8.set_path(default_path);
   fp8.set_first_variant(0);
+  cuda::Tuning().linear_fp8_gemv_max_rows = default_gemv_rows;
   std::printf("LinearFp8: cuBLASLt declined %lld problem(s) (ran on the SIMT kernel)\n",
               static_cast<long long>(fp8.num_declined()));
   // The DeepSeek-V3 shapes must run on cuBLASLt, else the speed below is the SIMT kernel's.
@@ -427,6 +431,9 @@ TEST(CudaPerf, Fp8Gemm) {
   auto& cb = dynamic_cast<cuda::CudaBackend&>(*gpu);
   cudaStream_t stream = cb.stream();
   auto tflops = [](double m, double n, double k, double us) { return 2.0 * m * n * k / (us * 1e-6) / 1e12; };
+  // The quantise + GEMM path at every M (the FP8 GEMV's speed: CudaPerf.Fp8Gemv).
+  const int default_gemv_rows = cuda::Tuning().linear_fp8_gemv_max_rows;
+  cuda::Tuning().linear_fp8_gemv_max_rows = 0;
 
   const int64_t p = 8192;
   double fp8_peak = 0, bf16_peak = 0;
@@ -489,6 +496,7 @@ TEST(CudaPerf, Fp8Gemm) {
     }
   }
   std::printf("fp8 gemm perf: cuBLASLt declined %lld problem(s)\n", static_cast<long long>(cb.fp8_linear().num_declined()));
+  cuda::Tuning().linear_fp8_gemv_max_rows = default_gemv_rows;
 }
 
 // The deepseek-v3-fp8 fixture on the GPU with native FP8 GEMMs and with the weights
@@ -557,6 +565,152 @@ TEST(CudaFp8Model, DeepseekFixtureNativeAndDequant) {
   // (12.5%) apart, and this tiny model carries that to 1.4e-1 (an H200, session 3); the
   // kernels alone agree to ~3e-3 (LinearFp8 above).
   report("native fp8 vs cpu twin", native_twin, 2e-1);
+}
+
+
+// The FP8 GEMV (fp8_gemv.cu: LinearFp8 for 1..8 rows in one launch, the activation quantisation
+// in the kernel) against the CPU twin: M 1..8 x N {2112, 7168, 4096, 200 (a partial weight
+// block)} x K {7168, 1536, 512, 2112 (a partial group)}, x values over several binades, strided
+// x or out on a third of the shapes each, poisoned outputs. bf16 out within kBf16Tol; f32 out
+// within kF32Tol (the same products summed in another order: ~1e-6; one activation quantised to
+// a neighbouring e4m3 value would cost ~1e-3). Backend::LinearFp8 (m 3) must take the GEMV:
+// bit-equal to the direct launch. Filter: --gtest_filter='CudaKernelTest.LinearFp8Gemv'.
+TEST_F(CudaKernelTest, LinearFp8Gemv) {
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+  const int default_rows = cuda::Tuning().linear_fp8_gemv_max_rows;
+  cuda::Tuning().linear_fp8_gemv_max_rows = 8;
+  int case_idx = 0;
+  for (int64_t n : {2112, 7168, 4096, 200}) {
+    for (int64_t k : {7168, 1536, 512, 2048 + 64}) {
+      const int64_t x_pad = case_idx % 3 == 1 ? 8 : 0, out_pad = case_idx % 3 == 2 ? 3 : 0;
+      ++case_idx;
+      Fp8Weight w = MakeWeight(gpu(), n, k);
+      const int64_t xw = k + x_pad, ow = n + out_pad;
+      // Eight rows; the twin quantises each row on its own, so its first m rows are M = m's.
+      std::vector<float> x = RandomBf16(8 * xw, 4.0f);
+      for (int64_t i = 0; i < 8 * xw; i += 37) x[i] = ToFloat(ToBf16(x[i] * 1e-3f));
+      Tensor hx = HostF32(x, {8, xw});
+      Tensor want = Tensor::Empty(DType::kF32, {8, n});
+      cpu::LinearFp8(Cols(hx, k), w.host_w, w.host_scale_view(), want);
+      Tensor gx = Upload(gpu(), x, {8, xw}, DType::kBF16);
+      for (int64_t m = 1; m <= 8; ++m) {
+        const std::vector<float> want_v(want.ptr<float>(), want.ptr<float>() + m * n);
+        const TensorView xm = Cols(gx.view().Slice(0, m), k);
+        const std::string shape = ShapeName(m, n, k) + (x_pad ? " x strided" : "") + (out_pad ? " out strided" : "");
+        Tensor gout = gpu().Empty(DType::kBF16, {m, ow});
+        Poison(gpu(), gout);
+        const bool ran = cuda::LinearFp8Gemv(xm, w.dev_w, w.dev_scale_view(), Cols(gout, n), stream);
+        EXPECT_TRUE(ran) << shape;
+        const std::vector<float> got = Rows(Download(gpu(), gout), m, ow, n);
+        const double e = RelError(got, want_v);
+        Record("LinearFp8Gemv.bf16", shape, e, kBf16Tol);
+        EXPECT_LT(e, kBf16Tol) << shape;
+
+        Tensor gout32 = gpu().Empty(DType::kF32, {m, n});
+        Poison(gpu(), gout32);
+        EXPECT_TRUE(cuda::LinearFp8Gemv(xm, w.dev_w, w.dev_scale_view(), gout32, stream)) << shape;
+        const double e32 = RelError(Download(gpu(), gout32), want_v);
+        Record("LinearFp8Gemv.f32", shape, e32, kF32Tol);
+        EXPECT_LT(e32, kF32Tol) << shape << " f32 out";
+
+        if (m == 3) {  // the backend's dispatch
+          Tensor bout = gpu().Empty(DType::kBF16, {m, ow});
+          Poison(gpu(), bout);
+          gpu().LinearFp8(xm, w.dev_w, w.dev_scale_view(), Cols(bout, n));
+          const std::vector<float> via_backend = Rows(Download(gpu(), bout), m, ow, n);
+          int64_t differ = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            differ += std::memcmp(&got[i], &via_backend[i], sizeof(float)) != 0;
+          Record("LinearFp8Gemv.backend_vs_direct_mismatches", shape, static_cast<double>(differ), 0);
+          EXPECT_EQ(differ, 0) << shape << ": Backend::LinearFp8 did not take the GEMV";
+        }
+      }
+    }
+  }
+  // Declined (nothing launched): K not a multiple of 16, more rows than the knob, 9 rows.
+  {
+    Fp8Weight w = MakeWeight(gpu(), 100, 200);
+    Tensor gx = Upload(gpu(), RandomBf16(2 * 200), {2, 200}, DType::kBF16);
+    Tensor gout = gpu().Empty(DType::kBF16, {2, 100});
+    EXPECT_FALSE(cuda::LinearFp8Gemv(gx, w.dev_w, w.dev_scale_view(), gout, stream));
+  }
+  {
+    Fp8Weight w = MakeWeight(gpu(), 256, 512);
+    Tensor gx = Upload(gpu(), RandomBf16(9 * 512), {9, 512}, DType::kBF16);
+    Tensor gout = gpu().Empty(DType::kBF16, {9, 256});
+    EXPECT_FALSE(cuda::LinearFp8Gemv(gx, w.dev_w, w.dev_scale_view(), gout, stream));
+    cuda::Tuning().linear_fp8_gemv_max_rows = 4;
+    EXPECT_FALSE(cuda::LinearFp8Gemv(gx.view().Slice(0, 5), w.dev_w, w.dev_scale_view(), gout.view().Slice(0, 5),
+                                     stream));
+    EXPECT_TRUE(cuda::LinearFp8Gemv(gx.view().Slice(0, 4), w.dev_w, w.dev_scale_view(), gout.view().Slice(0, 4),
+                                    stream));
+  }
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cuda::Tuning().linear_fp8_gemv_max_rows = default_rows;
+}
+
+// FP8 GEMV speed at DeepSeek-V3 decode shapes, M 1, 4, 8: the GEMV (fp8_gemv.cu), the path it
+// replaces (QuantizeFp8Groups + cuBLASLt; linear_fp8_gemv_max_rows 0) and the bf16 GEMV
+// (gemv.cu, linear_gemv_max_rows 8) on a bf16 weight of the same shape. us: mean of 50
+// back-to-back calls by events (PDL overlaps their prologues, as in a decode step); GB/s: the
+// weight's bytes (fp8 N K, bf16 2 N K) per second, and their share of the HBM copy rate measured
+// here (1 GiB D2D, read + write). "fp8 gemv perf:" rows; the fp8 GEMV should approach 2x the
+// bf16 GEMV's time at M 1. Filter: --gtest_filter='CudaPerf.Fp8Gemv'.
+TEST(CudaPerf, Fp8Gemv) {
+  Backend* gpu = Gpu();
+  if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
+  const cuda::KernelTuning defaults = cuda::Tuning();
+  double copy_gbps = 0;
+  {
+    const size_t bytes = size_t{1} << 30;
+    Tensor a = gpu->Empty(DType::kBF16, {static_cast<int64_t>(bytes / 2)});
+    Tensor b = gpu->Empty(DType::kBF16, {static_cast<int64_t>(bytes / 2)});
+    const double us = TimeUs(
+        stream, [&] { cudaMemcpyAsync(b.view().data, a.view().data, bytes, cudaMemcpyDeviceToDevice, stream); }, 10);
+    copy_gbps = 2.0 * bytes / (us * 1e-6) / 1e9;
+  }
+  std::printf("fp8 gemv perf: limit: HBM copy %.0f GB/s (read + write)\n", copy_gbps);
+  std::printf("fp8 gemv perf: shape | N x K | M | fp8 gemv us | GB/s | of copy | quant+cublasLt us | bf16 gemv us | "
+              "GB/s | of copy | fp8 gemv speedup vs bf16 gemv | vs quant+cublasLt\n");
+  struct Shape2 {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape2 shapes[] = {{"q_a|kv_a", 1536 + 576, 7168},   {"q_b", 128 * 192, 1536},
+                           {"o", 7168, 128 * 128},            {"dense gate_up", 2 * 18432, 7168},
+                           {"dense down", 7168, 18432},       {"shared gate_up", 2 * 2048, 7168},
+                           {"shared down", 7168, 2048}};
+  for (const Shape2& s : shapes) {
+    Fp8Weight w = MakeWeight(*gpu, s.n, s.k);
+    Tensor wb = gpu->Empty(DType::kBF16, {s.n, s.k});  // values only matter for the time
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(wb.view().data, 0x3c, wb.view().nbytes(), stream));
+    for (int64_t m : {1, 4, 8}) {
+      Tensor x = Upload(*gpu, RandomBf16(m * s.k), {m, s.k}, DType::kBF16);
+      Tensor out = gpu->Empty(DType::kBF16, {m, s.n});
+      cuda::Tuning().linear_fp8_gemv_max_rows = 8;
+      EXPECT_TRUE(cuda::LinearFp8Gemv(x, w.dev_w, w.dev_scale_view(), out, stream)) << s.name;
+      const double gemv_us =
+          TimeUs(stream, [&] { cuda::LinearFp8Gemv(x, w.dev_w, w.dev_scale_view(), out, stream); }, 50);
+      cuda::Tuning().linear_fp8_gemv_max_rows = 0;
+      const double path_us = TimeUs(stream, [&] { gpu->LinearFp8(x, w.dev_w, w.dev_scale_view(), out); }, 50);
+      cuda::Tuning().linear_gemv_max_rows = 8;
+      const double bf16_us = TimeUs(stream, [&] { gpu->Linear(x, wb, out); }, 50);
+      cuda::Tuning() = defaults;
+      const double fp8_gbps = double(s.n) * s.k / (gemv_us * 1e-6) / 1e9;
+      const double bf16_gbps = 2.0 * s.n * s.k / (bf16_us * 1e-6) / 1e9;
+      std::printf("fp8 gemv perf: %s | %lld x %lld | %lld | %.1f | %.0f | %.1f%% | %.1f | %.1f | %.0f | %.1f%% | "
+                  "%.2fx | %.2fx\n",
+                  s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(m),
+                  gemv_us, fp8_gbps, 100.0 * fp8_gbps / copy_gbps, path_us, bf16_us, bf16_gbps,
+                  100.0 * bf16_gbps / copy_gbps, bf16_us / gemv_us, path_us / gemv_us);
+      const std::string shape = std::string(s.name) + " M" + std::to_string(m);
+      Record("Perf.fp8_gemv_us", shape, gemv_us, 0);
+      Record("Perf.fp8_quant_cublaslt_us", shape, path_us, 0);
+      Record("Perf.bf16_gemv_us", shape, bf16_us, 0);
+    }
+  }
+  cuda::Tuning() = defaults;
 }
 
 }  // namespace

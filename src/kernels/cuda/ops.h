@@ -32,12 +32,9 @@ class ScratchBuffer {
 };
 
 // Process-wide choices between kernel variants, read at each launch (tests and benchmarks set
-// them to sweep both sides; COROLLA_MOE_DECODE_MAX_PAIRS, COROLLA_MOE_PAIR_GEMV_MAX_PAIRS,
-// COROLLA_LINEAR_GEMV_MAX_ROWS, COROLLA_ATTN_SPLIT_MIN_CTAS, COROLLA_ATTN_MMA,
-// COROLLA_ATTN_FUSED_MERGE, COROLLA_PDL, COROLLA_FUSED_ROUTER_MAX_TOKENS,
-// COROLLA_MOE_PAIR_DOWN_SLOTS, COROLLA_GDN_CHUNKED_MIN_TOKENS, COROLLA_MLA_DECODE_SPLITS,
-// COROLLA_MOE_GEMM_WGMMA and COROLLA_ATTN_WGMMA in the environment set the defaults). Not
-// synchronised: set them before launching work.
+// them to sweep both sides). Each field's default can be set by the COROLLA_* environment
+// variable that Tuning() in cuda_backend.cc reads for it. Not synchronised: set them before
+// launching work.
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
   // mma GEMMs (grouped_gemm.cu) above it. 256: from ~2 tokens per expert on (E 128, k 8:
@@ -92,6 +89,14 @@ struct KernelTuning {
   // the wgmma kernel (attention_wgmma.cu) on sm_90 when Tuning().attention_mma is on too; off:
   // the mma.sync kernel (attention_mma.cu). COROLLA_ATTN_WGMMA sets it.
   bool attention_wgmma = true;
+  // LinearFp8 with at most this many rows of x (<= 8) runs the FP8 GEMV of fp8_gemv.cu (the
+  // activation quantisation fused in, one launch), else quantise + cuBLASLt (3 launches). 4, by
+  // an operation count (not yet measured: CudaPerf.Fp8Gemv): the SIMT GEMV spends ~1.5 + 1.9 M
+  // instructions per weight byte (1.5 + 1.4 M at 3-4 rows) against ~7 an SM issues per byte
+  // the HBM delivers, so it streams near the copy rate up to 4 rows and is compute-bound
+  // beyond (~45% of it at 8, where quantise + cuBLASLt should win on the large weights).
+  // COROLLA_LINEAR_FP8_GEMV_MAX_ROWS sets it.
+  int linear_fp8_gemv_max_rows = 4;
 };
 KernelTuning& Tuning();
 
