@@ -135,7 +135,7 @@ fi
 # --- DP-EP: each rank owns every 2nd sequence, experts split over both GPUs.
 # DP x TP's MoE path (issue 6: each TP rank dispatches 1/tp of the tokens, zeros elsewhere, the
 # TP all-reduce assembles) on two GPUs: TP-EP through that exchange (COROLLA_TP_EP_EXCHANGE=1).
-# One sequence and three; logits vs 1 GPU (2e-2, as the --tp checks); greedy generate
+# One sequence and three; logits vs 1 GPU (2e-2, the hybrid 1e-1, as the --tp checks); greedy generate
 # without graphs (the sized exchange syncs on the host); bench decode with the fixed-capacity
 # NVLink exchange, eager and graph. COROLLA_SKIP_DPTP=1 skips it.
 if [ -z "${COROLLA_SKIP_DPTP:-}" ]; then
@@ -147,7 +147,8 @@ if [ -z "${COROLLA_SKIP_DPTP:-}" ]; then
       one=$OUT/${m}_${name}_1gpu.safetensors; two=$OUT/${m}_${name}_tpx.safetensors
       timeout 60 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$one" 2>>"$OUT/dptp_logits.err" || note "$m $name: single-GPU logits FAILED"
       COROLLA_TP_EP_EXCHANGE=1 timeout 60 $B/corolla logits --device cuda --model tests/data/models/$m --ids "$ids" --out "$two" --tp 2 2>>"$OUT/dptp_logits.err" || note "$m $name: --tp 2 via the exchange FAILED"
-      note "$m $name tp2 via the DP x TP exchange vs 1 GPU: $(python3 scripts/compare_logits.py diff "$two" "$one" 2e-2)"
+      tol=2e-2; [ "$m" = qwen3.5-moe-hybrid ] && tol=1e-1  # the hybrid fixture's bf16 amplification (see the --tp block)
+      note "$m $name tp2 via the DP x TP exchange vs 1 GPU: $(python3 scripts/compare_logits.py diff "$two" "$one" $tol)"
       rm -f "$one" "$two"
     done
   done

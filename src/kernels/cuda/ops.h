@@ -90,13 +90,12 @@ struct KernelTuning {
   // the mma.sync kernel (attention_mma.cu). COROLLA_ATTN_WGMMA sets it.
   bool attention_wgmma = true;
   // LinearFp8 with at most this many rows of x (<= 8) runs the FP8 GEMV of fp8_gemv.cu (the
-  // activation quantisation fused in, one launch), else quantise + cuBLASLt (3 launches). 4, by
-  // an operation count (not yet measured: CudaPerf.Fp8Gemv): the SIMT GEMV spends ~1.5 + 1.9 M
-  // instructions per weight byte (1.5 + 1.4 M at 3-4 rows) against ~7 an SM issues per byte
-  // the HBM delivers, so it streams near the copy rate up to 4 rows and is compute-bound
-  // beyond (~45% of it at 8, where quantise + cuBLASLt should win on the large weights).
+  // activation quantisation fused in, one launch), else quantise + cuBLASLt (3 launches). 1: on
+  // an H200 (CudaPerf.Fp8Gemv, DeepSeek-V3 decode shapes) the GEMV beats quantise + cuBLASLt at
+  // one row on the small weights (1.2-1.9x) and ties on the large ones, but loses from 4 rows on
+  // (0.3-0.9x): it is instruction-bound (33-69% of the copy rate at one row).
   // COROLLA_LINEAR_FP8_GEMV_MAX_ROWS sets it.
-  int linear_fp8_gemv_max_rows = 4;
+  int linear_fp8_gemv_max_rows = 1;
 };
 KernelTuning& Tuning();
 

@@ -3,6 +3,7 @@
 #include <nccl_device.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
@@ -46,7 +47,10 @@ Result<PeerCopyRate> BenchPeerCopy(Communicator& comm, int64_t bytes, int iters)
   if (bytes <= 0 || bytes % 16 != 0) return InvalidArgument("BenchPeerCopy: bytes must be a positive multiple of 16");
   PeerCopyRate rate;
   if (h->size < 2) return rate;
+  // Progress on stderr (unbuffered): where a rank stopped, if a step never returns.
+  auto progress = [&](const char* what) { std::fprintf(stderr, "peer copy, rank %d: %s\n", h->rank, what); };
   ASSIGN_OR_RETURN(std::unique_ptr<SymmetricMemory> mem, SymmetricMemory::Create(h->comm, 2 * static_cast<size_t>(bytes), 1));
+  progress("window made");
   const int next = (h->rank + 1) % h->size, prev = (h->rank + h->size - 1) % h->size;
   int device = 0, sms = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
@@ -85,6 +89,7 @@ Result<PeerCopyRate> BenchPeerCopy(Communicator& comm, int64_t bytes, int iters)
       COROLLA_CUDA_CHECK(cudaGetLastError());
     });
     (pull ? rate.pull_gbs : rate.push_gbs) = gbs;
+    progress(pull ? "pull timed" : "push timed");
   }
   rate.nccl_gbs = time([&] {
     COROLLA_NCCL_CHECK(ncclGroupStart());
@@ -92,6 +97,7 @@ Result<PeerCopyRate> BenchPeerCopy(Communicator& comm, int64_t bytes, int iters)
     COROLLA_NCCL_CHECK(ncclRecv(recv, static_cast<size_t>(bytes), ncclUint8, prev, h->comm, s));
     COROLLA_NCCL_CHECK(ncclGroupEnd());
   });
+  progress("nccl send/recv timed");
   COROLLA_CUDA_CHECK(cudaEventDestroy(start));
   COROLLA_CUDA_CHECK(cudaEventDestroy(stop));
   COROLLA_CUDA_CHECK(cudaFree(token));
