@@ -456,6 +456,103 @@ __global__ void __launch_bounds__(kWarps * 32) PairDownCombineFp8Kernel(const __
   }
 }
 
+// PairDownSlotsKernel for e4m3 weights: warp w takes slots w, w + kSlotWarps, ... of its token
+// for kSlotRows rows of W_down, the first pass of weight loads issued before the dependency
+// wait (see PairDownSlotsKernel for why that is safe), the warps' sums meeting in shared memory.
+__global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsFp8Kernel(const __grid_constant__ PairGemvFp8Params p) {
+  __shared__ float partial[kSlotWarps][kSlotRows];
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h0 = blockIdx.y * kSlotRows;
+  const int* ids = p.ids + t * p.ids_stride;
+  auto expert_of = [&](int slot) {
+    const int e = __ldcg(ids + slot);
+    return e < 0 || e >= p.experts ? -1 : e;
+  };
+  const uint8_t* rows[kSlotRows];
+  const float* srow[kSlotRows];
+  auto row_ptrs = [&](int e) {
+    const uint8_t* w = p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter;
+    const float* sc = p.d_scale + static_cast<int64_t>(e) * p.h_groups * p.i_groups;
+#pragma unroll
+    for (int r = 0; r < kSlotRows; ++r) {
+      const int h = min(h0 + r, p.hidden - 1);
+      rows[r] = w + static_cast<int64_t>(h) * p.inter;
+      srow[r] = sc + static_cast<int64_t>(h / kFp8Group) * p.i_groups;
+    }
+  };
+  uint4 wv[kUnroll][kSlotRows];
+  auto load_pass = [&](int c0) {
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int c = c0 + j * 32 * kFp8Chunk;
+      if (c >= p.inter) break;
+#pragma unroll
+      for (int r = 0; r < kSlotRows; ++r) wv[j][r] = LoadStreamingFp8(rows[r] + c);
+    }
+  };
+  int slot = warp;
+  int e = slot < p.top_k ? expert_of(slot) : -1;
+  if (e >= 0) {
+    row_ptrs(e);
+    load_pass(lane * kFp8Chunk);
+  }
+  GridDependencyWait();  // act comes from the gate/up kernel
+  TriggerDependents();
+  float acc[kSlotRows] = {};
+  bool preloaded = e >= 0;
+  for (; slot < p.top_k; slot += kSlotWarps, e = slot < p.top_k ? expert_of(slot) : -1) {
+    if (e < 0) continue;
+    if (!preloaded) row_ptrs(e);
+    const float wt = __ldcg(p.weights + t * p.weights_stride + slot);
+    const float* a = p.act + static_cast<int64_t>(t * p.top_k + slot) * p.inter;
+    float part[kSlotRows] = {};
+    for (int c0 = lane * kFp8Chunk; c0 < p.inter; c0 += kUnroll * 32 * kFp8Chunk) {
+      if (!preloaded) load_pass(c0);
+      preloaded = false;
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int c = c0 + j * 32 * kFp8Chunk;
+        if (c >= p.inter) break;
+        float af[kFp8Chunk];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float4 v = *reinterpret_cast<const float4*>(a + c + 4 * q);
+          af[4 * q] = v.x;
+          af[4 * q + 1] = v.y;
+          af[4 * q + 2] = v.z;
+          af[4 * q + 3] = v.w;
+        }
+        const int g = c / kFp8Group;
+#pragma unroll
+        for (int r = 0; r < kSlotRows; ++r) {
+          float wf[kFp8Chunk];
+          UnpackFp8x16(wv[j][r], wf);
+          float dot = 0.f;
+#pragma unroll
+          for (int i = 0; i < kFp8Chunk; ++i) dot = fmaf(wf[i], af[i], dot);
+          part[r] = fmaf(dot, __ldg(srow[r] + g), part[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kSlotRows; ++r) acc[r] = fmaf(wt, part[r], acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kSlotRows; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kSlotRows; ++r) partial[warp][r] = acc[r];
+  }
+  __syncthreads();
+  if (threadIdx.x < kSlotRows && h0 + threadIdx.x < p.hidden) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kSlotWarps; ++w) v += partial[w][threadIdx.x];
+    p.out[t * p.out_stride + h0 + threadIdx.x] = __float2bfloat16(v);
+  }
+}
+
 }  // namespace
 
 void MoeExpertsPairGemvFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
@@ -474,8 +571,11 @@ void MoeExpertsPairGemvFp8(const TensorView& x, const TensorView& topk_ids, cons
                       static_cast<int>(w_gate_up.dim(0)), k, hidden, inter, CeilDiv(hidden, kFp8Group),
                       CeilDiv(inter, kFp8Group)};
   LaunchPdl(PairGateUpFp8Kernel, dim3(tokens * k, CeilDiv(inter, kWarps * kGateUpN)), dim3(kWarps * 32), 0, s, 1, p);
-  LaunchPdl(PairDownCombineFp8Kernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s, 1,
-            p);
+  if (Tuning().moe_pair_down_slots)
+    LaunchPdl(PairDownSlotsFp8Kernel, dim3(tokens, CeilDiv(hidden, kSlotRows)), dim3(kSlotWarps * 32), 0, s, 1, p);
+  else
+    LaunchPdl(PairDownCombineFp8Kernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s,
+              1, p);
 }
 
 }  // namespace corolla::cuda

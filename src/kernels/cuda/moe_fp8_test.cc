@@ -105,8 +105,10 @@ struct Fp8Path {
   const char* name;
   bool pairs;     // the pair GEMVs (weight-only), else the grouped FP8 GEMMs (quantised)
   int tile_rows;  // grouped: forced tile height (0: by rows per expert)
+  bool down_slots = true;  // pairs: Tuning().moe_pair_down_slots
 };
 const Fp8Path kFp8Paths[] = {{"pair gemv", true, 0},
+                             {"pair gemv, down by rows", true, 0, false},
                              {"grouped auto", false, 0},
                              {"grouped 32", false, 32},
                              {"grouped 64", false, 64},
@@ -135,6 +137,7 @@ void RunCase(Backend& gpu, const Fp8Experts& w, const Fp8Case& c) {
     tuning = DefaultTuning();
     tuning.moe_pair_gemv_max_pairs = path.pairs ? int64_t{1} << 40 : 0;
     tuning.moe_gemm_tile_rows = path.tile_rows;
+    tuning.moe_pair_down_slots = path.down_slots;
     Tensor gout = gpu.Empty(DType::kBF16, {t, h});
     Poison(gpu, gout);
     gpu.MoeExpertsFp8(gx, gids, gw, w.dev_gu, w.dev_gus, w.dev_d, w.dev_ds, gout);
