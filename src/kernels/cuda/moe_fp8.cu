@@ -12,6 +12,8 @@
 // addressing is byte-for-byte the bf16 kernel's: an 8x8 b16 matrix is 8 rows of 16 e4m3, and
 // lane l receives bytes 4 (l % 4) .. +3 of row l / 4, which is the m16n8k32 e4m3 A/B fragment
 // layout (A: a0..a3 = (rows 0-7 | 8-15) x (k 0-15 | 16-31); B: b0, b1 = n l / 4, k 0-15 | 16-31).
+// The 128-row tiles run on wgmma + TMA instead (moe_fp8_wgmma.cu) when Tuning().moe_fp8_wgmma is
+// on and the shapes fit.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -575,7 +577,10 @@ void GroupedGemmFp8GateUp(const uint8_t* xq, const float* xs, int64_t tokens_str
                   static_cast<int>(hidden),
                   CeilDiv(inter, kGroup),
                   CeilDiv(hidden, kGroup)};
-  LaunchFor<true>(GroupedGemmTileRows(rows, p.experts), p, rows, s);
+  const int tile_rows = GroupedGemmTileRows(rows, p.experts);
+  if (tile_rows == Fp8LargeTiles::kBM && Tuning().moe_fp8_wgmma && GroupedFp8WgmmaFits(inter, hidden, p.experts))
+    return GroupedFp8WgmmaGateUp(xq, xs, tokens_stride, perm_token, offsets, w_gate_up, gu_scale, act, s);
+  LaunchFor<true>(tile_rows, p, rows, s);
 }
 
 void GroupedGemmFp8Down(const uint8_t* actq, const float* act_scale, const int32_t* offsets, const TensorView& w_down,
@@ -595,7 +600,10 @@ void GroupedGemmFp8Down(const uint8_t* actq, const float* act_scale, const int32
                   static_cast<int>(inter),
                   CeilDiv(hidden, kGroup),
                   CeilDiv(inter, kGroup)};
-  LaunchFor<false>(GroupedGemmTileRows(rows, p.experts), p, rows, s);
+  const int tile_rows = GroupedGemmTileRows(rows, p.experts);
+  if (tile_rows == Fp8LargeTiles::kBM && Tuning().moe_fp8_wgmma && GroupedFp8WgmmaFits(hidden, inter, p.experts))
+    return GroupedFp8WgmmaDown(actq, act_scale, offsets, w_down, d_scale, y, s);
+  LaunchFor<false>(tile_rows, p, rows, s);
 }
 
 void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,

@@ -31,4 +31,18 @@ void GroupedGemmFp8GateUp(const uint8_t* xq, const float* xs, int64_t tokens_str
 void GroupedGemmFp8Down(const uint8_t* actq, const float* act_scale, const int32_t* offsets, const TensorView& w_down,
                         const TensorView& d_scale, const TensorView& y, cudaStream_t s);
 
+// moe_fp8_wgmma.cu: the Hopper kernels behind the two launchers above for 128-row tiles
+// (Tuning().moe_fp8_wgmma). Fits: N (GateUp: I; Down: H) % 64 == 0, K % 16 == 0, an sm_90
+// device, the schedule of `experts` in shared memory. Arguments as the launchers'.
+bool GroupedFp8WgmmaFits(int64_t n, int64_t k, int experts);
+void GroupedFp8WgmmaGateUp(const uint8_t* xq, const float* xs, int64_t tokens_stride, const int32_t* perm_token,
+                           const int32_t* offsets, const TensorView& w_gate_up, const TensorView& gu_scale,
+                           const TensorView& act, cudaStream_t s);
+void GroupedFp8WgmmaDown(const uint8_t* actq, const float* act_scale, const int32_t* offsets,
+                         const TensorView& w_down, const TensorView& d_scale, const TensorView& y, cudaStream_t s);
+// c [64, N] f32 = a [64, 128] b [N, 128]^T (e4m3, contiguous; N 128 or 256) through one tile of
+// 4 m64nNk32 e4m3 wgmmas: A by cp.async in the swizzled layout, B by TMA
+// (CudaKernelTest.Fp8WgmmaTileProbe).
+void Fp8WgmmaTileProbe(const TensorView& a, const TensorView& b, const TensorView& c, cudaStream_t s);
+
 }  // namespace corolla::cuda

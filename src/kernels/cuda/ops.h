@@ -96,6 +96,14 @@ struct KernelTuning {
   // (0.3-0.9x): it is instruction-bound (33-69% of the copy rate at one row).
   // COROLLA_LINEAR_FP8_GEMV_MAX_ROWS sets it.
   int linear_fp8_gemv_max_rows = 1;
+  // MoeExpertsFp8's grouped GEMMs at 128-row tiles (prefill) run on the wgmma + TMA kernels
+  // (moe_fp8_wgmma.cu) on sm_90 where the shapes fit (N % 64, K % 16), else on mma.sync
+  // (moe_fp8.cu). COROLLA_MOE_FP8_WGMMA sets it.
+  bool moe_fp8_wgmma = true;
+  // Width of moe_fp8_wgmma.cu's tile: 256 (GateUp 128 gate + 128 up rows; setmaxnreg 232 for
+  // the consumers; 3/4 of the smem traffic per MAC of 128) or 128 (64 + 64; no setmaxnreg).
+  // COROLLA_MOE_FP8_WGMMA_TILE_N sets it.
+  int moe_fp8_wgmma_tile_n = 256;
 };
 KernelTuning& Tuning();
 
