@@ -11,7 +11,10 @@
 // mla_decode.cu, whose own sweep is mla_decode_test.cc), a decode batch of 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
 // ||out - ref|| / ||ref|| < kBf16Tol. CudaPerf.Attention prints both kernels' speed
 // ("attention perf:" lines; prefill: simt, mma.sync and wgmma, with a "wgmma / mma.sync" ratio
-// line). CudaKernelTest.AttentionWgmmaTileProbe checks one wgmma S tile and one P V tile alone.
+// line, then wgmma_variant1..5 rows with their ratio to the base wgmma kernel). The mma variants
+// include every build of the wgmma kernel (Tuning().attention_wgmma_variant 0..5, "wgmma_variantN"
+// in the names). CudaKernelTest.AttentionWgmmaTileProbe checks one wgmma S tile and one P V tile
+// alone.
 // Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -37,13 +40,17 @@ struct AttnVariant {
   bool loose_hints;
   bool fused_merge = true;  // mma with splits: the last split CTA merges (else AttentionMergeKernel)
   bool wgmma = true;        // mma: D 128 prefill on attention_wgmma.cu (else attention_mma.cu)
+  int wgmma_variant = 0;    // Tuning().attention_wgmma_variant (0 the base wgmma kernel)
   int Kernel() const { return !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
     return std::string(!mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
-           (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge");
+           (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
+           (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "");
   }
 };
+constexpr int kWgmmaVariants = 6;  // Tuning().attention_wgmma_variant 0..5
+
 std::vector<AttnVariant> AttnVariants() {
   std::vector<AttnVariant> v;
   const int def = DefaultTuning().attention_split_min_ctas > 0 ? DefaultTuning().attention_split_min_ctas : 264;
@@ -57,6 +64,13 @@ std::vector<AttnVariant> AttnVariants() {
   // tokens a sequence, where the wgmma kernel never runs).
   v.push_back({true, 0, false, true, false});
   v.push_back({true, def, true, true, false});
+  // The other builds of the wgmma prefill kernel (Tuning().attention_wgmma_variant 1..5: grid
+  // order, intra-warpgroup overlap, ping-pong, each overlap one with the fast softmax), exact
+  // and loose hints.
+  for (int wv = 1; wv < kWgmmaVariants; ++wv) {
+    v.push_back({true, 0, false, true, true, wv});
+    v.push_back({true, def, true, true, true, wv});
+  }
   return v;
 }
 
@@ -143,6 +157,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_split_min_ctas = var.split_min_ctas;
     cuda::Tuning().attention_fused_merge = var.fused_merge;
     cuda::Tuning().attention_wgmma = var.wgmma;
+    cuda::Tuning().attention_wgmma_variant = var.wgmma_variant;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints ? max_q + 5 : max_q,
@@ -458,9 +473,10 @@ TEST(CudaPerf, Attention) {
     pb.batch = AttentionBatch{pb.qs, pb.sl, pb.tab, pb.slot, static_cast<int>(q_len), static_cast<int>(ctx)};
     return pb;
   };
-  auto run = [&](PerfBatch& pb, bool mma, int reps, bool wgmma = true) {
+  auto run = [&](PerfBatch& pb, bool mma, int reps, bool wgmma = true, int wgmma_variant = 0) {
     cuda::Tuning().attention_mma = mma;
     cuda::Tuning().attention_wgmma = wgmma;
+    cuda::Tuning().attention_wgmma_variant = wgmma_variant;
     const double us = time_us([&] { gpu.Attention(pb.q, KvCacheView{pb.kc, pb.vc}, pb.batch, scale, pb.out); }, reps);
     cuda::Tuning() = DefaultTuning();
     return us;
@@ -484,6 +500,18 @@ TEST(CudaPerf, Attention) {
     if (tf[0] > 0) std::printf("attention perf: prefill T%lld mma.sync / simt %.2fx\n", static_cast<long long>(t), tf[1] / tf[0]);
     std::printf("attention perf: prefill T%lld wgmma / mma.sync %.2fx (%.1f vs %.1f TFLOP/s)\n",
                 static_cast<long long>(t), tf[2] / tf[1], tf[2], tf[1]);
+    // The other builds of the wgmma kernel against the base one (variant 0 = "wgmma" above):
+    // 1 grid order (KV heads fastest, heaviest row tiles first), 2 + intra-warpgroup overlap,
+    // 3 + ping-pong of the consumer warpgroups, 4 and 5 = 2 and 3 with the fast softmax.
+    for (int wv = 1; wv < kWgmmaVariants; ++wv) {
+      const double us = run(pb, true, 20, true, wv);
+      const double tfv = flops / (us * 1e-6) / 1e12;
+      std::printf("attention perf: prefill T%lld Hq%lld Hk%lld D%lld wgmma_variant%d %9.1f us %7.1f TFLOP/s "
+                  "(%.1f%% of matmul) %.2fx the base wgmma\n",
+                  static_cast<long long>(t), static_cast<long long>(hq), static_cast<long long>(hk),
+                  static_cast<long long>(d), wv, us, tfv, 100.0 * tfv / matmul_tflops, tfv / tf[2]);
+      Record("Perf.attn_prefill_TFLOPs.wgmma_variant" + std::to_string(wv), "T" + std::to_string(t), tfv, 0);
+    }
   }
   for (int64_t ctx : {1024, 8192})
     for (int64_t num_seqs : {1, 64, 256}) {

@@ -22,7 +22,15 @@
 // Shared tiles: a [rows][128] bf16 tile is two 64-dim halves [2][rows][64], each 1024-aligned,
 // element (r, d) of half d / 64 at Sw128(r, (d % 64) / 8) + 2 (d % 8) (wgmma.cuh's layout).
 // Q (32 KB) is loaded once by all threads before the roles split.
+// Builds (Tuning().attention_wgmma_variant, AttentionWgmmaKernel<kVariant>): 0 the above; 1 the
+// grid flattened with the KV heads fastest (every head's heaviest causal row tiles dispatched
+// first); 2 as 1 with FlashAttention-3's intra-warpgroup overlap (ConsumeOverlap: S of tile j
+// and P V of tile j - 1 issued together, the softmax of S_j under the P V; setmaxnreg 240 / 24;
+// the producer signals a tile once it has landed); 3 as 2 plus the ping-pong of the consumer
+// warpgroups (named barriers: one issues its GEMMs while the other runs its softmax); 4 and 5
+// as 2 and 3 with SoftmaxFast (ex2.approx.ftz, the scale folded into one FFMA).
 // CudaKernelTest.AttentionWgmmaTileProbe checks one S tile and one P V tile alone.
+#include <algorithm>
 #include <atomic>
 
 #include "kernels/cuda/common.cuh"
@@ -40,6 +48,7 @@ constexpr int kBlockN = 128;  // keys per K/V tile
 constexpr int kStages = 3;
 constexpr int kLag = 1;  // producer: tiles between issuing a tile's copies and signalling them
 constexpr int kConsumers = 2;
+constexpr int kWgmmaVariants = 6;  // Tuning().attention_wgmma_variant: 0..5 (AttentionWgmmaKernel)
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kProducerThreads = 128;
 constexpr uint32_t kQBytes = kBlockM * kD * 2;
@@ -48,6 +57,11 @@ constexpr uint32_t kTileBytes = kBlockN * kD * 2;
 constexpr uint32_t kStageBytes = 2 * kTileBytes;  // K then V
 constexpr size_t kSmemBytes =
     1024 + kQBytes + kStages * kStageBytes + 2 * kStages * sizeof(uint64_t);
+// The overlap variants (>= 2) with kOverlapSplitKv: separate full / empty barriers for the K and
+// the V half of each stage (fullV, emptyV after full, empty), 48 bytes more.
+constexpr bool kOverlapSplitKv = true;
+constexpr size_t kSmemBytesSplit = kSmemBytes + 2 * kStages * sizeof(uint64_t);
+static_assert(kSmemBytesSplit <= 227 * 1024, "sm_90 shared memory per CTA");
 // O += P V with one m64n128k16 per 16 keys (true; reads the descriptor's LBO: the V half 64
 // dims on) or two m64n64k16 (false; one swizzle atom wide each, no LBO). The tile probe checks
 // both.
@@ -56,6 +70,10 @@ constexpr bool kPvWide = true;
 // consumers hold S (64 f32), O (64 f32) and P (32 bf16x2) at once.
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
+// The overlapped consumers (variants >= 2) hold S, O and P at once plus P V in flight.
+constexpr int kOverlapProducerRegs = 24, kOverlapConsumerRegs = 240;
+static_assert(128 * (kOverlapProducerRegs + kConsumers * kOverlapConsumerRegs) <= 65536,
+              "register file");
 // Consumers at tile j need full[j], signalled once the producer has issued j + kLag, which needs
 // empty[j + kLag - kStages]: released by the consumers after tile j + kLag - kStages < j.
 static_assert(kLag >= 0 && kLag <= kStages - 2, "deadlock-free lag of the full signal");
@@ -105,6 +123,7 @@ __device__ __forceinline__ void PvStep(float (&o)[64], const uint32_t (&a)[4], u
   }
 }
 
+template <int kLagT>
 __device__ __forceinline__ void Produce(const WgmmaAttnParams& p, int b, int kvh, int kv_end,
                                         int num_tiles, uint32_t pipe, uint32_t full,
                                         uint32_t empty) {
@@ -138,17 +157,73 @@ __device__ __forceinline__ void Produce(const WgmmaAttnParams& p, int b, int kvh
       wgmma::CpAsync16(sv + dst, p.v_cache + offset, valid);
     }
     wgmma::CpAsyncCommit();
-    if (it >= kLag) {  // tile it - kLag's copies have landed: fence them to the async proxy (the
-                       // consumers' wgmma reads) and signal them
-      wgmma::CpAsyncWait<kLag>();
+    if (it >= kLagT) {  // tile it - kLag's copies have landed: fence them to the async proxy (the
+                        // consumers' wgmma reads) and signal them
+      wgmma::CpAsyncWait<kLagT>();
       wgmma::FenceProxyAsync();
-      wgmma::MbarArrive(full + 8 * ((it - kLag) % kStages));
+      wgmma::MbarArrive(full + 8 * ((it - kLagT) % kStages));
     }
   }
   wgmma::CpAsyncWait<0>();
   wgmma::FenceProxyAsync();
-  for (int it = max(0, num_tiles - kLag); it < num_tiles; ++it)
+  for (int it = max(0, num_tiles - kLagT); it < num_tiles; ++it)
     wgmma::MbarArrive(full + 8 * (it % kStages));
+}
+
+// The producer of the overlap variants with kOverlapSplitKv: K and V of a tile are separate
+// cp.async groups with their own barriers, issued K_0, V_0, K_1, V_1, ..., each as soon as its
+// half of the stage is free (the consumers free K_t once S_t is done, a tile before V_t), and
+// signalled one tile later (after the next group of its kind is issued: wait_group 2).
+// Deadlock-free: K_t is signalled after V_t and K_{t+1} are issued, which need emptyV[t-3]
+// and emptyK[t-2], freed by the consumers at tile t-2 (< t, where they wait for K_t); V_{t-1}
+// is signalled after V_t is issued, which needs emptyV[t-3] and emptyK[t-3].
+__device__ __forceinline__ void ProduceSplit(const WgmmaAttnParams& p, int b, int kvh, int kv_end,
+                                             int num_tiles, uint32_t pipe, uint32_t full,
+                                             uint32_t empty, uint32_t full_v, uint32_t empty_v) {
+  const int t = threadIdx.x - kConsumers * 128;
+  const int c = t % 16, r0 = t / 16;  // this thread's chunk, key rows r0 + 8 i
+  const int32_t* table = p.block_tables + b * p.table_stride;
+  const bf16_t* const caches[2] = {p.k_cache, p.v_cache};
+  for (int it = 0; it < num_tiles; ++it) {
+    const int stage = it % kStages;
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+      if (it >= kStages)
+        wgmma::MbarWait((kv ? empty_v : empty) + 8 * stage, ((it / kStages) - 1) & 1);
+      const uint32_t dst_base = pipe + stage * kStageBytes + kv * kTileBytes;
+      const bf16_t* cache = caches[kv];
+#pragma unroll 4
+      for (int i = 0; i < kBlockN / 8; ++i) {
+        const int j = r0 + 8 * i, key = it * kBlockN + j;
+        const bool valid = key < kv_end;
+        int64_t offset = 0;
+        if (valid) {
+          int blk, in_blk;
+          if (p.block_shift >= 0) {
+            blk = key >> p.block_shift;
+            in_blk = key & (p.block_size - 1);
+          } else {
+            blk = key / p.block_size;
+            in_blk = key - blk * p.block_size;
+          }
+          offset = ((static_cast<int64_t>(table[blk]) * p.kv_heads + kvh) * p.block_size + in_blk) *
+                       kD +
+                   c * 8;
+        }
+        wgmma::CpAsync16(dst_base + TileChunk(kBlockN, j, c), cache + offset, valid);
+      }
+      wgmma::CpAsyncCommit();
+      if (it >= 1) {  // the same half of tile it - 1 has landed (2 groups issued since)
+        wgmma::CpAsyncWait<2>();
+        wgmma::FenceProxyAsync();
+        wgmma::MbarArrive((kv ? full_v : full) + 8 * ((it - 1) % kStages));
+      }
+    }
+  }
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  wgmma::MbarArrive(full + 8 * ((num_tiles - 1) % kStages));
+  wgmma::MbarArrive(full_v + 8 * ((num_tiles - 1) % kStages));
 }
 
 // One consumer warpgroup's softmax state and its steps over a K/V tile (see Consume).
@@ -227,6 +302,53 @@ __device__ __forceinline__ void Softmax(ConsumerState& c, int n0, float scale_lo
   }
 }
 
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Softmax with fewer instructions per score (variants 4 and 5): the mask on the raw scores, the
+// row max taken on them and scaled once (scale_log2 > 0: the host falls back otherwise), each P
+// as ex2.approx.ftz(s * scale_log2 - max) (one FFMA, no denormal fix-up; P below 2^-126 is 0).
+// Same contract as Softmax.
+__device__ __forceinline__ void SoftmaxFast(ConsumerState& c, int n0, float scale_log2, int cq,
+                                            float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.s[i]);
+  if (n0 + kBlockN > c.wg_limit) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n0 + 8 * j + 2 * cq + (e & 1);
+        if (key >= c.limit[e / 2]) c.s[4 * j + e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // a row's keys sit in the 4 lanes of a quad
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(c.s[4 * j + 2 * h], c.s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(c.m[h], mx * scale_log2);
+    // A row that has seen no key yet keeps max -inf; subtract 0 then (p = 2^-inf = 0, alpha 0).
+    const float base = mx == -INFINITY ? 0.f : mx;
+    alpha[h] = Exp2Ftz(c.m[h] - base);
+    c.m[h] = mx;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      c.s[4 * j + 2 * h] = Exp2Ftz(fmaf(c.s[4 * j + 2 * h], scale_log2, -base));
+      c.s[4 * j + 2 * h + 1] = Exp2Ftz(fmaf(c.s[4 * j + 2 * h + 1], scale_log2, -base));
+      sum0 += c.s[4 * j + 2 * h];
+      sum1 += c.s[4 * j + 2 * h + 1];
+    }
+    c.l[h] = c.l[h] * alpha[h] + (sum0 + sum1);
+  }
+}
+
 // O *= alpha per row (O's wgmmas done), then P -> bf16 A fragments: the fragment of keys 16 kk..
 // is the packed S fragment of key columns 2 kk (a[kk][0], a[kk][1]) and 2 kk + 1 (a[kk][2],
 // a[kk][3]). Packed before the P V fence: registers written between a fence and the wgmmas make
@@ -245,17 +367,10 @@ __device__ __forceinline__ void RescaleAndPack(ConsumerState& c, const float (&a
       c.a[kk][i] = PackBf16x2(c.s[8 * kk + 2 * i], c.s[8 * kk + 2 * i + 1]);
 }
 
-// A consumer warpgroup: 64 rows of the tile over all its K/V tiles; per tile S, softmax, P V,
-// each waited for. (FlashAttention-3's intra-warpgroup overlap, tile t's S issued with tile
-// t - 1's P V and the softmax run under it, was tried: with S, O and P live at once ptxas
-// spilled ~200 bytes and serialised the wgmmas at this tile size.)
-__device__ __forceinline__ void Consume(const WgmmaAttnParams& p, int q0, int row0, int rows_total,
-                                        int prefix, int kvh, int num_tiles, uint32_t sq,
-                                        uint32_t pipe, uint32_t full, uint32_t empty) {
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int g = lane / 4, cq = lane % 4;
-  const int wg_row0 = row0 + 64 * wg;
-  ConsumerState c;
+// Rows g, g + 8 of this thread's warp: key limits, running max and sum; O zeroed.
+__device__ __forceinline__ void InitState(const WgmmaAttnParams& p, ConsumerState& c, int wg_row0,
+                                          int rows_total, int prefix) {
+  const int warp = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = wg_row0 + 16 * warp + g + 8 * h;
@@ -266,22 +381,13 @@ __device__ __forceinline__ void Consume(const WgmmaAttnParams& p, int q0, int ro
   c.wg_limit = wg_row0 < rows_total ? prefix + wg_row0 / p.group + 1 : 0;
 #pragma unroll
   for (int i = 0; i < 64; ++i) c.o[i] = 0.f;
-  const uint32_t q_rows = sq + wg * 64 * 128;  // this warpgroup's Q rows in each half
-  for (int it = 0; it < num_tiles; ++it) {
-    const int stage = it % kStages;
-    const uint32_t sk = pipe + stage * kStageBytes;
-    wgmma::MbarWait(full + 8 * stage, (it / kStages) & 1);
-    __syncwarp();  // converged after the barrier spin (the wgmma instructions are .aligned)
-    IssueS(c, q_rows, sk);
-    wgmma::Wait<0>();
-    float alpha[2];
-    Softmax(c, it * kBlockN, p.scale_log2, cq, alpha);
-    RescaleAndPack(c, alpha);
-    IssuePv(c, sk + kTileBytes);
-    wgmma::Wait<0>();
-    __syncwarp();
-    if (lane == 0) wgmma::MbarArrive(empty + 8 * stage);  // this warp is done with the stage
-  }
+}
+
+// O (all wgmmas on it done) normalised by the row sums, written bf16.
+__device__ __forceinline__ void WriteOut(const WgmmaAttnParams& p, ConsumerState& c, int q0,
+                                         int wg_row0, int rows_total, int kvh) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, cq = lane % 4;
 #pragma unroll
   for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.o[i]);
 
@@ -304,6 +410,144 @@ __device__ __forceinline__ void Consume(const WgmmaAttnParams& p, int q0, int ro
   }
 }
 
+// A consumer warpgroup: 64 rows of the tile over all its K/V tiles; per tile S, softmax, P V,
+// each waited for (variants 0 and 1; ConsumeOverlap below overlaps them).
+__device__ __forceinline__ void Consume(const WgmmaAttnParams& p, int q0, int row0, int rows_total,
+                                        int prefix, int kvh, int num_tiles, uint32_t sq,
+                                        uint32_t pipe, uint32_t full, uint32_t empty) {
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, cq = lane % 4;
+  const int wg_row0 = row0 + 64 * wg;
+  ConsumerState c;
+  InitState(p, c, wg_row0, rows_total, prefix);
+  const uint32_t q_rows = sq + wg * 64 * 128;  // this warpgroup's Q rows in each half
+  for (int it = 0; it < num_tiles; ++it) {
+    const int stage = it % kStages;
+    const uint32_t sk = pipe + stage * kStageBytes;
+    wgmma::MbarWait(full + 8 * stage, (it / kStages) & 1);
+    __syncwarp();  // converged after the barrier spin (the wgmma instructions are .aligned)
+    IssueS(c, q_rows, sk);
+    wgmma::Wait<0>();
+    float alpha[2];
+    Softmax(c, it * kBlockN, p.scale_log2, cq, alpha);
+    RescaleAndPack(c, alpha);
+    IssuePv(c, sk + kTileBytes);
+    wgmma::Wait<0>();
+    __syncwarp();
+    if (lane == 0) wgmma::MbarArrive(empty + 8 * stage);  // this warp is done with the stage
+  }
+  WriteOut(p, c, q0, wg_row0, rows_total, kvh);
+}
+
+// wgmma::MbarWait without the trap: false after 10 s. A __trap() inside the consumers' tile loop
+// makes ptxas ignore their setmaxnreg budget (the overlapped loop then spills ~200 bytes and
+// serialises its wgmmas), so ConsumeOverlap traps once, after its loop.
+__device__ __forceinline__ bool WaitOrTimeout(uint32_t bar, uint32_t parity) {
+  if (wgmma::MbarTryWait(bar, parity)) return true;
+  const uint64_t start = wgmma::GlobalTimerNs();
+  while (!wgmma::MbarTryWait(bar, parity))
+    if (wgmma::GlobalTimerNs() - start > 10'000'000'000ull) return false;
+  return true;
+}
+
+// Named barriers of the ping-pong between the two consumer warpgroups (ids 1 and 2; 0 is
+// __syncthreads): 256 threads, the waiting warpgroup's 128 (bar.sync) and the other's (bar.arrive).
+__device__ __forceinline__ void NamedBarSync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void NamedBarArrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+// A consumer warpgroup with FlashAttention-3's intra-warpgroup overlap (variants >= 2): at tile
+// it, S_it = Q K_it^T and O += P_{it-1} V_{it-1} are issued back to back (two wgmma groups), the
+// softmax of S_it runs once S_it is done (wait_group 1) while P V still runs, then O is rescaled
+// and P_it packed once P V is done (wait_group 0); the last tile's P V after the loop. Live at
+// once: S (64 f32), O (64) and P (32 bf16x2). Holds stage it (K) and stage it - 1 (V); frees
+// it - 1 after its P V. kPingPong: the two warpgroups take turns issuing their wgmmas (named
+// barrier 1 + wg waited before, the other's arrived at after), so one's softmax runs under the
+// other's GEMMs; warpgroup 1 starts by letting 0 go first and skips its last arrive (balanced).
+// kOverlapSplitKv: K_it is waited for on full, V_{it-1} on full_v, and K_it freed (empty) as soon
+// as S_it is done, V_{it-1} (empty_v) after its P V (ProduceSplit); else one barrier pair per
+// stage (full_v = full, empty_v = empty unused) and the stage freed after its P V.
+template <bool kPingPong, bool kFast>
+__device__ __forceinline__ void ConsumeOverlap(const WgmmaAttnParams& p, int q0, int row0,
+                                               int rows_total, int prefix, int kvh, int num_tiles,
+                                               uint32_t sq, uint32_t pipe, uint32_t full,
+                                               uint32_t empty, uint32_t full_v, uint32_t empty_v) {
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, cq = lane % 4;
+  const int wg_row0 = row0 + 64 * wg;
+  ConsumerState c;
+  InitState(p, c, wg_row0, rows_total, prefix);
+  const uint32_t q_rows = sq + wg * 64 * 128;  // this warpgroup's Q rows in each half
+  if (kPingPong && wg == 1) NamedBarArrive(1);  // warpgroup 0 issues first
+  // Tile 0: S, softmax, P packed (O is zero: alpha is 0 and harmless).
+  bool timed_out = !WaitOrTimeout(full, 0);
+  __syncwarp();
+  if (kPingPong) NamedBarSync(1 + wg);
+  IssueS(c, q_rows, pipe);
+  if (kPingPong && !(wg == 1 && num_tiles == 1)) NamedBarArrive(2 - wg);
+  wgmma::Wait<0>();
+  if constexpr (kOverlapSplitKv) {
+    __syncwarp();
+    if (lane == 0) wgmma::MbarArrive(empty);  // K_0 done with
+  }
+  float alpha[2];
+  if constexpr (kFast)
+    SoftmaxFast(c, 0, p.scale_log2, cq, alpha);
+  else
+    Softmax(c, 0, p.scale_log2, cq, alpha);
+  RescaleAndPack(c, alpha);
+  for (int it = 1; it < num_tiles; ++it) {
+    const int stage = it % kStages, prev = (it - 1) % kStages;
+    const uint32_t sk = pipe + stage * kStageBytes;
+    if (!WaitOrTimeout(full + 8 * stage, (it / kStages) & 1) ||
+        (kOverlapSplitKv && !WaitOrTimeout(full_v + 8 * prev, ((it - 1) / kStages) & 1))) {
+      timed_out = true;
+      break;
+    }
+    __syncwarp();  // converged after the barrier spin (the wgmma instructions are .aligned)
+    if (kPingPong) NamedBarSync(1 + wg);
+    IssueS(c, q_rows, sk);
+    IssuePv(c, pipe + prev * kStageBytes + kTileBytes);
+    if (kPingPong && !(wg == 1 && it == num_tiles - 1)) NamedBarArrive(2 - wg);
+    wgmma::Wait<1>();  // S_it done, P_{it-1} V_{it-1} may still run
+    if constexpr (kOverlapSplitKv) {
+      __syncwarp();
+      if (lane == 0) wgmma::MbarArrive(empty + 8 * stage);  // K_it done with
+    }
+    if constexpr (kFast)
+      SoftmaxFast(c, it * kBlockN, p.scale_log2, cq, alpha);
+    else
+      Softmax(c, it * kBlockN, p.scale_log2, cq, alpha);
+    wgmma::Wait<0>();
+    __syncwarp();
+    if (lane == 0) wgmma::MbarArrive((kOverlapSplitKv ? empty_v : empty) + 8 * prev);  // V_{it-1}
+    // P_it's registers only after the wait: the packing must not be hoisted above it.
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.s[i]);
+    RescaleAndPack(c, alpha);
+  }
+  const int last = (num_tiles - 1) % kStages;
+  if (kOverlapSplitKv && !timed_out &&
+      !WaitOrTimeout(full_v + 8 * last, ((num_tiles - 1) / kStages) & 1))
+    timed_out = true;
+  __syncwarp();
+  IssuePv(c, pipe + last * kStageBytes + kTileBytes);
+  wgmma::Wait<0>();
+  __syncwarp();
+  if (lane == 0) wgmma::MbarArrive((kOverlapSplitKv ? empty_v : empty) + 8 * last);
+  WriteOut(p, c, q0, wg_row0, rows_total, kvh);
+  if (timed_out) __trap();  // a protocol bug (see wgmma::MbarWait), reported after the loop
+}
+
+// kVariant (Tuning().attention_wgmma_variant): 0 the base kernel (row tiles latest first within
+// a KV head, KV heads and sequences on grid y / z); >= 1 the grid's x walks (row tile, KV head)
+// with the KV heads fastest, so every head's heaviest row tiles are dispatched before any
+// lighter one (longest first over the whole grid); >= 2 intra-warpgroup overlap
+// (ConsumeOverlap; the producer signals each tile as soon as it has landed, kLag 0, since the
+// consumers hold two stages); 3 plus the warpgroup ping-pong; 4 and 5: 2 and 3 with
+// SoftmaxFast.
+template <int kVariant>
 __global__ void __launch_bounds__(kThreads, 1)
     AttentionWgmmaKernel(const __grid_constant__ WgmmaAttnParams p) {
   // Declared 16-byte aligned so that the 1024-byte alignment is computed, not assumed.
@@ -312,12 +556,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sq = (base + 1023) & ~1023u;
   const uint32_t pipe = sq + kQBytes;
   const uint32_t full = pipe + kStages * kStageBytes, empty = full + 8 * kStages;
+  const uint32_t full_v = empty + 8 * kStages, empty_v = full_v + 8 * kStages;  // kSplit only
+  constexpr bool kSplit = kVariant >= 2 && kOverlapSplitKv;
 
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): q and the cache
   TriggerDependents();
-  const int b = blockIdx.z, kvh = blockIdx.y;
+  const int b = blockIdx.z;
   // Latest rows first: under causality they see the most keys, so the long CTAs start early.
-  const int tile = p.row_tiles - 1 - static_cast<int>(blockIdx.x);
+  const int kvh = kVariant >= 1 ? static_cast<int>(blockIdx.x) % p.kv_heads : blockIdx.y;
+  const int tile = p.row_tiles - 1 -
+                   (kVariant >= 1 ? static_cast<int>(blockIdx.x) / p.kv_heads
+                                  : static_cast<int>(blockIdx.x));
   const int row0 = tile * kBlockM;
   const int q0 = p.query_start[b];
   const int q_len = p.query_start[b + 1] - q0;
@@ -343,18 +592,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       wgmma::MbarInit(full + 8 * s, kProducerThreads);
       wgmma::MbarInit(empty + 8 * s, kConsumers * 4);
+      if constexpr (kSplit) {
+        wgmma::MbarInit(full_v + 8 * s, kProducerThreads);
+        wgmma::MbarInit(empty_v + 8 * s, kConsumers * 4);
+      }
     }
     wgmma::MbarInitFence();
   }
   wgmma::CpAsyncWait<0>();
   wgmma::FenceProxyAsync();
   __syncthreads();
-  if (threadIdx.x >= kConsumers * 128) {
-    wgmma::SetMaxRegsDec<kProducerRegs>();
-    Produce(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
+  if constexpr (kVariant < 2) {
+    if (threadIdx.x >= kConsumers * 128) {
+      wgmma::SetMaxRegsDec<kProducerRegs>();
+      Produce<kLag>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
+    } else {
+      wgmma::SetMaxRegsInc<kConsumerRegs>();
+      Consume(p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty);
+    }
   } else {
-    wgmma::SetMaxRegsInc<kConsumerRegs>();
-    Consume(p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty);
+    if (threadIdx.x >= kConsumers * 128) {
+      wgmma::SetMaxRegsDec<kOverlapProducerRegs>();
+      if constexpr (kSplit)
+        ProduceSplit(p, b, kvh, kv_end, num_tiles, pipe, full, empty, full_v, empty_v);
+      else
+        Produce<0>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
+    } else {
+      wgmma::SetMaxRegsInc<kOverlapConsumerRegs>();
+      ConsumeOverlap<kVariant == 3 || kVariant == 5, kVariant >= 4>(
+          p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty,
+          kSplit ? full_v : full, kSplit ? empty_v : empty);
+    }
   }
 }
 
@@ -446,6 +714,19 @@ void SetSmemOnce(Kernel kernel, std::atomic<uint64_t>& set, size_t bytes) {
   set.fetch_or(device_bit, std::memory_order_acq_rel);
 }
 
+// Variants >= 1: (row tile, KV head) flattened on grid x, KV heads fastest.
+template <int kVariant>
+void LaunchVariant(const WgmmaAttnParams& p, int row_tiles, int kv_heads, unsigned num_seqs,
+                   cudaStream_t s) {
+  constexpr size_t smem = kVariant >= 2 && kOverlapSplitKv ? kSmemBytesSplit : kSmemBytes;
+  static std::atomic<uint64_t> attrs_set{0};
+  SetSmemOnce(AttentionWgmmaKernel<kVariant>, attrs_set, smem);
+  const int64_t ctas_x = static_cast<int64_t>(row_tiles) * kv_heads;
+  COROLLA_CHECK(ctas_x <= 0x7fffffff) << "attention wgmma: " << ctas_x << " CTAs on grid x";
+  LaunchPdl(AttentionWgmmaKernel<kVariant>, dim3(static_cast<unsigned>(ctas_x), 1, num_seqs),
+            dim3(kThreads), smem, s, 1, p);
+}
+
 }  // namespace
 
 bool AttentionWgmmaSupported() {
@@ -484,10 +765,23 @@ void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const Attenti
                     BlockShift(bs),
                     scale_log2,
                     row_tiles};
-  static std::atomic<uint64_t> attrs_set{0};
-  SetSmemOnce(AttentionWgmmaKernel, attrs_set, kSmemBytes);
-  const dim3 grid(row_tiles, kv_heads, static_cast<unsigned>(batch.seq_lens.numel()));
-  LaunchPdl(AttentionWgmmaKernel, grid, dim3(kThreads), kSmemBytes, s, 1, p);
+  const unsigned num_seqs = static_cast<unsigned>(batch.seq_lens.numel());
+  int variant = std::clamp(Tuning().attention_wgmma_variant, 0, kWgmmaVariants - 1);
+  if (variant >= 4 && !(scale_log2 > 0.f)) variant -= 2;  // SoftmaxFast takes the max unscaled
+  switch (variant) {
+    case 0: {
+      static std::atomic<uint64_t> attrs_set{0};
+      SetSmemOnce(AttentionWgmmaKernel<0>, attrs_set, kSmemBytes);
+      LaunchPdl(AttentionWgmmaKernel<0>, dim3(row_tiles, kv_heads, num_seqs), dim3(kThreads),
+                kSmemBytes, s, 1, p);
+      break;
+    }
+    case 1: LaunchVariant<1>(p, row_tiles, kv_heads, num_seqs, s); break;
+    case 2: LaunchVariant<2>(p, row_tiles, kv_heads, num_seqs, s); break;
+    case 3: LaunchVariant<3>(p, row_tiles, kv_heads, num_seqs, s); break;
+    case 4: LaunchVariant<4>(p, row_tiles, kv_heads, num_seqs, s); break;
+    default: LaunchVariant<5>(p, row_tiles, kv_heads, num_seqs, s); break;
+  }
 }
 
 void AttentionWgmmaTileProbe(const TensorView& q, const TensorView& k, const TensorView& pm,

@@ -104,6 +104,14 @@ struct KernelTuning {
   // the consumers; 3/4 of the smem traffic per MAC of 128) or 128 (64 + 64; no setmaxnreg).
   // COROLLA_MOE_FP8_WGMMA_TILE_N sets it.
   int moe_fp8_wgmma_tile_n = 256;
+  // Which build of the wgmma prefill kernel (attention_wgmma.cu) runs: 0 the base one; 1 the
+  // grid walks (row tile, KV head) with KV heads fastest (the heaviest causal row tiles of every
+  // head first); 2 as 1 plus FlashAttention-3's intra-warpgroup overlap (S of tile j + 1 and
+  // P V of tile j in flight together, softmax under the P V); 3 as 2 plus the ping-pong of the
+  // two consumer warpgroups (named barriers); 4 and 5 as 2 and 3 with a leaner softmax
+  // (ex2.approx.ftz, the scale folded into one FFMA). Out-of-range values clamp. Tests and
+  // CudaPerf sweep them. COROLLA_ATTN_WGMMA_VARIANT sets it.
+  int attention_wgmma_variant = 0;
 };
 KernelTuning& Tuning();
 
