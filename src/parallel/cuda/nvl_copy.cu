@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
@@ -55,7 +56,10 @@ Result<PeerCopyRate> BenchPeerCopy(Communicator& comm, int64_t bytes, int iters)
   int device = 0, sms = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  void* recv = nullptr;
+  // NCCL's send/recv between plain allocations (the first GPU run of it on the window's memory
+  // never returned).
+  void *send = nullptr, *recv = nullptr;
+  COROLLA_CUDA_CHECK(cudaMalloc(&send, bytes));
   COROLLA_CUDA_CHECK(cudaMalloc(&recv, bytes));
   cudaEvent_t start, stop;
   COROLLA_CUDA_CHECK(cudaEventCreate(&start));
@@ -89,11 +93,12 @@ Result<PeerCopyRate> BenchPeerCopy(Communicator& comm, int64_t bytes, int iters)
       COROLLA_CUDA_CHECK(cudaGetLastError());
     });
     (pull ? rate.pull_gbs : rate.push_gbs) = gbs;
-    progress(pull ? "pull timed" : "push timed");
+    const std::string line = std::string(pull ? "pull" : "push") + " kernel " + std::to_string(gbs) + " GB/s";
+    progress(line.c_str());
   }
   rate.nccl_gbs = time([&] {
     COROLLA_NCCL_CHECK(ncclGroupStart());
-    COROLLA_NCCL_CHECK(ncclSend(mem->local(), static_cast<size_t>(bytes), ncclUint8, next, h->comm, s));
+    COROLLA_NCCL_CHECK(ncclSend(send, static_cast<size_t>(bytes), ncclUint8, next, h->comm, s));
     COROLLA_NCCL_CHECK(ncclRecv(recv, static_cast<size_t>(bytes), ncclUint8, prev, h->comm, s));
     COROLLA_NCCL_CHECK(ncclGroupEnd());
   });
@@ -101,6 +106,7 @@ Result<PeerCopyRate> BenchPeerCopy(Communicator& comm, int64_t bytes, int iters)
   COROLLA_CUDA_CHECK(cudaEventDestroy(start));
   COROLLA_CUDA_CHECK(cudaEventDestroy(stop));
   COROLLA_CUDA_CHECK(cudaFree(token));
+  COROLLA_CUDA_CHECK(cudaFree(send));
   COROLLA_CUDA_CHECK(cudaFree(recv));
   return rate;  // mem's destructor is collective: every rank reaches it here
 }
