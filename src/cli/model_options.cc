@@ -33,9 +33,9 @@ void ModelOptions::Declare(Flags& flags) {
                "hybrid models (Gated DeltaNet): storage of the recurrent state, f32 or bf16 (half the memory; "
                "math stays f32; accuracy cost in BENCHMARKS.md)");
   flags.String("fp8", &fp8,
-               "FP8 checkpoints (DeepSeek-V3): dequant (weights dequantised to bf16 at load; default) or "
-               "native (block-scaled FP8 GEMMs for the dense projections, activations quantised per "
-               "1x128; routed experts FP8 too where the backend has FP8 experts)");
+               "FP8 checkpoints (DeepSeek-V3): native (block-scaled FP8 GEMMs for the projections, "
+               "activations quantised per 1x128, routed experts FP8 too; default on cuda) or dequant "
+               "(weights dequantised to bf16 at load; default on cpu)");
 }
 
 Result<DType> ParseLinearStateDtype(const std::string& name) {
