@@ -70,27 +70,7 @@ struct GemmParams {
   int experts, n, k;
 };
 
-// ---- PTX wrappers -------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (src is not read).
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
-// lane l receives row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1 of matrix i.
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
+// ---- PTX wrappers (the loads and swizzle in grouped_gemm_schedule.cuh) ---------------------
 // d += a b: a 16x16 row-major, b 16x8 "col" (its columns are rows of W: k contiguous), f32 d.
 // Registers only, so not volatile: the compiler may interleave it with the next ldmatrix.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4],
@@ -101,15 +81,16 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4],
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-// Byte offset of 16-byte chunk `chunk` of tile row `row` (128-byte rows, XOR swizzle).
-__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
 // ---- tile schedule (grouped_gemm_schedule.cuh) ------------------------------------------------
+using grouped::CpAsync16;
+using grouped::CpAsyncCommit;
+using grouped::CpAsyncWait;
+using grouped::LdMatrixX4;
 using grouped::Locate;
 using grouped::ScanTiles;
 using grouped::Schedule;
+using grouped::SmemAddr;
+using grouped::Swizzled;
 using grouped::TileCoord;
 
 // ---- loads ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-// The device-side tile schedule both grouped GEMMs (grouped_gemm.cu: mma.sync;
-// grouped_gemm_wgmma.cu: wgmma + TMA) share: offsets [E + 1] -> each expert's first m-tile in
-// shared memory, and tile index -> (expert, rows, first output column). Device code only.
+// The device-side tile schedule the grouped GEMMs (grouped_gemm.cu: mma.sync; grouped_gemm_wgmma.cu:
+// wgmma + TMA; moe_fp8.cu / moe_fp8_wgmma.cu: e4m3) share: offsets [E + 1] -> each expert's
+// first m-tile in shared memory, and tile index -> (expert, rows, first output column); and the
+// cp.async / ldmatrix wrappers and shared-memory swizzle of the mma.sync ones. Device code only.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +60,32 @@ __device__ void ScanTiles(const int32_t* offsets, int32_t* tile_start, int exper
     run += (offsets[e + 1] - offsets[e] + kBM - 1) / kBM;
   }
   if (lane == 31) tile_start[experts] = incl;
+}
+
+// ---- loads of the mma.sync kernels (addresses as 32-bit shared-memory offsets) -------------
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (src is not read).
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
+// lane l receives row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1 of matrix i.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Byte offset of 16-byte chunk `chunk` of tile row `row` (128-byte rows, XOR swizzle).
+__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
 }  // namespace corolla::cuda::grouped

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_schedule.cuh"
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/ops.h"
@@ -158,20 +159,6 @@ struct Fp8GemmParams {
   int experts, n, k, n_blocks, k_groups;
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // d += a b: a 16x32 e4m3 row-major, b 32x8 e4m3 "col" (rows of W, k contiguous), f32 d.
 __device__ __forceinline__ void MmaFp8(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
@@ -180,57 +167,18 @@ __device__ __forceinline__ void MmaFp8(float (&d)[4], const uint32_t (&a)[4], co
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
 
-struct Schedule {
-  const int32_t* offsets;     // [E + 1], shared
-  const int32_t* tile_start;  // [E + 1], shared
-  int experts, n_tiles;
-};
-struct TileCoord {
-  int expert, row_begin, rows, n0;
-};
-
-template <int kBM, int kNPerTile>
-__device__ __forceinline__ TileCoord Locate(const Schedule& sch, int tile) {
-  const int mt = tile / sch.n_tiles, nb = tile - mt * sch.n_tiles;
-  int lo = 0, hi = sch.experts - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (sch.tile_start[mid] <= mt)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  TileCoord t;
-  t.expert = lo;
-  t.row_begin = sch.offsets[lo] + (mt - sch.tile_start[lo]) * kBM;
-  t.rows = min(kBM, sch.offsets[lo + 1] - t.row_begin);
-  t.n0 = nb * kNPerTile;
-  return t;
-}
-
-template <int kBM>
-__device__ void ScanTiles(const int32_t* offsets, int32_t* tile_start, int experts, int lane) {
-  const int per = (experts + 31) / 32;
-  const int lo = min(lane * per, experts), hi = min(lo + per, experts);
-  int sum = 0;
-  for (int e = lo; e < hi; ++e) sum += (offsets[e + 1] - offsets[e] + kBM - 1) / kBM;
-  int incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  int run = incl - sum;
-  for (int e = lo; e < hi; ++e) {
-    tile_start[e] = run;
-    run += (offsets[e + 1] - offsets[e] + kBM - 1) / kBM;
-  }
-  if (lane == 31) tile_start[experts] = incl;
-}
+// The tile schedule, loads and swizzle of grouped_gemm.cu (grouped_gemm_schedule.cuh).
+using grouped::CpAsync16;
+using grouped::CpAsyncCommit;
+using grouped::CpAsyncWait;
+using grouped::LdMatrixX4;
+using grouped::Locate;
+using grouped::ScanTiles;
+using grouped::Schedule;
+using grouped::SmemAddr;
+using grouped::Swizzled;
+using grouped::TileCoord;
 
 // Thread t copies 16-byte chunk t % 8 of tile rows t / 8 + i kRowsPerPass (see grouped_gemm.cu).
 template <class Cfg, bool kGateUp>
