@@ -385,8 +385,15 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
     GroupedGemmDown(act_view, st.offsets, w_down, y_view, s);
   }
 
-  CombineParams cp{y, st.slot_row, topk_weights.ptr<float>(), topk_weights.strides[0],
-                   out.ptr<bf16_t>(), out.dim(0) > 1 ? out.strides[0] : hidden, k,
+  MoeCombine(y, st.slot_row, topk_weights, out, s);
+}
+
+void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_weights, const TensorView& out,
+                cudaStream_t s) {
+  const int64_t tokens = out.dim(0), hidden = out.dim(1);
+  if (tokens == 0) return;
+  CombineParams cp{y, slot_row, topk_weights.ptr<float>(), topk_weights.strides[0],
+                   out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden, static_cast<int>(topk_weights.dim(1)),
                    static_cast<int>(hidden)};
   CombineKernel<<<tokens, 128, 0, s>>>(cp);
   COROLLA_CUDA_CHECK_LAUNCH();

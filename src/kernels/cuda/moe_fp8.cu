@@ -486,29 +486,6 @@ void LaunchFor(int tile_rows, const Fp8GemmParams& p, int64_t rows, cudaStream_t
   COROLLA_CHECK(false) << "grouped fp8 gemm: no tile configuration of " << tile_rows << " rows (32, 64, 128)";
 }
 
-// ---- combine ------------------------------------------------------------------------------------
-struct CombineFp8Params {
-  const float* y;  // [TK, H]
-  const int32_t* slot_row;
-  const float* weights;
-  int64_t weights_stride;
-  bf16_t* out;
-  int64_t out_stride;
-  int top_k, hidden;
-};
-
-__global__ void CombineFp8Kernel(const __grid_constant__ CombineFp8Params p) {
-  const int64_t t = blockIdx.x;
-  for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < p.top_k; ++s) {
-      const int row = p.slot_row[t * p.top_k + s];
-      if (row >= 0) acc += p.weights[t * p.weights_stride + s] * p.y[static_cast<int64_t>(row) * p.hidden + c];
-    }
-    p.out[t * p.out_stride + c] = __float2bfloat16(acc);
-  }
-}
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 int64_t Round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -628,10 +605,7 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
   QuantizeRows(act, inter, pairs, inter, actq, act_scale, s);
   GroupedGemmFp8Down(actq, act_scale, offsets, w_down, d_scale, y_view, s);
 
-  CombineFp8Params cp{y, slot_row, topk_weights.ptr<float>(), topk_weights.strides[0], out.ptr<bf16_t>(),
-                      tokens > 1 ? out.strides[0] : hidden, k, static_cast<int>(hidden)};
-  CombineFp8Kernel<<<tokens, 128, 0, s>>>(cp);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  MoeCombine(y, slot_row, topk_weights, out, s);
 }
 
 }  // namespace corolla::cuda

@@ -191,6 +191,12 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
                 const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                 CachingAllocator& alloc, cudaStream_t s);
 
+// moe.cu: out[t] = sum_k topk_weights[t, k] * y[slot_row[t * K + k]] (rows < 0 skipped), f32
+// sums rounded to bf16 once; y [rows, H] f32, out [T, H] bf16. The last step of MoeExperts and
+// MoeExpertsFp8's grouped paths.
+void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_weights, const TensorView& out,
+                cudaStream_t s);
+
 // router.cu: Backend::MoeRouter (router GEMV + MoeRoute) in one launch for x of at most
 // min(8, Tuning().fused_router_max_tokens) rows; false (nothing launched) for more rows or
 // layouts it does not cover (E not a multiple of 16, H not of 8, unaligned rows).
