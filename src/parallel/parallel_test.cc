@@ -237,6 +237,25 @@ TEST(HostCommunicator, AllToAllVMatchesTheReference) {
 
 // DP-EP dispatch -> experts -> combine against the same sum on one rank. The "experts" scale
 // a token by (global id + 1), so a wrong id, weight, row or rank shows in the output.
+
+// The "experts" of the EP exchange tests on rank r: global expert g multiplies its token by
+// (g + 1), so each received row's output is sum_k w_k (g_k + 1) x over this rank's ids.
+Tensor HostExperts(const ExpertInputs& in, int r, int per_rank, int top_k, int64_t hidden) {
+  Tensor expert_out = Tensor::Empty(DType::kF32, {in.rows(), hidden});
+  for (int64_t j = 0; j < in.rows(); ++j) {
+    float* o = expert_out.ptr<float>() + j * hidden;
+    std::fill_n(o, hidden, 0.0f);
+    for (int k = 0; k < top_k; ++k) {
+      const int32_t local = in.topk_ids.ptr<int32_t>()[j * in.topk_ids.strides[0] + k];
+      if (local < 0 || local >= per_rank) continue;
+      const float scale = in.topk_weights.ptr<float>()[j * in.topk_weights.strides[0] + k] *
+                          static_cast<float>(r * per_rank + local + 1);
+      for (int h = 0; h < hidden; ++h) o[h] += scale * in.x.ptr<float>()[j * in.x.strides[0] + h];
+    }
+  }
+  return expert_out;
+}
+
 TEST(EpExchange, MatchesOneRankForAnyTokenCounts) {
   const int world = 3, experts = 6, hidden = 8, top_k = 3, per_rank = experts / world;
   // Tokens per rank in each round: uneven, one rank empty, all on one rank, none at all.
@@ -263,18 +282,7 @@ TEST(EpExchange, MatchesOneRankForAnyTokenCounts) {
           }
         }
         ExpertInputs in = ex->Dispatch(x, ids, w);
-        Tensor expert_out = Tensor::Empty(DType::kF32, {in.rows(), hidden});
-        for (int64_t j = 0; j < in.rows(); ++j) {
-          float* o = expert_out.ptr<float>() + j * hidden;
-          std::fill_n(o, hidden, 0.0f);
-          for (int k = 0; k < top_k; ++k) {
-            const int32_t local = in.topk_ids.ptr<int32_t>()[j * in.topk_ids.strides[0] + k];
-            if (local < 0 || local >= per_rank) continue;
-            const float scale = in.topk_weights.ptr<float>()[j * in.topk_weights.strides[0] + k] *
-                                static_cast<float>(r * per_rank + local + 1);
-            for (int h = 0; h < hidden; ++h) o[h] += scale * in.x.ptr<float>()[j * in.x.strides[0] + h];
-          }
-        }
+        Tensor expert_out = HostExperts(in, r, per_rank, top_k, hidden);
         Tensor out = Tensor::Empty(DType::kF32, {tokens, hidden});
         std::fill_n(out.ptr<float>(), out.numel(), NAN);  // poisoned
         ex->Combine(expert_out, out);
@@ -384,18 +392,7 @@ TEST(EpExchange, TpSlicesSumToOneRank) {
           }
         }
         ExpertInputs in = ex->Dispatch(x, ids, w);
-        Tensor expert_out = Tensor::Empty(DType::kF32, {in.rows(), hidden});
-        for (int64_t j = 0; j < in.rows(); ++j) {
-          float* o = expert_out.ptr<float>() + j * hidden;
-          std::fill_n(o, hidden, 0.0f);
-          for (int k = 0; k < top_k; ++k) {
-            const int32_t local = in.topk_ids.ptr<int32_t>()[j * in.topk_ids.strides[0] + k];
-            if (local < 0 || local >= per_rank) continue;
-            const float scale = in.topk_weights.ptr<float>()[j * in.topk_weights.strides[0] + k] *
-                                static_cast<float>(r * per_rank + local + 1);
-            for (int h = 0; h < hidden; ++h) o[h] += scale * in.x.ptr<float>()[j * in.x.strides[0] + h];
-          }
-        }
+        Tensor expert_out = HostExperts(in, r, per_rank, top_k, hidden);
         Tensor out = Tensor::Empty(DType::kF32, {tokens, hidden});
         std::fill_n(out.ptr<float>(), out.numel(), NAN);  // poisoned
         ex->Combine(expert_out, out);
