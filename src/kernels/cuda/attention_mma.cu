@@ -265,15 +265,8 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
       const bool valid = key < kv_end;
       int64_t offset = 0;
       if (valid) {
-        int blk, in_blk;
-        if (p.block_shift >= 0) {
-          blk = key >> p.block_shift;
-          in_blk = key & (p.block_size - 1);
-        } else {
-          blk = key / p.block_size;
-          in_blk = key - blk * p.block_size;
-        }
-        offset = ((static_cast<int64_t>(table[blk]) * p.kv_heads + kvh) * p.block_size + in_blk) * kD + c * 8;
+        const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
+        offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
       }
       CpAsync16(k_dst + j * kStride + c * 8, p.k_cache + offset, valid);
       CpAsync16(v_dst + j * kStride + c * 8, p.v_cache + offset, valid);

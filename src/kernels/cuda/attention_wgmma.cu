@@ -140,17 +140,8 @@ __device__ __forceinline__ void Produce(const WgmmaAttnParams& p, int b, int kvh
       const bool valid = key < kv_end;
       int64_t offset = 0;
       if (valid) {
-        int blk, in_blk;
-        if (p.block_shift >= 0) {
-          blk = key >> p.block_shift;
-          in_blk = key & (p.block_size - 1);
-        } else {
-          blk = key / p.block_size;
-          in_blk = key - blk * p.block_size;
-        }
-        offset =
-            ((static_cast<int64_t>(table[blk]) * p.kv_heads + kvh) * p.block_size + in_blk) * kD +
-            c * 8;
+        const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
+        offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
       }
       const uint32_t dst = TileChunk(kBlockN, j, c);
       wgmma::CpAsync16(sk + dst, p.k_cache + offset, valid);
@@ -198,17 +189,8 @@ __device__ __forceinline__ void ProduceSplit(const WgmmaAttnParams& p, int b, in
         const bool valid = key < kv_end;
         int64_t offset = 0;
         if (valid) {
-          int blk, in_blk;
-          if (p.block_shift >= 0) {
-            blk = key >> p.block_shift;
-            in_blk = key & (p.block_size - 1);
-          } else {
-            blk = key / p.block_size;
-            in_blk = key - blk * p.block_size;
-          }
-          offset = ((static_cast<int64_t>(table[blk]) * p.kv_heads + kvh) * p.block_size + in_blk) *
-                       kD +
-                   c * 8;
+          const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
+          offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
         }
         wgmma::CpAsync16(dst_base + TileChunk(kBlockN, j, c), cache + offset, valid);
       }

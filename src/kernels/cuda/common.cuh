@@ -64,6 +64,17 @@ inline int BlockShift(int block_size) {
   while ((1 << shift) < block_size) ++shift;
   return shift;
 }
+// Where `key` of a sequence sits in a paged cache: its physical block (from the sequence's row
+// of the block table) and its slot in that block; block_shift from BlockShift.
+struct PagedSlot {
+  int64_t block;
+  int in_block;
+};
+__device__ __forceinline__ PagedSlot LocateKey(const int32_t* table, int key, int block_size, int block_shift) {
+  const int blk = block_shift >= 0 ? key >> block_shift : key / block_size;
+  const int in_blk = block_shift >= 0 ? key & (block_size - 1) : key - blk * block_size;
+  return {table[blk], in_blk};
+}
 
 // The one table of head dims the attention/norm kernels are specialised for.
 template <int... kDims>

@@ -158,15 +158,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) MlaDecodeKernel(const __grid_c
       const bool valid = key < kv_end;
       int64_t offset = 0;
       if (valid) {
-        int blk, in_blk;
-        if (p.block_shift >= 0) {
-          blk = key >> p.block_shift;
-          in_blk = key & (p.block_size - 1);
-        } else {
-          blk = key / p.block_size;
-          in_blk = key - blk * p.block_size;
-        }
-        offset = (static_cast<int64_t>(table[blk]) * p.block_size + in_blk) * C::kDk + c * 8;
+        const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
+        offset = (slot.block * p.block_size + slot.in_block) * C::kDk + c * 8;
       }
       CpAsync16(dst + j * kStride + c * 8, p.latent + offset, valid);
     }
