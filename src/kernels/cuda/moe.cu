@@ -14,6 +14,7 @@
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -24,6 +25,8 @@ constexpr int kRouteWarps = 4;
 __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
   // [kRouteWarps][2 experts + groups]: probs, selection scores, group scores
   extern __shared__ float route_smem[];
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
+  TriggerDependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
   if (t >= p.tokens) return;
@@ -280,7 +283,7 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
   const int experts = static_cast<int>(router_logits.dim(1)), k = routing.top_k;
   COROLLA_CHECK(router_logits.dtype == DType::kF32 && topk_ids.dtype == DType::kI32 &&
                 topk_weights.dtype == DType::kF32 && router_logits.strides[1] == 1 &&
-                k >= 1 && k <= experts && topk_ids.dim(0) == tokens && topk_ids.dim(1) == k &&
+                k >= 1 && k <= experts && k <= kMaxTopK && topk_ids.dim(0) == tokens && topk_ids.dim(1) == k &&
                 topk_weights.dim(0) == tokens && topk_weights.dim(1) == k)
       << "moe_route logits " << router_logits.ToString() << " ids " << topk_ids.ToString()
       << " weights " << topk_weights.ToString() << " k " << k;
@@ -301,8 +304,7 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
                 routing.num_groups, routing.topk_groups};
   const size_t smem = sizeof(float) * kRouteWarps * (2 * experts + routing.num_groups);
   COROLLA_CHECK(smem <= 48 * 1024) << "moe_route: " << experts << " experts exceed shared memory";
-  MoeRouteKernel<<<CeilDiv(tokens, kRouteWarps), kRouteWarps * 32, smem, s>>>(p);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  LaunchPdl(MoeRouteKernel, dim3(CeilDiv(tokens, kRouteWarps)), dim3(kRouteWarps * 32), smem, s, 1, p);
 }
 
 void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,

@@ -156,7 +156,10 @@ void RunCase(Backend& gpu, const Fp8Experts& w, const Fp8Case& c) {
     // only f32 summation order differs before the quantisation). Against the weight-only twin
     // the grouped path's error is the activation quantisation itself (recorded, bounded loosely).
     const double e = RelError(out, ref[path.pairs ? 0 : 1]);
-    const double tol = kBf16Tol;
+    // The quantised regime: a different f32 summation order can move one activation across an
+    // e4m3 rounding boundary (a 1/16 step of that value) before the down GEMM; at one token and
+    // two experts that alone reached 1.23e-2 of max|ref| on an H200 (session 5), so twice bf16.
+    const double tol = path.pairs ? kBf16Tol : 2 * kBf16Tol;
     const std::string shape = Name(c) + " " + path.name;
     Record("MoeExpertsFp8", shape, e, tol);
     EXPECT_LT(e, tol) << shape;

@@ -8,6 +8,8 @@
 
 namespace corolla::cuda {
 
+constexpr int kMaxTopK = 32;  // RouteToken keeps pick i in lane i
+
 struct RouteParams {
   const float* logits;
   int64_t logits_stride;
@@ -78,7 +80,11 @@ __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, cons
       if (!((picked >> (e / per_group)) & 1ull)) choice[e] = 0.0f;
     __syncwarp();
   }
+  // Lane i keeps the i-th pick (top_k <= kMaxTopK, checked by the host) and writes it at the end:
+  // no global store and read-back inside the loop.
   double norm = 0.0;
+  int my_id = 0;
+  float my_weight = 0.0f;
   for (int i = 0; i < p.top_k; ++i) {
     float best = -INFINITY;
     int best_id = 0x7fffffff;
@@ -100,21 +106,20 @@ __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, cons
     }
     __syncwarp();
     const float pb = probs[best_id];
-    if (lane == 0) {
-      choice[best_id] = -INFINITY;  // taken (NaN-free: only valid ids are chosen)
-      p.topk_ids[t * p.ids_stride + i] = best_id;
-      p.topk_weights[t * p.weights_stride + i] = pb;
+    if (lane == 0) choice[best_id] = -INFINITY;  // taken (NaN-free: only valid ids are chosen)
+    if (lane == i) {
+      my_id = best_id;
+      my_weight = pb;
     }
     norm += pb;
     __syncwarp();
   }
   if (p.sigmoid) norm += 1e-20;
-  if (lane == 0)
-    for (int i = 0; i < p.top_k; ++i) {
-      float& w = p.topk_weights[t * p.weights_stride + i];
-      const float weight = p.renormalize ? static_cast<float>(w / norm) : w;
-      w = weight * p.scaling_factor;
-    }
+  if (lane < p.top_k) {
+    const float weight = p.renormalize ? static_cast<float>(my_weight / norm) : my_weight;
+    p.topk_ids[t * p.ids_stride + lane] = my_id;
+    p.topk_weights[t * p.weights_stride + lane] = weight * p.scaling_factor;
+  }
 }
 
 }  // namespace corolla::cuda

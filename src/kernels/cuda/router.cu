@@ -156,7 +156,7 @@ bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routi
   const size_t smem = RouterSmemBytes(static_cast<int>(experts), routing.num_groups);
   if (experts % (2 * kRouterCtas) != 0 || hidden % 8 != 0 || !w.is_contiguous() || x.strides[1] != 1 ||
       reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
-      (tokens > 1 && x.strides[0] % 8 != 0) || smem > 48 * 1024)
+      (tokens > 1 && x.strides[0] % 8 != 0) || smem > 48 * 1024 || k > kMaxTopK)
     return false;
   if (tokens == 0) return true;
   RouteParams route{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
