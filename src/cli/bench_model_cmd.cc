@@ -44,6 +44,7 @@ struct BenchOptions {
   int64_t seed = 1;
   bool graph = true;
   bool breakdown = false;
+  std::string skip_ops;  // comma-separated op labels not run (ProfilingBackend::SkipOps)
   int64_t tp = 1;             // decode: tensor-parallel ranks (experts split over them: TP-EP)
   int64_t dp = 1, ep = 0;     // decode: data-parallel ranks, each with --batch sequences; expert-parallel ranks
   int64_t ep_capacity = -1;   // DP-EP fixed exchange rows per rank (-1: the largest --batch; 0: sized per layer)
@@ -161,9 +162,16 @@ Result<Loaded> Load(const BenchOptions& o) {
   l.parallel = std::move(setup.parallel);
   l.shard = setup.shard;
   l.device = l.backend.get();
-  if (o.breakdown) {
+  if (o.breakdown || !o.skip_ops.empty()) {
     auto profiler = std::make_unique<ProfilingBackend>(std::move(l.backend));
-    l.profiler = profiler.get();
+    std::vector<std::string> skip;
+    for (size_t begin = 0; begin < o.skip_ops.size();) {
+      const size_t end = std::min(o.skip_ops.find(',', begin), o.skip_ops.size());
+      if (end > begin) skip.push_back(o.skip_ops.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    profiler->SkipOps(std::move(skip));
+    if (o.breakdown) l.profiler = profiler.get();
     l.backend = std::move(profiler);
   }
   if (o.random_weights) {
@@ -350,6 +358,9 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   flags.Bool("graph", &o->graph, "decode on CUDA: also replay each step as a CUDA graph");
   flags.Bool("breakdown", &o->breakdown,
              "also print the time of each op kind in one step (decode on CUDA: from a graph replay)");
+  flags.String("skip-op", &o->skip_ops,
+               "comma-separated op labels (as --breakdown names them, or their first words) not to run: the step time "
+               "without them is their marginal cost; the outputs are meaningless then");
   flags.String("linear-state-dtype", &o->linear_state_dtype,
                "hybrid models: storage of the Gated DeltaNet recurrent state, f32 or bf16");
   if (std::string(name) == "decode") {

@@ -49,115 +49,121 @@ std::vector<std::string> ProfilingBackend::StopRecording() {
   return std::move(labels_);
 }
 
-void ProfilingBackend::Mark(std::string label) {
-  if (clock_ == nullptr) return;
+bool ProfilingBackend::Mark(std::string label) {
+  for (const std::string& name : skip_)  // the label, or its first words
+    if (label.compare(0, name.size(), name) == 0 && (label.size() == name.size() || label[name.size()] == ' '))
+      return false;
+  if (clock_ == nullptr) return true;
   clock_->Mark();
   labels_.push_back(std::move(label));
+  return true;
 }
 
 void ProfilingBackend::CopyFromHost(const void* src, const TensorView& dst) {
-  Mark("CopyFromHost");
+  if (!Mark("CopyFromHost")) return;
   inner_->CopyFromHost(src, dst);
 }
 void ProfilingBackend::Embedding(const TensorView& ids, const TensorView& table, const TensorView& out) {
-  Mark("Embedding");
+  if (!Mark("Embedding")) return;
   inner_->Embedding(ids, table, out);
 }
 void ProfilingBackend::RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorView& out,
                                const TensorView* residual) {
-  Mark(residual ? "RmsNorm+residual" : "RmsNorm");
+  if (!Mark(residual ? "RmsNorm+residual" : "RmsNorm")) return;
   inner_->RmsNorm(x, w, eps, out, residual);
 }
 void ProfilingBackend::HeadRmsNorm(const TensorView& x, const TensorView& w, float eps) {
-  Mark("HeadRmsNorm");
+  if (!Mark("HeadRmsNorm")) return;
   inner_->HeadRmsNorm(x, w, eps);
 }
 void ProfilingBackend::Rope(const TensorView& q, const TensorView& k, const TensorView& positions,
                             const RopeParams& params) {
-  Mark("Rope");
+  if (!Mark("Rope")) return;
   inner_->Rope(q, k, positions, params);
 }
 void ProfilingBackend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v,
                                          const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
                                          const TensorView& positions, const RopeParams& rope,
                                          const KvCacheView& cache, const AttentionBatch& batch) {
-  Mark("QkNormRopeKvWrite");
+  if (!Mark("QkNormRopeKvWrite")) return;
   inner_->QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
 }
 void ProfilingBackend::MoeRouter(const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                                  const TensorView& topk_ids, const TensorView& topk_weights) {
-  Mark("MoeRouter");
+  if (!Mark("MoeRouter")) return;
   inner_->MoeRouter(x, w_router, routing, topk_ids, topk_weights);
 }
 void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // Weight shape [N, K] names the projection; rows of every layer add up under one label.
-  Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype));
+  if (!Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype)))
+    return;
   inner_->Linear(x, w, out);
 }
 void ProfilingBackend::LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
                                  const TensorView& out) {
-  Mark("LinearFp8 " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)));
+  if (!Mark("LinearFp8 " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)))) return;
   inner_->LinearFp8(x, w, w_scale, out);
 }
 void ProfilingBackend::MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                                      const TensorView& w_gate_up, const TensorView& gu_scale,
                                      const TensorView& w_down, const TensorView& d_scale, const TensorView& out) {
-  Mark("MoeExpertsFp8");
+  if (!Mark("MoeExpertsFp8")) return;
   inner_->MoeExpertsFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out);
 }
 void ProfilingBackend::BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // w [B, N, K]: B projections of K -> N (MLA's absorbed per-head GEMMs).
-  Mark("BatchedLinear " + std::to_string(w.dim(0)) + "x " + std::to_string(w.dim(2)) + "->" +
-       std::to_string(w.dim(1)) + " " + DTypeName(w.dtype));
+  if (!Mark("BatchedLinear " + std::to_string(w.dim(0)) + "x " + std::to_string(w.dim(2)) + "->" +
+       std::to_string(w.dim(1)) + " " + DTypeName(w.dtype)))
+    return;
   inner_->BatchedLinear(x, w, out);
 }
 void ProfilingBackend::SiluMul(const TensorView& gate_up, const TensorView& out) {
-  Mark("SiluMul");
+  if (!Mark("SiluMul")) return;
   inner_->SiluMul(gate_up, out);
 }
 void ProfilingBackend::GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out) {
-  Mark("GatherRows");
+  if (!Mark("GatherRows")) return;
   inner_->GatherRows(x, rows, out);
 }
 void ProfilingBackend::Copy(const TensorView& src, const TensorView& dst) {
-  Mark("Copy " + Dims(src));
+  if (!Mark("Copy " + Dims(src))) return;
   inner_->Copy(src, dst);
 }
 void ProfilingBackend::Add(const TensorView& x, const TensorView& y) {
-  Mark("Add");
+  if (!Mark("Add")) return;
   inner_->Add(x, y);
 }
 void ProfilingBackend::KvWrite(const TensorView& k, const TensorView& v, const KvCacheView& cache,
                                const AttentionBatch& batch) {
-  Mark("KvWrite");
+  if (!Mark("KvWrite")) return;
   inner_->KvWrite(k, v, cache, batch);
 }
 void ProfilingBackend::Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                                  float scale, const TensorView& out) {
   // MLA's absorbed form reads one latent tensor as K and V; its decode steps run their own kernel on CUDA.
   const bool latent = cache.k.data == cache.v.data;
-  Mark("Attention D" + std::to_string(q.dim(2)) + (out.dim(2) != q.dim(2) ? "/" + std::to_string(out.dim(2)) : "") +
-       (latent ? batch.max_q_len == 1 ? " latent decode" : " latent" : ""));
+  const std::string dims = std::to_string(q.dim(2)) + (out.dim(2) != q.dim(2) ? "/" + std::to_string(out.dim(2)) : "");
+  if (!Mark("Attention D" + dims + (latent ? batch.max_q_len == 1 ? " latent decode" : " latent" : ""))) return;
   inner_->Attention(q, cache, batch, scale, out);
 }
 void ProfilingBackend::MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
                                 const TensorView& topk_ids, const TensorView& topk_weights) {
-  Mark("MoeRoute");
+  if (!Mark("MoeRoute")) return;
   inner_->MoeRoute(router_logits, routing, topk_ids, topk_weights);
 }
 void ProfilingBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                                   const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) {
-  Mark("MoeExperts");
+  if (!Mark("MoeExperts")) return;
   inner_->MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
 }
 void ProfilingBackend::SigmoidMul(const TensorView& x, const TensorView& gate) {
-  Mark("SigmoidMul");
+  if (!Mark("SigmoidMul")) return;
   inner_->SigmoidMul(x, gate);
 }
 void ProfilingBackend::CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
                                     const TensorView& state_slots, const AttentionBatch& batch,
                                     const TensorView& out) {
-  Mark("CausalConv1d");
+  if (!Mark("CausalConv1d")) return;
   inner_->CausalConv1d(x, weight, conv_state, state_slots, batch, out);
 }
 void ProfilingBackend::GatedDeltaRule(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -165,12 +171,12 @@ void ProfilingBackend::GatedDeltaRule(const TensorView& q, const TensorView& k, 
                                       const TensorView& dt_bias, const TensorView& state,
                                       const TensorView& state_slots, const AttentionBatch& batch,
                                       const TensorView& out) {
-  Mark("GatedDeltaRule");
+  if (!Mark("GatedDeltaRule")) return;
   inner_->GatedDeltaRule(q, k, v, a, b, a_log, dt_bias, state, state_slots, batch, out);
 }
 void ProfilingBackend::GatedRmsNorm(const TensorView& x, const TensorView& z, const TensorView& w, float eps,
                                     const TensorView& out) {
-  Mark("GatedRmsNorm");
+  if (!Mark("GatedRmsNorm")) return;
   inner_->GatedRmsNorm(x, z, w, eps, out);
 }
 void ProfilingBackend::Sample(const TensorView& logits, const SamplingParams* params, const uint64_t* steps,

@@ -38,6 +38,11 @@ class ProfilingBackend final : public Backend {
   void StartRecording(OpClock* clock);
   // The labels of the recorded ops, one per interval of the clock.
   std::vector<std::string> StopRecording();
+  // Ops whose label is one of `names`, or starts with one of them and a space ("Linear" for every
+  // Linear, "Linear 4096->2048" for one shape), are not run at all (`bench decode --skip-op`):
+  // the step time without them is their marginal cost inside the replayed graph, overlaps
+  // included. The results are wrong then; only the timing means anything.
+  void SkipOps(std::vector<std::string> names) { skip_ = std::move(names); }
 
   Device device() const override { return inner_->device(); }
   std::string name() const override { return inner_->name(); }
@@ -103,11 +108,13 @@ class ProfilingBackend final : public Backend {
                                           const uint64_t* steps, const TensorView& ids) override;
 
  private:
-  void Mark(std::string label);
+  // Marks the boundary before an op (while recording); false when the op is to be skipped.
+  bool Mark(std::string label);
 
   std::unique_ptr<Backend> inner_;
   OpClock* clock_ = nullptr;
   std::vector<std::string> labels_;
+  std::vector<std::string> skip_;
 };
 
 // One row per label: calls, total and share of the summed time, sorted by total.
