@@ -11,10 +11,12 @@
 // mla_decode.cu, whose own sweep is mla_decode_test.cc), a decode batch of 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
 // ||out - ref|| / ||ref|| < kBf16Tol. CudaPerf.Attention prints both kernels' speed
 // ("attention perf:" lines; prefill: simt, mma.sync and wgmma, with a "wgmma / mma.sync" ratio
-// line, then wgmma_variant1..5 rows with their ratio to the base wgmma kernel). The mma variants
+// line, then wgmma_variant0..5 rows, cpasync and tma producer each, with their ratio to variant 0
+// on cp.async and the tma rows to their cp.async twin). The mma variants
 // include every build of the wgmma kernel (Tuning().attention_wgmma_variant 0..5, "wgmma_variantN"
-// in the names). CudaKernelTest.AttentionWgmmaTileProbe checks one wgmma S tile and one P V tile
-// alone.
+// in the names), each with the TMA producer (the default where the block size allows it) and with
+// the cp.async one ("cpasync" in the names). CudaKernelTest.AttentionWgmmaTileProbe checks one
+// wgmma S tile and one P V tile alone.
 // Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -41,12 +43,14 @@ struct AttnVariant {
   bool fused_merge = true;  // mma with splits: the last split CTA merges (else AttentionMergeKernel)
   bool wgmma = true;        // mma: D 128 prefill on attention_wgmma.cu (else attention_mma.cu)
   int wgmma_variant = 0;    // Tuning().attention_wgmma_variant (0 the base wgmma kernel)
+  bool tma = true;          // Tuning().attention_wgmma_tma (false: the cp.async producer)
   int Kernel() const { return !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
     return std::string(!mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
-           (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "");
+           (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "") +
+           (tma ? "" : " cpasync");
   }
 };
 constexpr int kWgmmaVariants = 6;  // Tuning().attention_wgmma_variant 0..5
@@ -71,6 +75,11 @@ std::vector<AttnVariant> AttnVariants() {
     v.push_back({true, 0, false, true, true, wv});
     v.push_back({true, def, true, true, true, wv});
   }
+  // Every build again with the cp.async producer (the runs above take TMA where the cache allows).
+  for (int wv = 0; wv < kWgmmaVariants; ++wv) {
+    v.push_back({true, 0, false, true, true, wv, false});
+    v.push_back({true, def, true, true, true, wv, false});
+  }
   return v;
 }
 
@@ -83,6 +92,10 @@ struct AttnCase {
   int hk = 2;           // KV heads
   bool shared = false;  // one cache tensor for K and V (MLA latent): V = first dv dims of K
   int block_size = 16;
+  // NaN in every cache slot past its sequence's length (the tails of the last blocks, the spare
+  // blocks): a kernel that lets a key past what a row sees reach its output (V times P = 0)
+  // shows NaN.
+  bool poison_tail = false;
 };
 
 void RunAttention(Backend& gpu, const AttnCase& c) {
@@ -115,6 +128,19 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
   const int64_t tokens = qstart.back();
   const int64_t cache_n = int64_t{num_blocks} * hk * bs * d, vcache_n = int64_t{num_blocks} * hk * bs * dv;
   auto kc = RandomBf16(cache_n), vc = RandomBf16(vcache_n);
+  if (c.poison_tail) {
+    std::vector<bool> live(static_cast<size_t>(num_blocks) * bs, false);  // (block, slot) of a key
+    for (int b = 0; b < num_seqs; ++b)
+      for (int p = 0; p < seq_lens[b]; ++p) live[static_cast<size_t>(tables[b * max_blocks + p / bs]) * bs + p % bs] = true;
+    for (int64_t blk = 0; blk < num_blocks; ++blk)
+      for (int h = 0; h < hk; ++h)
+        for (int slot = 0; slot < bs; ++slot) {
+          if (live[blk * bs + slot]) continue;
+          const int64_t row = (blk * hk + h) * bs + slot;
+          std::fill_n(kc.begin() + row * d, d, NAN);
+          std::fill_n(vc.begin() + row * dv, dv, NAN);
+        }
+  }
   auto q = RandomBf16(tokens * hq * d, 2.f), k = RandomBf16(tokens * hk * d, 2.f), v = RandomBf16(tokens * hk * dv);
   Shape cshape{num_blocks, hk, bs, d}, vshape{num_blocks, hk, bs, dv};
 
@@ -140,12 +166,18 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
 
   std::string shape = "D" + std::to_string(d) + (dv != d ? "/" + std::to_string(dv) : "") + " Hk" +
                       std::to_string(hk) + " g" + std::to_string(c.group) + (c.shared ? " latent" : "") +
-                      (bs != 16 ? " bs" + std::to_string(bs) : "") + " q[";
+                      (bs != 16 ? " bs" + std::to_string(bs) : "") + (c.poison_tail ? " nan-tail" : "") + " q[";
   for (int b = 0; b < std::min(num_seqs, 6); ++b)
     shape += std::to_string(c.q_lens[b]) + "+" + std::to_string(c.prefix_lens[b]) + (b + 1 < num_seqs ? "," : "]");
   if (num_seqs > 6) shape += "..x" + std::to_string(num_seqs) + "]";
-  double ek = RelError(Download(gpu, gkc), std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cache_n));
-  double ev = c.shared ? 0.0 : RelError(Download(gpu, gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + vcache_n));
+  // The poisoned slots compare as equal where both caches hold NaN (RelError rejects NaN).
+  auto cache_error = [](std::vector<float> got, std::vector<float> want) {
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+      if (std::isnan(got[i]) && std::isnan(want[i])) got[i] = want[i] = 0.f;
+    return RelError(got, want);
+  };
+  double ek = cache_error(Download(gpu, gkc), std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cache_n));
+  double ev = c.shared ? 0.0 : cache_error(Download(gpu, gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + vcache_n));
   Record("KvWrite", shape, std::max(ek, ev), 0);
   EXPECT_EQ(ek, 0.0) << shape;
   EXPECT_EQ(ev, 0.0) << shape;
@@ -158,6 +190,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_fused_merge = var.fused_merge;
     cuda::Tuning().attention_wgmma = var.wgmma;
     cuda::Tuning().attention_wgmma_variant = var.wgmma_variant;
+    cuda::Tuning().attention_wgmma_tma = var.tma;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints ? max_q + 5 : max_q,
@@ -246,23 +279,29 @@ TEST_F(CudaKernelTest, AttentionBlockSizes) {
 }
 
 // The wgmma prefill kernel's edges (D 128, more than 16 tokens a sequence; every case also runs
-// on mma.sync and SIMT): lengths around the 128-row / 128-key tiles at GQA groups 1/4/8, several
-// sequences of different lengths, chunks over cached prefixes (q_len < seq_len, prefixes off the
-// tiles), the block sizes the engine uses (16, 32, 64) and odd ones (5, 1).
+// on mma.sync and SIMT, and the wgmma builds with the TMA and the cp.async producer): lengths
+// around the 128-row / 128-key tiles at GQA groups 1/4/8, several sequences of different lengths,
+// chunks over cached prefixes (q_len < seq_len, prefixes off the tiles), the block sizes TMA
+// serves (8..128: 128 / block_size boxes a tile half; 256: one box inside a block) and ones it
+// does not (5, 1, 24: the cp.async gather). Every cache slot past its sequence's end holds NaN:
+// the CTA's last tile, partly past its keys, must not carry it into the output.
 TEST_F(CudaKernelTest, AttentionWgmmaPrefill) {
   for (int group : {1, 4, 8}) {
-    RunAttention(gpu(), {128, group, {127}, {0}, 0, 4});
-    RunAttention(gpu(), {128, group, {128}, {0}, 0, 4});
-    RunAttention(gpu(), {128, group, {129, 17}, {0, 0}, 0, 4});
-    RunAttention(gpu(), {128, group, {255, 257, 40}, {1, 128, 0}, 0, 4});   // several lengths, prefixes
-    RunAttention(gpu(), {128, group, {300, 33}, {1000, 4097}, 0, 4});       // chunks over long prefixes
-    RunAttention(gpu(), {128, group, {1100}, {0}, 0, 4});                   // many key tiles
+    RunAttention(gpu(), {128, group, {127}, {0}, 0, 4, false, 16, true});
+    RunAttention(gpu(), {128, group, {128}, {0}, 0, 4, false, 16, true});
+    RunAttention(gpu(), {128, group, {129, 17}, {0, 0}, 0, 4, false, 16, true});
+    RunAttention(gpu(), {128, group, {255, 257, 40}, {1, 128, 0}, 0, 4, false, 16, true});  // several lengths, prefixes
+    RunAttention(gpu(), {128, group, {300, 33}, {1000, 4097}, 0, 4, false, 16, true});      // chunks over long prefixes
+    RunAttention(gpu(), {128, group, {1100}, {0}, 0, 4, false, 16, true});                  // many key tiles
   }
-  for (int bs : {32, 64, 5, 1})
+  for (int bs : {8, 32, 64, 128, 256, 5, 1, 24})
     for (int group : {1, 8}) {
-      RunAttention(gpu(), {128, group, {200, 31}, {0, 77}, 0, 2, false, bs});
-      RunAttention(gpu(), {128, group, {65, 129}, {300, 127}, 0, 2, false, bs});
+      RunAttention(gpu(), {128, group, {200, 31}, {0, 77}, 0, 2, false, bs, true});
+      RunAttention(gpu(), {128, group, {65, 129}, {300, 127}, 0, 2, false, bs, true});
     }
+  // Several full tiles inside one 256-key block, sequences ending mid-block and mid-tile.
+  RunAttention(gpu(), {128, 4, {700, 300, 129}, {0, 213, 1000}, 0, 2, false, 256, true});
+  RunAttention(gpu(), {128, 8, {600, 45, 384}, {0, 300, 0}, 0, 2, false, 16, true});
 }
 
 // One S = Q K^T tile (64 x 128 keys x D 128) and one O = P V tile (64 x 128 keys x D 128)
@@ -473,10 +512,11 @@ TEST(CudaPerf, Attention) {
     pb.batch = AttentionBatch{pb.qs, pb.sl, pb.tab, pb.slot, static_cast<int>(q_len), static_cast<int>(ctx)};
     return pb;
   };
-  auto run = [&](PerfBatch& pb, bool mma, int reps, bool wgmma = true, int wgmma_variant = 0) {
+  auto run = [&](PerfBatch& pb, bool mma, int reps, bool wgmma = true, int wgmma_variant = 0, bool tma = true) {
     cuda::Tuning().attention_mma = mma;
     cuda::Tuning().attention_wgmma = wgmma;
     cuda::Tuning().attention_wgmma_variant = wgmma_variant;
+    cuda::Tuning().attention_wgmma_tma = tma;
     const double us = time_us([&] { gpu.Attention(pb.q, KvCacheView{pb.kc, pb.vc}, pb.batch, scale, pb.out); }, reps);
     cuda::Tuning() = DefaultTuning();
     return us;
@@ -500,17 +540,26 @@ TEST(CudaPerf, Attention) {
     if (tf[0] > 0) std::printf("attention perf: prefill T%lld mma.sync / simt %.2fx\n", static_cast<long long>(t), tf[1] / tf[0]);
     std::printf("attention perf: prefill T%lld wgmma / mma.sync %.2fx (%.1f vs %.1f TFLOP/s)\n",
                 static_cast<long long>(t), tf[2] / tf[1], tf[2], tf[1]);
-    // The other builds of the wgmma kernel against the base one (variant 0 = "wgmma" above):
-    // 1 grid order (KV heads fastest, heaviest row tiles first), 2 + intra-warpgroup overlap,
-    // 3 + ping-pong of the consumer warpgroups, 4 and 5 = 2 and 3 with the fast softmax.
-    for (int wv = 1; wv < kWgmmaVariants; ++wv) {
-      const double us = run(pb, true, 20, true, wv);
-      const double tfv = flops / (us * 1e-6) / 1e12;
-      std::printf("attention perf: prefill T%lld Hq%lld Hk%lld D%lld wgmma_variant%d %9.1f us %7.1f TFLOP/s "
-                  "(%.1f%% of matmul) %.2fx the base wgmma\n",
-                  static_cast<long long>(t), static_cast<long long>(hq), static_cast<long long>(hk),
-                  static_cast<long long>(d), wv, us, tfv, 100.0 * tfv / matmul_tflops, tfv / tf[2]);
-      Record("Perf.attn_prefill_TFLOPs.wgmma_variant" + std::to_string(wv), "T" + std::to_string(t), tfv, 0);
+    // Every build of the wgmma kernel with the cp.async and the TMA producer (block size 16: TMA
+    // boxes of 16 keys), against variant 0 on cp.async (the kernel before TMA): 0 base, 1 grid
+    // order (KV heads fastest, heaviest row tiles first), 2 + intra-warpgroup overlap, 3 +
+    // ping-pong of the consumer warpgroups, 4 and 5 = 2 and 3 with the fast softmax.
+    double base_cpasync = 0;
+    for (int wv = 0; wv < kWgmmaVariants; ++wv) {
+      double tf_cpasync = 0;
+      for (bool tma : {false, true}) {
+        const double us = run(pb, true, 20, true, wv, tma);
+        const double tfv = flops / (us * 1e-6) / 1e12;
+        if (!tma) tf_cpasync = tfv;
+        if (wv == 0 && !tma) base_cpasync = tfv;
+        std::printf("attention perf: prefill T%lld Hq%lld Hk%lld D%lld wgmma_variant%d %-7s %9.1f us %7.1f TFLOP/s "
+                    "(%.1f%% of matmul) %.2fx variant0 cpasync, %.2fx this variant's cpasync\n",
+                    static_cast<long long>(t), static_cast<long long>(hq), static_cast<long long>(hk),
+                    static_cast<long long>(d), wv, tma ? "tma" : "cpasync", us, tfv, 100.0 * tfv / matmul_tflops,
+                    tfv / base_cpasync, tfv / tf_cpasync);
+        Record("Perf.attn_prefill_TFLOPs.wgmma_variant" + std::to_string(wv) + (tma ? ".tma" : ".cpasync"),
+               "T" + std::to_string(t), tfv, 0);
+      }
     }
   }
   for (int64_t ctx : {1024, 8192})

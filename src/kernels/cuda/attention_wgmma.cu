@@ -21,7 +21,18 @@
 //   consumers release a stage per warp on empty[stage] (count 8) after its P V. kStages deep.
 // Shared tiles: a [rows][128] bf16 tile is two 64-dim halves [2][rows][64], each 1024-aligned,
 // element (r, d) of half d / 64 at Sw128(r, (d % 64) / 8) + 2 (d % 8) (wgmma.cuh's layout).
-// Q (32 KB) is loaded once by all threads before the roles split.
+// Q (32 KB) is loaded once by all threads before the roles split (TMA builds: by the consumers,
+// waited for after the split, so the producer's first K/V loads overlap it).
+// TMA producer (Tuning().attention_wgmma_tma, block_size a power of two >= 8, AttentionWgmma-
+// Kernel<kVariant, true>): one warp of the producer warpgroup loads every tile whose 128 keys all
+// lie below kv_end by cp.async.bulk.tensor from the caches viewed as 2-D [num_blocks * Hk *
+// block_size, 128] bf16 maps (box 64 dims x min(block_size, 128) keys, 128-byte swizzle: the
+// layout above; box i of a half at i * box_rows * 128 bytes, 1024-aligned), lane 0 arming the
+// stage's full barrier (count 1) with arrive.expect_tx of the tile's bytes, the lanes issuing a
+// box each; the consumers' wait completes when the bytes have landed (no kLag). The last tile,
+// when it reaches past kv_end (its V rows there must be zero: P = 0 times a NaN of a cache slot
+// is NaN), is gathered by the 128 producer threads with the cp.async zero fill; after their
+// wait_group and proxy fence a named barrier (id 3) joins them and one thread arrives.
 // Builds (Tuning().attention_wgmma_variant, AttentionWgmmaKernel<kVariant>): 0 the above; 1 the
 // grid flattened with the KV heads fastest (every head's heaviest causal row tiles dispatched
 // first); 2 as 1 with FlashAttention-3's intra-warpgroup overlap (ConsumeOverlap: S of tile j
@@ -36,6 +47,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
@@ -84,6 +96,9 @@ static_assert(kBlockN % 8 == 0 && kProducerThreads == 128,
               "producer: 16 chunks x 8 key rows per pass");
 
 struct WgmmaAttnParams {
+  // TMA producer only: the caches as [num_blocks * Hk * block_size, kD] bf16, box 64 dims x
+  // tma_box_rows keys, 128-byte swizzle.
+  CUtensorMap k_map, v_map;
   const bf16_t* q;
   int64_t q_token_stride, q_head_stride;
   bf16_t* out;
@@ -98,6 +113,7 @@ struct WgmmaAttnParams {
   int block_shift;   // log2(block_size) when a power of two, else -1
   float scale_log2;  // softmax scale * log2(e)
   int row_tiles;
+  int tma_box_rows;  // min(block_size, kBlockN), TMA producer only
 };
 
 __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
@@ -206,6 +222,128 @@ __device__ __forceinline__ void ProduceSplit(const WgmmaAttnParams& p, int b, in
   wgmma::FenceProxyAsync();
   wgmma::MbarArrive(full + 8 * ((num_tiles - 1) % kStages));
   wgmma::MbarArrive(full_v + 8 * ((num_tiles - 1) % kStages));
+}
+
+// ---- TMA producer (kTma) ---------------------------------------------------------------------
+// Named barrier 3 (0 is __syncthreads, 1 and 2 the consumers' ping-pong): the producer
+// warpgroup's 128 threads.
+__device__ __forceinline__ void ProducerBarSync() {
+  asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
+// kTma: the consumers loaded Q alone (the producer went straight to K/V); each waits for its
+// copies and fences them to the async proxy, then named barrier 4 joins the 256 consumer threads.
+__device__ __forceinline__ void QReady() {
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  asm volatile("bar.sync 4, 256;\n" ::: "memory");
+}
+
+// One lane's box of a tile of the TMA producer (a tile of one tensor is 2 x 128 / box_rows <= 32
+// boxes: box lane / 2 of 64-dim half lane % 2, keys key_offset.. of the tile, dst_offset bytes
+// into the tensor's tile); `active` false past the tile's boxes.
+struct TmaBox {
+  int key_offset, half;
+  uint32_t dst_offset;
+  bool active;
+};
+__device__ __forceinline__ TmaBox LaneBox(const WgmmaAttnParams& p, int lane) {
+  const int box = lane / 2, half = lane % 2;
+  return {box * p.tma_box_rows, half,
+          static_cast<uint32_t>(half * kHalfK + box * p.tma_box_rows * 128),
+          box * p.tma_box_rows < kBlockN};
+}
+
+// This lane's box of the K (kv 0) or V (kv 1) tile of keys n0.. (all below kv_end: whole blocks
+// of the sequence) into the tensor's tile at `tile_base`, completing on `bar`.
+__device__ __forceinline__ void IssueBox(const WgmmaAttnParams& p, const int32_t* table, int kvh,
+                                         const TmaBox& box, int n0, int kv, uint32_t tile_base,
+                                         uint32_t bar) {
+  const PagedSlot slot = LocateKey(table, n0 + box.key_offset, p.block_size, p.block_shift);
+  const int row = static_cast<int>((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block);
+  wgmma::TmaLoad2d(tile_base + box.dst_offset, kv ? &p.v_map : &p.k_map, box.half * 64, row, bar);
+}
+
+// The CTA's last tile (keys n0.., reaching past kv_end) by the 128 producer threads (thread t)
+// with 16-byte cp.async, keys at or past kv_end zero-filled, K and V; then waited for and
+// fenced to the async proxy by every thread and joined (ProducerBarSync): the caller's one
+// arrival signals all of it.
+__device__ __forceinline__ void GatherLastTile(const WgmmaAttnParams& p, const int32_t* table,
+                                               int kvh, int n0, int kv_end, uint32_t sk, int t) {
+  const int c = t % 16, r0 = t / 16;  // this thread's chunk, key rows r0 + 8 i
+#pragma unroll 2  // once per CTA; within the overlap builds' 24 producer registers
+  for (int i = 0; i < kBlockN / 8; ++i) {
+    const int j = r0 + 8 * i, key = n0 + j;
+    const bool valid = key < kv_end;
+    int64_t offset = 0;
+    if (valid) {
+      const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
+      offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
+    }
+    const uint32_t dst = TileChunk(kBlockN, j, c);
+    wgmma::CpAsync16(sk + dst, p.k_cache + offset, valid);
+    wgmma::CpAsync16(sk + kTileBytes + dst, p.v_cache + offset, valid);
+  }
+  wgmma::CpAsyncCommit();
+  wgmma::CpAsyncWait<0>();
+  wgmma::FenceProxyAsync();
+  ProducerBarSync();
+}
+
+// The TMA producer. kSplit (the overlap variants with kOverlapSplitKv): K and V of a tile on
+// their own barriers (full / empty for K, full_v / empty_v for V; ProduceSplit's protocol, each
+// half issued as soon as it is free, nothing lagged); else one pair per stage. Every full
+// barrier has count 1: one arrive.expect_tx (TMA tile) or one plain arrival (the gathered last
+// tile) per phase. Warp 0 walks the tiles in order (its empty waits see every phase, so the
+// parities never alias); warps 1-3 only join the last tile, after warp 0 has seen its stage free.
+// Lane 0 arms a barrier before __syncwarp lets any lane issue onto it.
+template <bool kSplit>
+__device__ __forceinline__ void ProduceTma(const WgmmaAttnParams& p, int b, int kvh, int kv_end,
+                                           int num_tiles, uint32_t pipe) {
+  const uint32_t full = pipe + kStages * kStageBytes, empty = full + 8 * kStages;
+  const uint32_t full_v = empty + 8 * kStages, empty_v = full_v + 8 * kStages;  // kSplit only
+  const int t = threadIdx.x - kConsumers * 128, lane = t % 32;
+  const int32_t* table = p.block_tables + b * p.table_stride;
+  const int tma_tiles = kv_end / kBlockN;  // tiles with every key below kv_end
+  if (t < 32) {
+    const TmaBox box = LaneBox(p, lane);
+    for (int it = 0; it < tma_tiles; ++it) {
+      const int stage = it % kStages;
+      const uint32_t base = pipe + stage * kStageBytes;
+      const uint32_t parity = ((it / kStages) - 1) & 1;
+      if constexpr (kSplit) {
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          if (it >= kStages) wgmma::MbarWait((kv ? empty_v : empty) + 8 * stage, parity);
+          const uint32_t bar = (kv ? full_v : full) + 8 * stage;
+          if (lane == 0) wgmma::MbarArriveExpectTx(bar, kTileBytes);
+          __syncwarp();
+          if (box.active) IssueBox(p, table, kvh, box, it * kBlockN, kv, base + kv * kTileBytes, bar);
+        }
+      } else {
+        if (it >= kStages) wgmma::MbarWait(empty + 8 * stage, parity);
+        const uint32_t bar = full + 8 * stage;
+        if (lane == 0) wgmma::MbarArriveExpectTx(bar, kStageBytes);
+        __syncwarp();
+        if (box.active) {
+          IssueBox(p, table, kvh, box, it * kBlockN, 0, base, bar);
+          IssueBox(p, table, kvh, box, it * kBlockN, 1, base + kTileBytes, bar);
+        }
+      }
+    }
+  }
+  if (tma_tiles == num_tiles) return;  // kv_end % kBlockN == 0: no partial tile
+  const int it = num_tiles - 1, stage = it % kStages;  // it == tma_tiles
+  if (t < 32 && it >= kStages) {
+    wgmma::MbarWait(empty + 8 * stage, ((it / kStages) - 1) & 1);
+    if constexpr (kSplit) wgmma::MbarWait(empty_v + 8 * stage, ((it / kStages) - 1) & 1);
+  }
+  __syncwarp();
+  ProducerBarSync();  // the stage is free for all four warps
+  GatherLastTile(p, table, kvh, it * kBlockN, kv_end, pipe + stage * kStageBytes, t);
+  if (t == 0) {
+    wgmma::MbarArrive(full + 8 * stage);
+    if constexpr (kSplit) wgmma::MbarArrive(full_v + 8 * stage);
+  }
 }
 
 // One consumer warpgroup's softmax state and its steps over a K/V tile (see Consume).
@@ -528,8 +666,8 @@ __device__ __forceinline__ void ConsumeOverlap(const WgmmaAttnParams& p, int q0,
 // lighter one (longest first over the whole grid); >= 2 intra-warpgroup overlap
 // (ConsumeOverlap; the producer signals each tile as soon as it has landed, kLag 0, since the
 // consumers hold two stages); 3 plus the warpgroup ping-pong; 4 and 5: 2 and 3 with
-// SoftmaxFast.
-template <int kVariant>
+// SoftmaxFast. kTma: the TMA producer (ProduceTma) instead of the cp.async gather.
+template <int kVariant, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
     AttentionWgmmaKernel(const __grid_constant__ WgmmaAttnParams p) {
   // Declared 16-byte aligned so that the 1024-byte alignment is computed, not assumed.
@@ -559,48 +697,68 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefix + (min(row0 + kBlockM, rows_total) - 1) / p.group + 1;  // keys the tile sees
   const int num_tiles = (kv_end + kBlockN - 1) / kBlockN;
 
-  // Q tile -> shared by all threads, rows past the sequence's zero-filled.
-  for (int idx = threadIdx.x; idx < kBlockM * 16; idx += kThreads) {
-    const int r = idx / 16, c = idx % 16, row = row0 + r;
-    const bool valid = row < rows_total;
-    const bf16_t* src = p.q;
-    if (valid)
-      src += (q0 + row / p.group) * p.q_token_stride +
-             (kvh * p.group + row % p.group) * p.q_head_stride + c * 8;
-    wgmma::CpAsync16(sq + TileChunk(kBlockM, r, c), src, valid);
+  // Q tile -> shared, rows past the sequence's zero-filled: by all threads, waited for before the
+  // roles split; kTma: by the consumers only, who wait for it after the split (QReady), so the
+  // producer's first K/V loads go out while Q is in flight.
+  constexpr int kQThreads = kTma ? kConsumers * 128 : kThreads;
+  if (threadIdx.x < kQThreads) {
+    for (int idx = threadIdx.x; idx < kBlockM * 16; idx += kQThreads) {
+      const int r = idx / 16, c = idx % 16, row = row0 + r;
+      const bool valid = row < rows_total;
+      const bf16_t* src = p.q;
+      if (valid)
+        src += (q0 + row / p.group) * p.q_token_stride +
+               (kvh * p.group + row % p.group) * p.q_head_stride + c * 8;
+      wgmma::CpAsync16(sq + TileChunk(kBlockM, r, c), src, valid);
+    }
+    wgmma::CpAsyncCommit();
   }
-  wgmma::CpAsyncCommit();
+  // Full barriers: 128 producer arrivals a phase (cp.async), or 1 (TMA: arrive.expect_tx).
+  constexpr uint32_t kFullCount = kTma ? 1 : kProducerThreads;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      wgmma::MbarInit(full + 8 * s, kProducerThreads);
+      wgmma::MbarInit(full + 8 * s, kFullCount);
       wgmma::MbarInit(empty + 8 * s, kConsumers * 4);
       if constexpr (kSplit) {
-        wgmma::MbarInit(full_v + 8 * s, kProducerThreads);
+        wgmma::MbarInit(full_v + 8 * s, kFullCount);
         wgmma::MbarInit(empty_v + 8 * s, kConsumers * 4);
       }
     }
     wgmma::MbarInitFence();
   }
-  wgmma::CpAsyncWait<0>();
-  wgmma::FenceProxyAsync();
+  if (kTma && threadIdx.x == kConsumers * 128) {
+    wgmma::TmaPrefetchDescriptor(&p.k_map);
+    wgmma::TmaPrefetchDescriptor(&p.v_map);
+  }
+  if constexpr (!kTma) {
+    wgmma::CpAsyncWait<0>();
+    wgmma::FenceProxyAsync();
+  }
   __syncthreads();
   if constexpr (kVariant < 2) {
     if (threadIdx.x >= kConsumers * 128) {
       wgmma::SetMaxRegsDec<kProducerRegs>();
-      Produce<kLag>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
+      if constexpr (kTma)
+        ProduceTma<false>(p, b, kvh, kv_end, num_tiles, pipe);
+      else
+        Produce<kLag>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
     } else {
       wgmma::SetMaxRegsInc<kConsumerRegs>();
+      if constexpr (kTma) QReady();
       Consume(p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty);
     }
   } else {
     if (threadIdx.x >= kConsumers * 128) {
       wgmma::SetMaxRegsDec<kOverlapProducerRegs>();
-      if constexpr (kSplit)
+      if constexpr (kTma)
+        ProduceTma<kSplit>(p, b, kvh, kv_end, num_tiles, pipe);
+      else if constexpr (kSplit)
         ProduceSplit(p, b, kvh, kv_end, num_tiles, pipe, full, empty, full_v, empty_v);
       else
         Produce<0>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
     } else {
       wgmma::SetMaxRegsInc<kOverlapConsumerRegs>();
+      if constexpr (kTma) QReady();
       ConsumeOverlap<kVariant == 3 || kVariant == 5, kVariant >= 4>(
           p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty,
           kSplit ? full_v : full, kSplit ? empty_v : empty);
@@ -696,17 +854,48 @@ void SetSmemOnce(Kernel kernel, std::atomic<uint64_t>& set, size_t bytes) {
   set.fetch_or(device_bit, std::memory_order_acq_rel);
 }
 
-// Variants >= 1: (row tile, KV head) flattened on grid x, KV heads fastest.
-template <int kVariant>
-void LaunchVariant(const WgmmaAttnParams& p, int row_tiles, int kv_heads, unsigned num_seqs,
-                   cudaStream_t s) {
+// One build: variant 0 on grid (row tile, KV head, sequence); variants >= 1 with (row tile, KV
+// head) flattened on grid x, KV heads fastest.
+template <int kVariant, bool kTma>
+void LaunchBuild(const WgmmaAttnParams& p, int row_tiles, int kv_heads, unsigned num_seqs,
+                 cudaStream_t s) {
   constexpr size_t smem = kVariant >= 2 && kOverlapSplitKv ? kSmemBytesSplit : kSmemBytes;
+  const auto kernel = AttentionWgmmaKernel<kVariant, kTma>;
   static std::atomic<uint64_t> attrs_set{0};
-  SetSmemOnce(AttentionWgmmaKernel<kVariant>, attrs_set, smem);
-  const int64_t ctas_x = static_cast<int64_t>(row_tiles) * kv_heads;
-  COROLLA_CHECK(ctas_x <= 0x7fffffff) << "attention wgmma: " << ctas_x << " CTAs on grid x";
-  LaunchPdl(AttentionWgmmaKernel<kVariant>, dim3(static_cast<unsigned>(ctas_x), 1, num_seqs),
-            dim3(kThreads), smem, s, 1, p);
+  SetSmemOnce(kernel, attrs_set, smem);
+  if constexpr (kVariant == 0) {
+    LaunchPdl(kernel, dim3(row_tiles, kv_heads, num_seqs), dim3(kThreads), smem, s, 1, p);
+  } else {
+    const int64_t ctas_x = static_cast<int64_t>(row_tiles) * kv_heads;
+    COROLLA_CHECK(ctas_x <= 0x7fffffff) << "attention wgmma: " << ctas_x << " CTAs on grid x";
+    LaunchPdl(kernel, dim3(static_cast<unsigned>(ctas_x), 1, num_seqs), dim3(kThreads), smem, s,
+              1, p);
+  }
+}
+
+template <int kVariant>
+void LaunchVariant(const WgmmaAttnParams& p, bool tma, int row_tiles, int kv_heads,
+                   unsigned num_seqs, cudaStream_t s) {
+  if (tma)
+    LaunchBuild<kVariant, true>(p, row_tiles, kv_heads, num_seqs, s);
+  else
+    LaunchBuild<kVariant, false>(p, row_tiles, kv_heads, num_seqs, s);
+}
+
+// Whether the TMA producer can serve the cache: block_size a power of two >= 8 (a box of
+// min(block_size, 128) keys starts 1024-aligned in the tile and never crosses a block), both
+// caches dense [num_blocks, Hk, block_size, kD] bf16 with 16-byte aligned bases, rows
+// addressable as int32 TMA coordinates.
+bool TmaServes(const KvCacheView& cache) {
+  const int bs = cache.block_size();
+  if (BlockShift(bs) < 3) return false;
+  const int64_t rows = cache.k.dim(0) * cache.k.dim(1) * cache.k.dim(2);
+  for (const TensorView* t : {&cache.k, &cache.v})
+    if (t->dtype != DType::kBF16 || t->rank() != 4 || !t->is_contiguous() ||
+        t->dim(0) * t->dim(1) * t->dim(2) != rows ||
+        reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+      return false;
+  return rows > 0 && rows <= 0x7fffffff;
 }
 
 }  // namespace
@@ -729,7 +918,9 @@ void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const Attenti
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
   const int row_tiles = static_cast<int>(CeilDiv(static_cast<int64_t>(max_q_len) * group, kBlockM));
   const int bs = cache.block_size();
-  WgmmaAttnParams p{q.ptr<bf16_t>(),
+  WgmmaAttnParams p{{},
+                    {},
+                    q.ptr<bf16_t>(),
                     q.strides[0],
                     q.strides[1],
                     out.ptr<bf16_t>(),
@@ -746,23 +937,26 @@ void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const Attenti
                     bs,
                     BlockShift(bs),
                     scale_log2,
-                    row_tiles};
+                    row_tiles,
+                    std::min(bs, kBlockN)};
+  const bool tma = Tuning().attention_wgmma_tma && TmaServes(cache);
+  if (tma) {
+    const int64_t rows = cache.k.dim(0) * kv_heads * bs;
+    p.k_map = TensorMap2dSw128(cache.k.data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rows, kD, kD * 2,
+                               64, p.tma_box_rows, "attention wgmma k cache");
+    p.v_map = TensorMap2dSw128(cache.v.data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rows, kD, kD * 2,
+                               64, p.tma_box_rows, "attention wgmma v cache");
+  }
   const unsigned num_seqs = static_cast<unsigned>(batch.seq_lens.numel());
   int variant = std::clamp(Tuning().attention_wgmma_variant, 0, kWgmmaVariants - 1);
   if (variant >= 4 && !(scale_log2 > 0.f)) variant -= 2;  // SoftmaxFast takes the max unscaled
   switch (variant) {
-    case 0: {
-      static std::atomic<uint64_t> attrs_set{0};
-      SetSmemOnce(AttentionWgmmaKernel<0>, attrs_set, kSmemBytes);
-      LaunchPdl(AttentionWgmmaKernel<0>, dim3(row_tiles, kv_heads, num_seqs), dim3(kThreads),
-                kSmemBytes, s, 1, p);
-      break;
-    }
-    case 1: LaunchVariant<1>(p, row_tiles, kv_heads, num_seqs, s); break;
-    case 2: LaunchVariant<2>(p, row_tiles, kv_heads, num_seqs, s); break;
-    case 3: LaunchVariant<3>(p, row_tiles, kv_heads, num_seqs, s); break;
-    case 4: LaunchVariant<4>(p, row_tiles, kv_heads, num_seqs, s); break;
-    default: LaunchVariant<5>(p, row_tiles, kv_heads, num_seqs, s); break;
+    case 0: LaunchVariant<0>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
+    case 1: LaunchVariant<1>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
+    case 2: LaunchVariant<2>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
+    case 3: LaunchVariant<3>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
+    case 4: LaunchVariant<4>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
+    default: LaunchVariant<5>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
   }
 }
 

@@ -25,18 +25,13 @@
 // Persistent grid: one CTA per SM (~200 KB of shared memory), tiles blockIdx.x + i gridDim.x.
 // No setmaxnreg: 384 threads x 168 registers fit an SM, and the consumers need ~154 (128 of
 // them accumulators).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm_schedule.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
@@ -287,41 +282,12 @@ __global__ void __launch_bounds__(128, 1)
 }
 
 // ---- host -------------------------------------------------------------------------------------
-PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    COROLLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                        cudaEnableDefault, &found));
-    COROLLA_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr)
-        << "grouped gemm wgmma: the driver has no cuTensorMapEncodeTiled";
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // The tensor map of a row-major bf16 matrix [rows, k] (k % 64 == 0, 16-byte aligned): box 64
-// columns x kBoxRows rows, 128-byte swizzle, out-of-bounds boxes zero-filled. Cached per
-// (address, rows, k): the maps of the expert weights are built once.
+// columns x kBoxRows rows, 128-byte swizzle, out-of-bounds boxes zero-filled. Cached
+// (tensor_map.h): the maps of the expert weights are built once.
 CUtensorMap WeightMap(const void* w, int64_t rows, int64_t k) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t>, CUtensorMap> cache;
-  const auto key = std::make_tuple(w, rows, k);
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};  // bytes, dims 1..
-  const cuuint32_t box[2] = {kBK, kBoxRows};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      EncodeTiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides,
-                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  COROLLA_CHECK(r == CUDA_SUCCESS) << "grouped gemm wgmma: cuTensorMapEncodeTiled of [" << rows
-                                   << ", " << k << "] bf16 failed (" << static_cast<int>(r) << ")";
-  cache.emplace(key, map);
-  return map;
+  return TensorMap2dSw128(w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rows, k, k * 2, kBK, kBoxRows,
+                          "grouped gemm wgmma");
 }
 
 // Sets the kernel's shared-memory attributes once per device.

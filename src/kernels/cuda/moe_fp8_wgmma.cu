@@ -27,20 +27,15 @@
 //   the bf16 kernel), full count 128 + 1.
 // The consumers release a stage (one arrival per consumer warp, empty count 8) right after their
 // wait for its last wgmmas; the producer runs ahead across tiles.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_schedule.cuh"
 #include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
@@ -375,41 +370,12 @@ __global__ void __launch_bounds__(128, 1)
 }
 
 // ---- host -------------------------------------------------------------------------------------
-PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    COROLLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                        cudaEnableDefault, &found));
-    COROLLA_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr)
-        << "grouped fp8 wgmma: the driver has no cuTensorMapEncodeTiled";
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // The tensor map of a row-major e4m3 matrix [rows, k] (k % 16 == 0, 16-byte aligned): box 128
-// bytes x kBoxRows rows, 128-byte swizzle, out-of-bounds boxes zero-filled. Cached per
-// (address, rows, k).
+// bytes x kBoxRows rows, 128-byte swizzle, out-of-bounds boxes zero-filled. Cached
+// (tensor_map.h).
 CUtensorMap WeightMapFp8(const void* w, int64_t rows, int64_t k) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t>, CUtensorMap> cache;
-  const auto key = std::make_tuple(w, rows, k);
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};  // bytes, dims 1..
-  const cuuint32_t box[2] = {kBK, kBoxRows};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      EncodeTiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(w), dims, strides,
-                    box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  COROLLA_CHECK(r == CUDA_SUCCESS) << "grouped fp8 wgmma: cuTensorMapEncodeTiled of [" << rows
-                                   << ", " << k << "] e4m3 failed (" << static_cast<int>(r) << ")";
-  cache.emplace(key, map);
-  return map;
+  return TensorMap2dSw128(w, CU_TENSOR_MAP_DATA_TYPE_UINT8, rows, k, k, kBK, kBoxRows,
+                          "grouped fp8 wgmma");
 }
 
 template <class Kernel>

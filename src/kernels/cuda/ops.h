@@ -115,6 +115,17 @@ struct KernelTuning {
   // 49.7% -> 39-41% of peak at 8k): the overlap starves on the cp.async producer, so 0 stays.
   // COROLLA_ATTN_WGMMA_VARIANT sets it.
   int attention_wgmma_variant = 0;
+  // The wgmma prefill kernel's K/V tiles come by TMA (cp.async.bulk.tensor: one warp issues a
+  // box per cache block, completion by transaction count; the last, partial tile of a CTA
+  // still by the cp.async zero fill) where the cache allows it (block_size a power of two >= 8,
+  // dense, aligned); off, or other block sizes: the 128-thread cp.async gather through the block
+  // table. COROLLA_ATTN_TMA sets it.
+  bool attention_wgmma_tma = true;
+  // Preferred shared-memory carveout (percent of the unified L1 / shared memory) that LaunchPdl
+  // sets on each kernel it launches; -1 leaves the driver's choice. A kernel whose shared memory
+  // needs another carveout than the kernel still running on an SM cannot start there until it
+  // drains, which defeats programmatic dependent launch. COROLLA_PDL_CARVEOUT sets it.
+  int pdl_carveout = -1;
 };
 KernelTuning& Tuning();
 
@@ -163,8 +174,9 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
 
 // attention_wgmma.cu (called by Attention): the prefill kernel for D = Dk = Dv = 128 on wgmma,
 // separate K/V caches, 16-byte aligned q/out rows (Attention checks all of it); one CTA per 128
-// query rows of a (sequence, KV head), no split-KV. Supported: the device is sm_90 with the
-// shared memory it needs.
+// query rows of a (sequence, KV head), no split-KV; K/V tiles by TMA where
+// Tuning().attention_wgmma_tma and the cache allow, else by cp.async. Supported: the device is
+// sm_90 with the shared memory it needs.
 bool AttentionWgmmaSupported();
 void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                     const TensorView& out, cudaStream_t s);

@@ -13,6 +13,8 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <unordered_set>
 #include <utility>
 
 #include "kernels/cuda/cuda_check.h"
@@ -23,12 +25,24 @@ namespace corolla::cuda {
 __device__ __forceinline__ void GridDependencyWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void TriggerDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
+// Sets Tuning().pdl_carveout as the kernel's preferred shared-memory carveout, once per kernel.
+inline void SetCarveoutOnce(const void* kernel) {
+  const int carveout = Tuning().pdl_carveout;
+  if (carveout < 0) return;
+  static std::mutex mu;
+  static std::unordered_set<const void*> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert(kernel).second) return;
+  COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+}
+
 // kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialisation allowed
 // when Tuning().pdl is on (COROLLA_PDL=0 turns it off), and optionally a thread block cluster
 // of cluster_x CTAs along x. Checks the launch.
 template <typename... Params, typename... Args>
 void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x,
                Args&&... args) {
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel));
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
