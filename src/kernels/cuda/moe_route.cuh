@@ -90,7 +90,7 @@ __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, cons
     int best_id = 0x7fffffff;
     for (int e = lane; e < p.experts; e += 32) {
       const float v = choice[e];
-      if (v > best || (best_id == 0x7fffffff && v == best)) {  // ascending e: ties keep the lower id
+      if (v > best || best_id == 0x7fffffff) {  // ascending e: ties keep the lower id (NaN: the first)
         best = v;
         best_id = e;
       }
@@ -104,6 +104,10 @@ __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, cons
         best_id = oi;
       }
     }
+    // Lane 0's pick for every lane: with NaN scores the butterfly need not agree (and a lane
+    // with no expert keeps an invalid id), so nothing reads past probs.
+    best_id = __shfl_sync(0xffffffffu, best_id, 0);
+    if (best_id >= p.experts) best_id = 0;
     __syncwarp();
     const float pb = probs[best_id];
     if (lane == 0) choice[best_id] = -INFINITY;  // taken (NaN-free: only valid ids are chosen)
