@@ -388,7 +388,9 @@ TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
   struct Case { int64_t tokens, hq, hk, d; bool gate; DType w; };
   for (Case c : {Case{1, 32, 4, 128, false, DType::kF32}, Case{7, 8, 8, 64, false, DType::kBF16},
                  Case{130, 16, 2, 128, true, DType::kF32}, Case{5, 4, 2, 256, false, DType::kBF16},
-                 Case{33, 32, 4, 128, false, DType::kBF16}}) {
+                 Case{33, 32, 4, 128, false, DType::kBF16},
+                 // 64+ tokens: 8 heads a warp (a warp of only v heads; one of k and v heads; D 256)
+                 Case{100, 8, 8, 64, false, DType::kF32}, Case{70, 4, 2, 256, false, DType::kBF16}}) {
     const int64_t t = c.tokens, d = c.d, q_cols = c.hq * d * (c.gate ? 2 : 1), width = q_cols + 2 * c.hk * d;
     const int bs = 16, blocks = static_cast<int>((t + bs - 1) / bs) + 2;
     auto qkv = RandomBf16(t * width, 2.f);
@@ -397,7 +399,8 @@ TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
     std::vector<int32_t> pos(t), slots(t);
     for (int64_t i = 0; i < t; ++i) {
       pos[i] = static_cast<int32_t>(std::uniform_int_distribution<int>(0, 40000)(Rng()));
-      slots[i] = static_cast<int32_t>((i * 7) % (blocks * bs));  // distinct: 7 is coprime to the slot count
+      // Distinct: the stride is a prime that does not divide the slot count.
+      slots[i] = static_cast<int32_t>((i * ((blocks * bs) % 7 != 0 ? 7 : 11)) % (blocks * bs));
     }
     const Shape cshape{blocks, c.hk, bs, d};
     auto views = [&](const Tensor& row) {

@@ -1,9 +1,11 @@
 // The ops between Qwen3's qkv projection and its attention in one launch (Backend::
 // QkNormRopeKvWrite): per-head RMSNorm of q and k, neox rotary embedding over the whole head,
-// and the paged KV write of k and v. One warp per (token, head) over the q, k and v heads of
-// the step; lane l holds elements [l D/32, (l + 1) D/32), so the rotary partner of an element
-// (i +- D/2) sits in lane l ^ 16. The normalised values stay in f32 into the rotation (the
+// and the paged KV write of k and v. One warp per (token, head), or per (token, 8 heads) for
+// larger batches, over the q, k and v heads of the step; lane l holds elements [l D/32,
+// (l + 1) D/32), so the rotary partner of an element (i +- D/2) sits in lane l ^ 16. The normalised values stay in f32 into the rotation (the
 // separate ops round them to bf16 in between).
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -43,62 +45,82 @@ __device__ __forceinline__ float WeightAt(const void* w, bool f32, int i) {
   return f32 ? static_cast<const float*>(w)[i] : __bfloat162float(static_cast<const bf16_t*>(w)[i]);
 }
 
-template <int kD>
+// kHeads consecutive heads of one token per warp (the heads of a token are q, then k, then v):
+// the rotary angles of the lane's elements are computed once for all of them (sincosf with its
+// range reduction is most of a head's arithmetic at long positions), and the heads' loads are
+// all issued before the first is used. 1 for small batches, where a warp per head spreads the
+// few tokens over more SMs.
+template <int kD, int kHeads>
 __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p) {
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
   TriggerDependents();
   constexpr int kPer = kD / 32, kHalf = kD / 2;
   using Vec = BfVec<kPer>;
-  const int heads = p.hq + 2 * p.hk;
+  const int heads = p.hq + 2 * p.hk, warps_per_token = (heads + kHeads - 1) / kHeads;
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (g >= p.tokens * heads) return;  // whole warps
-  const int64_t t = g / heads;
-  const int h = static_cast<int>(g % heads), e0 = lane * kPer;
+  if (g >= p.tokens * warps_per_token) return;  // whole warps
+  const int64_t t = g / warps_per_token;
+  const int h0 = static_cast<int>(g % warps_per_token) * kHeads, e0 = lane * kPer;
   const int slot = p.slots[t];
   const bool to_cache = slot >= 0 && slot < p.num_slots;  // padding tokens have no slot
   const int64_t block = to_cache ? slot / p.block_size : 0, offset = to_cache ? slot % p.block_size : 0;
   auto cache_at = [&](bf16_t* cache, int kv_head) {
     return cache + ((block * p.hk + kv_head) * p.block_size + offset) * kD + e0;
   };
-  if (h >= p.hq + p.hk) {  // a v head: into the cache as it is
-    const int kv = h - p.hq - p.hk;
-    if (to_cache)
-      *reinterpret_cast<Vec*>(cache_at(p.v_cache, kv)) =
-          *reinterpret_cast<const Vec*>(p.v + t * p.v_token_stride + kv * p.v_head_stride + e0);
-    return;
-  }
-  const bool is_q = h < p.hq;
-  bf16_t* x = is_q ? p.q + t * p.q_token_stride + h * p.q_head_stride
-                   : p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
-  const Vec in = *reinterpret_cast<const Vec*>(x + e0);
-  float a[kPer];
-  float ss = 0.f;
+  auto head_ptr = [&](int h) -> const bf16_t* {
+    if (h < p.hq) return p.q + t * p.q_token_stride + h * p.q_head_stride;
+    if (h < p.hq + p.hk) return p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
+    return p.v + t * p.v_token_stride + (h - p.hq - p.hk) * p.v_head_stride;
+  };
+  Vec in[kHeads];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    a[i] = __bfloat162float(in.v[i]);
-    ss += a[i] * a[i];
-  }
-  ss = WarpSum(ss);
-  const float inv = rsqrtf(ss / kD + p.eps);
-  const void* w = is_q ? p.q_w : p.k_w;
-  const bool w_f32 = is_q ? p.q_w_f32 : p.k_w_f32;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) a[i] = WeightAt(w, w_f32, e0 + i) * (a[i] * inv);
+  for (int j = 0; j < kHeads; ++j)
+    if (h0 + j < heads) in[j] = *reinterpret_cast<const Vec*>(head_ptr(h0 + j) + e0);
   // Neox pairs (i, i + D/2): lanes 0-15 hold the first halves, lanes 16-31 their partners.
-  const float pos = static_cast<float>(p.positions[t]);
-  Vec out;
+  float cs[kPer], sn[kPer];
+  if (h0 < p.hq + p.hk) {
+    const float pos = static_cast<float>(p.positions[t]);
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const float partner = __shfl_xor_sync(0xffffffffu, a[i], 16);
-    float s, c;
-    sincosf(pos * p.inv_freq[(e0 + i) % kHalf], &s, &c);  // angle in fp32, as the CPU twin
-    c *= p.attention_factor;
-    s *= p.attention_factor;
-    out.v[i] = __float2bfloat16(lane < 16 ? a[i] * c - partner * s : a[i] * c + partner * s);
+    for (int i = 0; i < kPer; ++i) {
+      sincosf(pos * p.inv_freq[(e0 + i) % kHalf], &sn[i], &cs[i]);  // angle in fp32, as the CPU twin
+      cs[i] *= p.attention_factor;
+      sn[i] *= lane < 16 ? -p.attention_factor : p.attention_factor;
+    }
   }
-  *reinterpret_cast<Vec*>(x + e0) = out;
-  if (!is_q && to_cache) *reinterpret_cast<Vec*>(cache_at(p.k_cache, h - p.hq)) = out;
+#pragma unroll
+  for (int j = 0; j < kHeads; ++j) {
+    const int h = h0 + j;
+    if (h >= heads) break;
+    if (h >= p.hq + p.hk) {  // a v head: into the cache as it is
+      if (to_cache) *reinterpret_cast<Vec*>(cache_at(p.v_cache, h - p.hq - p.hk)) = in[j];
+      continue;
+    }
+    const bool is_q = h < p.hq;
+    float a[kPer];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      a[i] = __bfloat162float(in[j].v[i]);
+      ss += a[i] * a[i];
+    }
+    ss = WarpSum(ss);
+    const float inv = rsqrtf(ss / kD + p.eps);
+    const void* w = is_q ? p.q_w : p.k_w;
+    const bool w_f32 = is_q ? p.q_w_f32 : p.k_w_f32;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) a[i] = WeightAt(w, w_f32, e0 + i) * (a[i] * inv);
+    Vec out;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float partner = __shfl_xor_sync(0xffffffffu, a[i], 16);
+      out.v[i] = __float2bfloat16(a[i] * cs[i] + partner * sn[i]);
+    }
+    bf16_t* x = is_q ? p.q + t * p.q_token_stride + h * p.q_head_stride
+                     : p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
+    *reinterpret_cast<Vec*>(x + e0) = out;
+    if (!is_q && to_cache) *reinterpret_cast<Vec*>(cache_at(p.k_cache, h - p.hq)) = out;
+  }
 }
 
 bool Aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -132,11 +154,21 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
                    inv_freq, rope.attention_factor, cache.k.ptr<bf16_t>(), cache.v.ptr<bf16_t>(),
                    batch.slot_mapping.ptr<int32_t>(), cache.k.dim(0) * cache.block_size(), cache.block_size(),
                    tokens, static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1))};
-  const int64_t warps = tokens * (q.dim(1) + 2 * k.dim(1));
-  const int grid = CeilDiv(warps * 32, 128);
-  if (d == 64) LaunchPdl(QkNormRopeKvWriteKernel<64>, dim3(grid), dim3(128), 0, s, 1, p);
-  else if (d == 128) LaunchPdl(QkNormRopeKvWriteKernel<128>, dim3(grid), dim3(128), 0, s, 1, p);
-  else LaunchPdl(QkNormRopeKvWriteKernel<256>, dim3(grid), dim3(128), 0, s, 1, p);
+  // A warp per head below kManyTokens tokens; kHeadsPerWarp heads a warp from there.
+  constexpr int64_t kManyTokens = 64;
+  constexpr int kHeadsPerWarp = 8;
+  const int64_t heads = q.dim(1) + 2 * k.dim(1);
+  const bool many = tokens >= kManyTokens;
+  const int64_t warps = tokens * (many ? CeilDiv(heads, kHeadsPerWarp) : heads);
+  const dim3 grid(CeilDiv(warps * 32, 128));
+  auto launch = [&](auto d_tag) {
+    constexpr int kD = decltype(d_tag)::value;
+    if (many) LaunchPdl(QkNormRopeKvWriteKernel<kD, kHeadsPerWarp>, grid, dim3(128), 0, s, 1, p);
+    else LaunchPdl(QkNormRopeKvWriteKernel<kD, 1>, grid, dim3(128), 0, s, 1, p);
+  };
+  if (d == 64) launch(std::integral_constant<int, 64>{});
+  else if (d == 128) launch(std::integral_constant<int, 128>{});
+  else launch(std::integral_constant<int, 256>{});
   return true;
 }
 

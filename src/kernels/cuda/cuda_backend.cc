@@ -36,6 +36,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA_VARIANT")) t.attention_wgmma_variant = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_TMA")) t.attention_wgmma_tma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_CARVEOUT")) t.pdl_carveout = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
     return t;
   }();
   return tuning;

@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kLoadsInFlight = 8;  // 16-byte weight loads per lane issued before their arithmetic
+constexpr int kOneWaveBlocks = 5;  // CTAs an SM must hold for GemvKernel<1, 2>'s grids to be one wave
 
 struct GemvParams {
   const bf16_t* x;
@@ -30,8 +31,9 @@ struct GemvParams {
 // flight while the previous pass is multiplied, so each lane has up to 2 kLoadsInFlight 16-byte
 // loads outstanding. The first pass is issued before GridDependencyWait (weights are not written
 // by any kernel): under programmatic dependent launch it overlaps the previous kernel's tail.
-template <int kM, int kRows>
-__global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __grid_constant__ GemvParams p) {
+// kMinBlocks > 1 caps the registers so that many CTAs fit an SM (kOneWaveBlocks below).
+template <int kM, int kRows, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) GemvKernel(const __grid_constant__ GemvParams p) {
   constexpr int kUnroll = kLoadsInFlight / kRows;
   constexpr int kPass = kUnroll * 32 * 8;  // columns of a row one pass of the warp covers
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -136,7 +138,17 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
   const int rows = n >= 4 * 132 * kWarps * 4 ? 4 : n >= 4 * 132 * kWarps * 2 ? 2 : 1;
   auto launch = [&](auto m_tag, auto rows_tag) {
     constexpr int kM = decltype(m_tag)::value, kRows = decltype(rows_tag)::value;
-    LaunchPdl(GemvKernel<kM, kRows>, dim3(CeilDiv(n, kWarps * kRows)), dim3(kWarps * 32), 0, s, 1, p);
+    const dim3 grid(CeilDiv(n, kWarps * kRows));
+    // One row, two rows a warp (the 4224 <= N < 8448 band: qkv at Qwen3-30B-A3B, 640 CTAs): at
+    // 102 registers 4 CTAs fit an SM (528 on an H200), so the grid ran in two waves; capped at
+    // 96 (no spills) 5 fit and it is one.
+    if constexpr (kM == 1 && kRows == 2) {
+      if (Tuning().gemv_one_wave) {
+        LaunchPdl(GemvKernel<kM, kRows, kOneWaveBlocks>, grid, dim3(kWarps * 32), 0, s, 1, p);
+        return;
+      }
+    }
+    LaunchPdl(GemvKernel<kM, kRows>, grid, dim3(kWarps * 32), 0, s, 1, p);
   };
   auto with_rows = [&](auto m_tag) {
     if (rows == 4) launch(m_tag, std::integral_constant<int, 4>{});

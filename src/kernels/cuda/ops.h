@@ -110,11 +110,12 @@ struct KernelTuning {
   // P V of tile j in flight together, softmax under the P V); 3 as 2 plus the ping-pong of the
   // two consumer warpgroups (named barriers); 4 and 5 as 2 and 3 with a leaner softmax
   // (ex2.approx.ftz, the scale folded into one FFMA). Out-of-range values clamp. Tests and
-  // CudaPerf sweep them. Measured on an H200 (Hq 32 / Hk 4, causal, 4k / 8k tokens): 1 equals 0
-  // (272 / 300 TFLOP/s), 2-5 are slower (182-209 TFLOP/s, 0.65-0.72x; the Qwen3-30B-A3B prefill
-  // 49.7% -> 39-41% of peak at 8k): the overlap starves on the cp.async producer, so 0 stays.
-  // COROLLA_ATTN_WGMMA_VARIANT sets it.
-  int attention_wgmma_variant = 0;
+  // CudaPerf sweep them. Measured on an H200 (Hq 32 / Hk 4, causal, 1k / 4k / 8k tokens) with
+  // the TMA producer: 0 169 / 391 / 445 TFLOP/s, 1 195 / 397 / 457, 2 190 / 388 / 438, 3 193 /
+  // 386 / 426, 4 204 / 440 / 505, 5 216 / 457 / 524 (Qwen3-30B-A3B prefill at 8k: 59.6% of the
+  // matmul peak with 5, 58.1% with 0), so 5. With the cp.async producer the overlap builds
+  // starve (2-5 at 0.65-0.72x of 0). COROLLA_ATTN_WGMMA_VARIANT sets it.
+  int attention_wgmma_variant = 5;
   // The wgmma prefill kernel's K/V tiles come by TMA (cp.async.bulk.tensor: one warp issues a
   // box per cache block, completion by transaction count; the last, partial tile of a CTA
   // still by the cp.async zero fill) where the cache allows it (block_size a power of two >= 8,
@@ -126,6 +127,10 @@ struct KernelTuning {
   // needs another carveout than the kernel still running on an SM cannot start there until it
   // drains, which defeats programmatic dependent launch. COROLLA_PDL_CARVEOUT sets it.
   int pdl_carveout = -1;
+  // The one-row GEMV with two rows a warp (gemv.cu) is built for 5 CTAs an SM (registers capped
+  // at 96, no spills) so that 4224 <= N < 8448 runs in one wave; off: 4 an SM, two waves.
+  // COROLLA_GEMV_ONE_WAVE sets it.
+  bool gemv_one_wave = true;
 };
 KernelTuning& Tuning();
 
