@@ -15,6 +15,8 @@
 // (split_kv_merge.cuh) merges the partial softmax states (one partial format for all kernels).
 // Prefill at D 128 (more than 16 query tokens in a sequence) goes to the wgmma kernel
 // (attention_wgmma.cu) on sm_90 unless Tuning().attention_wgmma is off.
+// Decode with one token a sequence (max_q_len 1) at D 64/128/256, group <= 16, goes to the
+// small-batch decode kernel (attention_decode.cu) unless Tuning().attention_decode_kernel is off.
 #include <algorithm>
 #include <string>
 #include <tuple>
@@ -291,6 +293,13 @@ bool AttentionMma(const TensorView& q, const KvCacheView& cache, const Attention
                   int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
                   const TensorView& out, cudaStream_t s);
 
+// attention_decode.cu (its only caller is Attention below): the small-batch decode kernel for
+// one query token per sequence (max_q_len 1), Dk = Dv in {64, 128, 256}, separate K/V, group
+// <= 16, Tuning().attention_decode_kernel on; it plans its own split-KV and merges.
+bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len);
+void AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
   const TensorView& kc = cache.k;
@@ -329,6 +338,9 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
   // below never splits the keys.
   if (use_mma && dk == 128 && dv == 128 && max_q_len > 16 && Tuning().attention_wgmma && AttentionWgmmaSupported())
     return AttentionWgmma(q, cache, batch, scale * 1.4426950408889634f, out, s);
+  // Decode (one token a sequence) on the small-batch decode kernel (attention_decode.cu).
+  if (use_mma && dk == dv && AttentionDecodeServes(q, cache, max_q_len))
+    return AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s);
   const int64_t max_rows = static_cast<int64_t>(max_q_len) * group;
   const int rows_per_cta = !use_mma ? kBlockM : max_rows <= kMmaDecodeRows ? kMmaDecodeRows : kMmaPrefillRows;
   const int row_tiles = CeilDiv(max_rows, rows_per_cta);

@@ -16,7 +16,10 @@
 // include every build of the wgmma kernel (Tuning().attention_wgmma_variant 0..5, "wgmma_variantN"
 // in the names), each with the TMA producer (the default where the block size allows it) and with
 // the cp.async one ("cpasync" in the names). CudaKernelTest.AttentionWgmmaTileProbe checks one
-// wgmma S tile and one P V tile alone.
+// wgmma S tile and one P V tile alone. Decode batches also run on the small-batch decode kernel
+// (attention_decode.cu, "decode" variants: DecodeVariants), the "mma" ones on attention_mma.cu;
+// CudaKernelTest.AttentionDecodeKernel sweeps it (with CUDA-graph replays), CudaPerf.AttentionDecode
+// times it against the mma path.
 // Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -44,9 +47,15 @@ struct AttnVariant {
   bool wgmma = true;        // mma: D 128 prefill on attention_wgmma.cu (else attention_mma.cu)
   int wgmma_variant = 0;    // Tuning().attention_wgmma_variant (0 the base wgmma kernel)
   bool tma = true;          // Tuning().attention_wgmma_tma (false: the cp.async producer)
-  int Kernel() const { return !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
+  // Tuning().attention_decode_kernel: decode (max_q_len 1) on attention_decode.cu; its loose
+  // hints keep max_q_len exact (a looser one sends the batch to attention_mma.cu) and loosen
+  // max_seq_len only. decode_split_keys: Tuning().attention_decode_split_keys.
+  bool decode = false;
+  int decode_split_keys = 64;
+  int Kernel() const { return decode ? 3 : !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
-    return std::string(!mma ? "simt" : wgmma ? "mma" : "mma.sync") +
+    return std::string(decode ? "decode" : !mma ? "simt" : wgmma ? "mma" : "mma.sync") +
+           (decode && decode_split_keys != 64 ? " splitkeys" + std::to_string(decode_split_keys) : "") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
            (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "") +
@@ -54,6 +63,8 @@ struct AttnVariant {
   }
 };
 constexpr int kWgmmaVariants = 6;  // Tuning().attention_wgmma_variant 0..5
+
+std::vector<AttnVariant> DecodeVariants();
 
 std::vector<AttnVariant> AttnVariants() {
   std::vector<AttnVariant> v;
@@ -80,6 +91,29 @@ std::vector<AttnVariant> AttnVariants() {
     v.push_back({true, 0, false, true, true, wv, false});
     v.push_back({true, def, true, true, true, wv, false});
   }
+  for (AttnVariant d : DecodeVariants()) v.push_back(d);
+  return v;
+}
+
+// The decode kernel (attention_decode.cu) under every split setting, fused and separate merge,
+// exact and loose max_seq_len, 16-key splits (the most partials its plan allows).
+std::vector<AttnVariant> DecodeVariants() {
+  std::vector<AttnVariant> v;
+  const int def = DefaultTuning().attention_split_min_ctas > 0 ? DefaultTuning().attention_split_min_ctas : 264;
+  const std::pair<int, bool> splits[] = {{0, false}, {def, false}, {def, true}, {1 << 20, false}, {1 << 20, true}};
+  for (auto [min_ctas, loose] : splits)
+    for (bool fused : {true, false}) {
+      if (min_ctas == 0 && !fused) continue;
+      AttnVariant a{true, min_ctas, loose, fused};
+      a.decode = true;
+      v.push_back(a);
+    }
+  for (bool loose : {false, true}) {
+    AttnVariant a{true, 1 << 20, loose, true};
+    a.decode = true;
+    a.decode_split_keys = 16;
+    v.push_back(a);
+  }
   return v;
 }
 
@@ -96,6 +130,11 @@ struct AttnCase {
   // blocks): a kernel that lets a key past what a row sees reach its output (V times P = 0)
   // shows NaN.
   bool poison_tail = false;
+  // Only the decode kernel's variants and the mma one at the default split (its sweep: the
+  // decode tests), and each of them also captured in a CUDA graph and replayed twice, the
+  // output poisoned before each replay (the fused merge's counters must re-arm).
+  bool decode_only = false;
+  bool graph_replay = false;
 };
 
 void RunAttention(Backend& gpu, const AttnCase& c) {
@@ -183,17 +222,25 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
   EXPECT_EQ(ev, 0.0) << shape;
 
   const char* kernel = c.shared ? "Attention.mla_latent" : dv != d ? "Attention.dv<dk" : "Attention";
-  double worst[3] = {0, 0, 0};  // per kernel setting (simt, mma, mma.sync), over the split settings
-  for (const AttnVariant& var : AttnVariants()) {
+  double worst[4] = {0, 0, 0, 0};  // per kernel setting (simt, mma, mma.sync, decode), over the split settings
+  std::vector<AttnVariant> variants = AttnVariants();
+  if (c.decode_only) {
+    variants = DecodeVariants();
+    variants.push_back({true, DefaultTuning().attention_split_min_ctas, false, true});
+  }
+  for (const AttnVariant& var : variants) {
+    if (var.decode && max_q != 1) continue;  // not a decode batch: the decode variants would repeat the mma ones
     cuda::Tuning().attention_mma = var.mma;
     cuda::Tuning().attention_split_min_ctas = var.split_min_ctas;
     cuda::Tuning().attention_fused_merge = var.fused_merge;
     cuda::Tuning().attention_wgmma = var.wgmma;
     cuda::Tuning().attention_wgmma_variant = var.wgmma_variant;
     cuda::Tuning().attention_wgmma_tma = var.tma;
+    cuda::Tuning().attention_decode_kernel = var.decode;
+    cuda::Tuning().attention_decode_split_keys = var.decode_split_keys;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
-    AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints ? max_q + 5 : max_q,
+    AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints && !var.decode ? max_q + 5 : max_q,
                       var.loose_hints ? 2 * max_len + 37 : max_len};
     Tensor gout = gpu.Empty(DType::kBF16, {tokens, hq, dv});
     Poison(gpu, gout);
@@ -201,6 +248,17 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     const double e = RelError(Download(gpu, gout), ref);
     worst[var.Kernel()] = std::max(worst[var.Kernel()], e);
     EXPECT_LT(e, kBf16Tol) << shape << " " << var.Name();
+    if (c.graph_replay) {
+      auto graph = gpu.CaptureGraph([&] { gpu.Attention(gq, gcache, gb, scale, gout); });
+      ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+      for (int replay = 0; replay < 2; ++replay) {
+        Poison(gpu, gout);
+        graph.value()->Replay();
+        const double eg = RelError(Download(gpu, gout), ref);
+        worst[var.Kernel()] = std::max(worst[var.Kernel()], eg);
+        EXPECT_LT(eg, kBf16Tol) << shape << " " << var.Name() << " graph replay " << replay;
+      }
+    }
   }
   // Shapes outside the mma kernels' tables run SIMT under both settings: one row for them. MLA
   // latent decode with exact hints goes to mla_decode.cu (loose hints' max_q_len keeps it SIMT).
@@ -208,7 +266,12 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
   const bool mma_shape = (!c.shared && dv == d && (d == 32 || d == 64 || d == 128 || d == 256)) || mla_decode;
   // D 128 prefill: "mma" is the wgmma kernel (on sm_90), "mma.sync" attention_mma.cu.
   const bool wgmma_shape = mma_shape && !c.shared && d == 128 && max_q > 16;
-  if (wgmma_shape) {
+  const bool decode_shape = !c.shared && dv == d && (d == 64 || d == 128 || d == 256) && max_q == 1 && c.group <= 16;
+  if (decode_shape) Record(kernel, shape + " decode" + (c.graph_replay ? " graph" : ""), worst[3], kBf16Tol);
+  else worst[1] = std::max(worst[1], worst[3]);  // the decode variants ran the other kernels
+  if (c.decode_only) {
+    Record(kernel, shape + " mma", worst[1], kBf16Tol);
+  } else if (wgmma_shape) {
     Record(kernel, shape + " simt", worst[0], kBf16Tol);
     Record(kernel, shape + " wgmma", worst[1], kBf16Tol);
     Record(kernel, shape + " mma.sync", worst[2], kBf16Tol);
@@ -375,6 +438,35 @@ TEST_F(CudaKernelTest, AttentionDecodeBatch64Ctx8k) {
   RunAttention(gpu(), {128, 8, q_lens, prefixes, 0, 2});
 }
 
+// The small-batch decode kernel (attention_decode.cu) against the CPU twin, every case through
+// its split settings (DecodeVariants) and the mma one: contexts 1, 7, 100, 1024 (and 8192), GQA
+// groups 1/4/8/16 (two row blocks past 8; 12 off both), block sizes 1/5/16/64, D 64/128/256,
+// batches 1/2/3/8/64, NaN in every cache slot past a sequence's end. Then CUDA-graph replays of
+// a step (fused merge: the counters re-arm, the output is poisoned before each replay).
+TEST_F(CudaKernelTest, AttentionDecodeKernel) {
+  for (int group : {1, 4, 8, 16})
+    for (int bs : {1, 5, 16, 64}) {
+      RunAttention(gpu(), {128, group, {1, 1, 1}, {0, 6, 99}, 0, 2, false, bs, true, true});
+      RunAttention(gpu(), {128, group, {1, 1}, {1023, 300}, 0, 2, false, bs, true, true});
+    }
+  RunAttention(gpu(), {128, 12, {1, 1}, {1023, 64}, 0, 1, false, 16, true, true});
+  for (int d : {64, 256})
+    for (int group : {1, 4, 16})
+      for (int bs : {5, 16}) RunAttention(gpu(), {d, group, {1, 1, 1, 1}, {0, 6, 99, 1023}, 0, 2, false, bs, true, true});
+  for (int b : {1, 2, 3, 8, 64}) {
+    std::vector<int> prefixes(b);
+    for (int i = 0; i < b; ++i) prefixes[i] = static_cast<int>(Rng()() % 1024);
+    RunAttention(gpu(), {128, 8, std::vector<int>(b, 1), std::vector<int>(b, 1023), 0, 4, false, 16, true, true});
+    RunAttention(gpu(), {128, 8, std::vector<int>(b, 1), prefixes, 0, 4, false, 16, true, true});
+  }
+  for (int b : {1, 3, 8}) RunAttention(gpu(), {128, 8, std::vector<int>(b, 1), std::vector<int>(b, 8191), 0, 4, false, 16, true, true});
+  RunAttention(gpu(), {128, 16, {1}, {8191}, 0, 2, false, 64, true, true});
+  // CUDA-graph replay.
+  RunAttention(gpu(), {128, 8, {1, 1}, {1023, 99}, 0, 4, false, 16, true, true, true});
+  RunAttention(gpu(), {128, 8, {1}, {8191}, 0, 4, false, 16, true, true, true});
+  RunAttention(gpu(), {64, 16, {1, 1, 1}, {0, 500, 77}, 0, 2, false, 5, true, true, true});
+}
+
 // ---- perf ------------------------------------------------------------------------------------
 // Prefill (Qwen3-30B-A3B attention: Hq 32, Hk 4, D 128) at 4k and 8k tokens, TFLOP/s counting
 // 4 Hq D flops per (query, visible key) pair, against the bf16 matmul rate measured here; decode
@@ -515,8 +607,10 @@ TEST(CudaPerf, Attention) {
     pb.batch = AttentionBatch{pb.qs, pb.sl, pb.tab, pb.slot, static_cast<int>(q_len), static_cast<int>(ctx)};
     return pb;
   };
-  auto run = [&](PerfBatch& pb, bool mma, int reps, bool wgmma = true, int wgmma_variant = 0, bool tma = true) {
+  auto run = [&](PerfBatch& pb, bool mma, int reps, bool wgmma = true, int wgmma_variant = 0, bool tma = true,
+                 bool decode = false) {
     cuda::Tuning().attention_mma = mma;
+    cuda::Tuning().attention_decode_kernel = decode;  // "mma" rows: attention_mma.cu
     cuda::Tuning().attention_wgmma = wgmma;
     cuda::Tuning().attention_wgmma_variant = wgmma_variant;
     cuda::Tuning().attention_wgmma_tma = tma;
@@ -582,6 +676,15 @@ TEST(CudaPerf, Attention) {
       }
       std::printf("attention perf: decode B%lld ctx%lld mma / simt %.2fx\n", static_cast<long long>(num_seqs),
                   static_cast<long long>(ctx), gbps[1] / gbps[0]);
+      {  // The small-batch decode kernel (attention_decode.cu) against the mma one.
+        const double us = run(pb, true, 20, true, 0, true, true);
+        const double gb = bytes / (us * 1e-6) / 1e9;
+        std::printf("attention perf: decode B%lld ctx%lld Hq%lld Hk%lld D%lld decode %9.1f us %7.0f GB/s KV (%.1f%% of "
+                    "copy), %.2fx mma\n",
+                    static_cast<long long>(num_seqs), static_cast<long long>(ctx), static_cast<long long>(hq),
+                    static_cast<long long>(hk), static_cast<long long>(d), us, gb, 100.0 * gb / copy_gbps, gb / gbps[1]);
+        Record("Perf.attn_decode_GBps.decode", "B" + std::to_string(num_seqs) + " ctx" + std::to_string(ctx), gb, 0);
+      }
       // As under graph replay with a context bucket twice the lengths: the split plan sees only
       // the bound, each CTA its sequence's length.
       pb.batch.max_seq_len = static_cast<int>(2 * ctx);
@@ -589,6 +692,76 @@ TEST(CudaPerf, Attention) {
       std::printf("attention perf: decode B%lld ctx%lld mma, max_seq_len hint %lld: %9.1f us %7.0f GB/s KV\n",
                   static_cast<long long>(num_seqs), static_cast<long long>(ctx), static_cast<long long>(2 * ctx),
                   us_loose, bytes / (us_loose * 1e-6) / 1e9);
+      const double us_loose_decode = run(pb, true, 20, true, 0, true, true);
+      std::printf("attention perf: decode B%lld ctx%lld decode, max_seq_len hint %lld: %9.1f us %7.0f GB/s KV\n",
+                  static_cast<long long>(num_seqs), static_cast<long long>(ctx), static_cast<long long>(2 * ctx),
+                  us_loose_decode, bytes / (us_loose_decode * 1e-6) / 1e9);
+    }
+}
+
+// The small-batch decode kernel (attention_decode.cu) against attention_mma.cu's decode path on
+// Qwen3-30B-A3B's attention (Hq 32, Hk 4, D 128, block size 16): microseconds per op, mean of 50
+// back-to-back calls on the stream (PDL overlaps each launch with the previous op's tail) and of
+// 20 calls replayed in one CUDA graph, GB/s of KV, and the mma / decode ratio. Then the decode
+// kernel's split knobs at batch 1 (Tuning().attention_decode_split_keys, attention_split_min_ctas).
+// "attention decode perf:" lines.
+TEST(CudaPerf, AttentionDecode) {
+  Backend* gpu_ptr = Gpu();
+  if (gpu_ptr == nullptr) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = *gpu_ptr;
+  const cuda::KernelTuning defaults = DefaultTuning();
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu).stream();
+  const int64_t hq = 32, hk = 4, d = 128, bs = 16;
+  std::printf("attention decode perf: B | ctx | kernel | stream us | graph us | GB/s KV (graph) | mma / this (graph)\n");
+  for (int64_t ctx : {1024, 8192})
+    for (int64_t b : {1, 2, 8, 64}) {
+      const int64_t blocks_per_seq = (ctx + bs - 1) / bs, num_blocks = b * blocks_per_seq;
+      Tensor q = Upload(gpu, RandomBf16(b * hq * d), {b, hq, d}, DType::kBF16);
+      Tensor kc = gpu.Empty(DType::kBF16, {num_blocks, hk, bs, d}), vc = gpu.Empty(DType::kBF16, {num_blocks, hk, bs, d});
+      cudaMemsetAsync(kc.view().data, 0, kc.view().nbytes(), stream);  // the time does not depend on values
+      cudaMemsetAsync(vc.view().data, 0, vc.view().nbytes(), stream);
+      std::vector<int32_t> qs(b + 1), sl(b, static_cast<int32_t>(ctx)), tab(b * blocks_per_seq);
+      std::iota(qs.begin(), qs.end(), 0);
+      std::iota(tab.begin(), tab.end(), 0);
+      std::shuffle(tab.begin(), tab.end(), Rng());
+      Tensor gqs = UploadI32(gpu, qs, {b + 1}), gsl = UploadI32(gpu, sl, {b});
+      Tensor gtab = UploadI32(gpu, tab, {b, blocks_per_seq}), gslot = UploadI32(gpu, std::vector<int32_t>(b, 0), {b});
+      Tensor out = gpu.Empty(DType::kBF16, {b, hq, d});
+      const AttentionBatch batch{gqs, gsl, gtab, gslot, 1, static_cast<int>(ctx)};
+      const double bytes = 2.0 * b * ctx * hk * d * 2;  // K and V
+      auto op = [&] { gpu.Attention(q, KvCacheView{kc, vc}, batch, 0.088f, out); };
+      auto measure = [&](bool decode, double* graph_us) {
+        cuda::Tuning() = defaults;
+        cuda::Tuning().attention_decode_kernel = decode;
+        const double stream_us = TimeUs(stream, op, 50);
+        auto graph = gpu.CaptureGraph([&] {
+          for (int i = 0; i < 20; ++i) op();
+        });
+        *graph_us = graph.ok() ? TimeUs(stream, [&] { graph.value()->Replay(); }, 10) / 20 : 0.0;
+        cuda::Tuning() = defaults;
+        return stream_us;
+      };
+      double graph_us[2];
+      const double stream_us[2] = {measure(false, &graph_us[0]), measure(true, &graph_us[1])};
+      for (int k = 0; k < 2; ++k) {
+        std::printf("attention decode perf: %lld | %lld | %-6s | %7.2f | %7.2f | %6.0f | %.2fx\n", static_cast<long long>(b),
+                    static_cast<long long>(ctx), k ? "decode" : "mma", stream_us[k], graph_us[k],
+                    graph_us[k] > 0 ? bytes / (graph_us[k] * 1e-6) / 1e9 : 0.0,
+                    graph_us[k] > 0 ? graph_us[0] / graph_us[k] : 0.0);
+        const std::string shape = "B" + std::to_string(b) + " ctx" + std::to_string(ctx);
+        Record(std::string("Perf.attn_decode_us.") + (k ? "decode" : "mma"), shape, graph_us[k], 0);
+      }
+      if (b == 1) {  // the decode kernel's split knobs
+        for (int keys : {16, 32, 64, 128, 256})
+          for (int min_ctas : {132, 264, 528}) {
+            cuda::Tuning().attention_decode_split_keys = keys;
+            cuda::Tuning().attention_split_min_ctas = min_ctas;
+            const double us = TimeUs(stream, op, 50);
+            std::printf("attention decode perf: B1 ctx%lld decode split_keys %d min_ctas %d: %7.2f us (stream)\n",
+                        static_cast<long long>(ctx), keys, min_ctas, us);
+            cuda::Tuning() = defaults;
+          }
+      }
     }
 }
 

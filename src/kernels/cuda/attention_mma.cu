@@ -20,6 +20,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/split_kv_merge.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -483,27 +484,6 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
   if (p.counters != nullptr) ArriveAndMerge<C>(p, b, kvh, tile, q0, row0, min(row0 + kBlockM, rows_total));
 }
 
-// Arrival counters of the fused merge, per stream (streams running at once must not share
-// them): zeroed in stream order on the stream's first use, and every launch leaves them zero.
-// Null when the first use would be inside a stream capture (the zeroing would only happen at
-// replay): that launch merges separately. Kept for the life of the process (16 KB a stream).
-constexpr int kMaxMergeCounters = 4096;
-int* MergeCounters(cudaStream_t s) {
-  static std::mutex mu;
-  static std::unordered_map<cudaStream_t, int*> counters;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = counters.find(s);
-  if (it != counters.end()) return it->second;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
-  int* c = nullptr;
-  COROLLA_CUDA_CHECK(cudaMalloc(&c, kMaxMergeCounters * sizeof(int)));
-  COROLLA_CUDA_CHECK(cudaMemsetAsync(c, 0, kMaxMergeCounters * sizeof(int), s));
-  counters.emplace(s, c);
-  return c;
-}
-
 // Launches one plan; true when the kernel merged the splits itself (fused merge).
 template <class C>
 bool LaunchMma(MmaParams p, int num_seqs, cudaStream_t s) {
@@ -515,15 +495,33 @@ bool LaunchMma(MmaParams p, int num_seqs, cudaStream_t s) {
   (void)configured;
   p.counters = nullptr;
   if (p.num_splits > 1 && Tuning().attention_fused_merge &&
-      static_cast<int64_t>(num_seqs) * p.kv_heads * p.row_tiles <= kMaxMergeCounters &&
+      static_cast<int64_t>(num_seqs) * p.kv_heads * p.row_tiles <= kMaxSplitKvMergeCounters &&
       sizeof(float2) * C::kBlockM * p.num_splits <= C::kSmemBytes)
-    p.counters = MergeCounters(s);
+    p.counters = SplitKvMergeCounters(s);
   dim3 grid(p.row_tiles * p.num_splits, p.kv_heads, num_seqs);
   LaunchPdl(AttentionMmaKernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, s, 1, p);
   return p.counters != nullptr;
 }
 
 }  // namespace
+
+// Declared in split_kv_merge.cuh (per-stream counters; streams running at once must not share
+// them; 16 KB a stream).
+int* SplitKvMergeCounters(cudaStream_t s) {
+  static std::mutex mu;
+  static std::unordered_map<cudaStream_t, int*> counters;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = counters.find(s);
+  if (it != counters.end()) return it->second;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
+  int* c = nullptr;
+  COROLLA_CUDA_CHECK(cudaMalloc(&c, kMaxSplitKvMergeCounters * sizeof(int)));
+  COROLLA_CUDA_CHECK(cudaMemsetAsync(c, 0, kMaxSplitKvMergeCounters * sizeof(int), s));
+  counters.emplace(s, c);
+  return c;
+}
 
 // Declared in attention.cu (its only caller), which has checked the tensors: q [T, Hq, kD] and
 // out [T, Hq, kD] with 16-byte aligned rows, contiguous k/v caches [num_blocks, Hk, bs, kD].

@@ -131,6 +131,14 @@ struct KernelTuning {
   // at 96, no spills) so that 4224 <= N < 8448 runs in one wave; off: 4 an SM, two waves.
   // COROLLA_GEMV_ONE_WAVE sets it.
   bool gemv_one_wave = true;
+  // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
+  // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
+  // loads issued at once into registers, mma.sync straight from them, ~12 KB of static shared
+  // memory) instead of attention_mma.cu's. COROLLA_ATTN_DECODE sets it.
+  bool attention_decode_kernel = true;
+  // That kernel's split-KV plan: at least this many keys a split (16..; rounded to 16). Fewer
+  // keys mean more CTAs but more partials for the last CTA to merge. COROLLA_ATTN_DECODE_SPLIT_KEYS.
+  int attention_decode_split_keys = 64;
 };
 KernelTuning& Tuning();
 

@@ -46,6 +46,15 @@ __global__ void SplitKvMergeKernel(const __grid_constant__ SplitMergeParams p) {
   for (int c = 0; c < kPerLane; ++c) dst[lane + 32 * c] = __float2bfloat16(acc[c] * inv);
 }
 
+// Arrival counters of the merges fused into the split kernels (the last split CTA of a row
+// group to arrive merges, then re-arms its counter): kMaxSplitKvMergeCounters ints per stream,
+// zeroed in stream order on the stream's first use, left zero by every launch, so kernels of one
+// stream share them (each reads them only after its GridDependencyWait). Null when that first
+// use would be inside a stream capture (the zeroing would only run at replay): that launch
+// merges with SplitKvMergeKernel. Defined in attention_mma.cu; kept for the process's life.
+constexpr int kMaxSplitKvMergeCounters = 4096;
+int* SplitKvMergeCounters(cudaStream_t s);
+
 template <int kD>
 void LaunchSplitKvMerge(const SplitMergeParams& p, cudaStream_t s) {
   SplitKvMergeKernel<kD><<<CeilDiv(p.rows, 4), 128, 0, s>>>(p);

@@ -1,0 +1,559 @@
+// Decode attention for small batches: every sequence has one query token (its K/V already in
+// the paged, heads-major cache [num_blocks, Hk, block_size, D]), Dk = Dv = D in {64, 128, 256},
+// separate K and V, GQA group <= 16. attention.cu's Attention() routes such calls here (when
+// Tuning().attention_decode_kernel is on) before the mma.sync kernel; this file plans the split
+// and launches.
+//
+// The mma.sync decode kernel spends a long serial instruction stream on few CTAs (cp.async
+// pipeline, ldmatrix, a cross-warp merge through 74 KB of shared memory). This one is built for
+// latency: CTA = (split, KV head, sequence), 4 warps; each pass of 64 keys issues every load it
+// needs at once straight into registers (the next pass's loads are issued before this one's
+// math), and runs both products on mma.sync m16n8k16 from those registers:
+// - S = Q K^T (16 query rows: the group, zero-padded, x 8 keys): the dot product may visit the
+//   dims in any order as long as Q and K agree, so lane (g, c) loads 16 bytes of key g (and of
+//   query row g) at dims 32 q + 8 c and uses their words 2e, 2e+1 as the b0/b1 (a0/a2) of k-step
+//   (q, e). Warp w scores keys 16 w .. 16 w + 15 of the pass.
+// - O^T = V^T P^T (16 dims x 8 query rows; a second row block for groups > 8): the C fragments of
+//   S (lane (g, c): row g, keys 2c, 2c+1 and 8+2c, 8+2c+1 of its 16) are exactly the B fragment
+//   of P^T; V^T as the A operand needs key pairs of one dim in a register, made from two loaded
+//   words (key pairs, dim pairs) by byte permutes. Warp w owns dims [w D/4, (w+1) D/4): lane
+//   (g, c) loads D/32 dims at w D/4 + g D/32 of keys 2c, 2c+1, 2c+8, 2c+9 of each 16-key block;
+//   word t of them is m-tile t (m = g -> its low dim, m = g + 8 -> its high dim).
+// The warps exchange their scaled, masked S through 4-8 KB of shared memory (one barrier a
+// pass); every warp then computes the softmax of all 64 keys itself (same max and sum in every
+// warp, so no cross-warp merge of O). Split-KV partials use split_kv_merge.cuh's format; the
+// last CTA of a (sequence, KV head) to arrive merges them (per-stream arrival counters shared
+// with attention_mma.cu, re-armed by that CTA, so a CUDA graph can replay the launch).
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/split_kv_merge.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kWarpKeys = 16;                   // keys one warp scores a pass
+constexpr int kPassKeys = kWarps * kWarpKeys;   // keys of a pass
+constexpr int kChunkAlign = kWarpKeys;          // a split's keys: a multiple of this
+constexpr int kMaxGroup = 16;
+// The last CTA of a (sequence, KV head) reads group x splits x D f32 partials through one SM:
+// the plan keeps that at most kMergeFloats (128 KB), so group x splits <= kMergeFloats / 64.
+constexpr int kMergeFloats = 32768;
+constexpr int kMaxMergeRows = kMergeFloats / 64;
+
+struct DecodeParams {
+  const bf16_t* q;  // row (token t, head h) at t * q_token_stride + h * q_head_stride
+  int64_t q_token_stride, q_head_stride;
+  bf16_t* out;
+  int64_t out_token_stride, out_head_stride;
+  const bf16_t* k_cache;  // [num_blocks, Hk, block_size, D], < 2^31 rows (host-checked)
+  const bf16_t* v_cache;
+  const int32_t* block_tables;  // [B, table_stride]
+  int64_t table_stride;
+  const int32_t* query_start;  // [B + 1]; every sequence 0 or 1 query tokens
+  const int32_t* seq_lens;     // [B]
+  int kv_heads, group, q_heads, block_size;
+  int block_shift;   // log2(block_size) when a power of two, else -1
+  float scale_log2;  // softmax scale * log2(e)
+  // blockIdx.x = split. num_splits 1: the CTA normalises and writes out; else split s takes keys
+  // [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kChunkAlign), and writes
+  // unnormalised partials (m -inf, l 0 when it has no key).
+  int num_splits;
+  float* part_o;   // [T * Hq, num_splits, D]
+  float* part_ml;  // [T * Hq, num_splits, 2]
+  int* counters;   // [B, Hk] arrival counters (zero between launches), or null: merged after
+};
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// kWords 32-bit words from 4 kWords-byte aligned global memory, through L2 only (.cg, as q and K:
+// under programmatic dependent launch the kernel that wrote them may still be running when this
+// one starts, so the read-only .nc path's contract does not hold).
+template <int kWords>
+__device__ __forceinline__ void LoadWords(uint32_t (&w)[kWords], const bf16_t* src) {
+  if constexpr (kWords == 4) {
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 v = __ldcg(reinterpret_cast<const uint2*>(src));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    static_assert(kWords == 1);
+    w[0] = __ldcg(reinterpret_cast<const unsigned int*>(src));
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void StoreF32(float* dst, const float (&f)[kN]) {
+  static_assert(kN % 2 == 0);
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 4) *reinterpret_cast<float4*>(dst + i) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+  } else {
+    *reinterpret_cast<float2*>(dst) = make_float2(f[0], f[1]);
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void StoreBf16(bf16_t* dst, const float (&f)[kN], float scale) {
+  uint32_t w[kN / 2];
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) w[i] = mma::PackBf16x2(f[2 * i] * scale, f[2 * i + 1] * scale);
+  if constexpr (kN == 8) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else if constexpr (kN == 4) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else {
+    static_assert(kN == 2);
+    *reinterpret_cast<uint32_t*>(dst) = w[0];
+  }
+}
+
+// One pass's loads, in this lane's fragment order.
+template <int kD>
+struct PassRegs {
+  static constexpr int kQChunks = kD / 32;  // 16-byte pieces of a row a lane loads
+  static constexpr int kVWords = kD / 64;   // words of V a lane loads per key = m-tiles of its warp
+  uint4 k[2][kQChunks];         // key 16 w + 8 t + g, dims 32 q + 8 c .. + 7
+  uint32_t v[4][4][kVWords];    // 16-key block kb, key 16 kb + {2c, 2c+1, 2c+8, 2c+9}[i], its dims
+};
+
+// Shared memory: the warps' scaled, masked S (C-fragment order), double-buffered by pass parity,
+// and the merge's per-(row, split) (m, l) then (weight, l).
+template <int kRowBlocks>
+struct DecodeSmem {
+  float4 s[2][kRowBlocks][kWarps][32];
+  float2 ml[kMaxMergeRows];
+  float inv_l[kMaxGroup];
+  int last;
+};
+
+// The last CTA of (sequence b, KV head kvh) to arrive merges the splits' partials of the group's
+// rows into out (as SplitKvMergeKernel), then re-arms the counter. Called by every thread once
+// its partials are written.
+template <int kD, int kRowBlocks>
+__device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlocks>& sm, int b, int kvh, int q0) {
+  __threadfence();  // this thread's partials are visible device-wide before the CTA counts itself in
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* counter = p.counters + static_cast<int64_t>(b) * p.kv_heads + kvh;
+    const bool last = atomicAdd(counter, 1) == p.num_splits - 1;
+    if (last) atomicExch(counter, 0);  // every other split has arrived: nobody else touches it now
+    sm.last = last;
+  }
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();  // the other splits' partials are read after their arrivals
+  const int splits = p.num_splits, rows = p.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The group's rows are consecutive flat rows: their partials are one block.
+  const int64_t row0 = static_cast<int64_t>(q0) * p.q_heads + static_cast<int64_t>(kvh) * p.group;
+  const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + row0 * splits;
+  // Thread per (row, 4 dims) item, two items (idx, idx + kThreads) a round, kBatch splits' o of
+  // both loaded together; the first round's loads go out before the (m, l) phases, so the whole
+  // merge of a small plan (group 8, D 128, <= 16 splits: one round) is about one L2 round trip.
+  // An empty split's o was never written: its weight 0 selects it out (never multiplied).
+  constexpr int kBatch = 16;
+  const int items = rows * (kD / 4);
+  const int rounds = (items + 2 * kThreads - 1) / (2 * kThreads);
+  const int batches = (splits + kBatch - 1) / kBatch;
+  for (int round = 0; round < rounds; ++round) {
+    float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+    for (int batch = 0; batch < batches; ++batch) {
+      const int s0 = batch * kBatch;
+      float4 ov[2][kBatch];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int idx = threadIdx.x + (2 * round + j) * kThreads;
+        if (idx >= items) continue;
+        const float4* o =
+            reinterpret_cast<const float4*>(p.part_o + (row0 + idx / (kD / 4)) * splits * kD) + idx % (kD / 4);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+          if (s0 + i < splits) ov[j][i] = __ldcg(o + (s0 + i) * (kD / 4));  // L2: other SMs wrote it
+      }
+      if (round == 0 && batch == 0) {  // uniform: every thread passes here once, first
+        for (int i = threadIdx.x; i < rows * splits; i += kThreads) sm.ml[i] = __ldcg(ml + i);
+        __syncthreads();
+        // Warp per row: the max, each split's weight 2^(m - max) (0 for an empty split), 1 / sum.
+        for (int r = warp; r < rows; r += kWarps) {
+          float2* rml = sm.ml + r * splits;
+          float mx = -INFINITY;
+          for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, rml[sp].x);
+          mx = WarpMax(mx);
+          float sum = 0.f;
+          for (int sp = lane; sp < splits; sp += 32) {
+            const float wt = rml[sp].x == -INFINITY ? 0.f : exp2f(rml[sp].x - mx);
+            rml[sp].x = wt;
+            sum += wt * rml[sp].y;
+          }
+          sum = WarpSum(sum);
+          if (lane == 0) sm.inv_l[r] = 1.f / sum;
+        }
+        __syncthreads();
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int idx = threadIdx.x + (2 * round + j) * kThreads;
+        if (idx >= items) continue;
+        const float2* rml = sm.ml + (idx / (kD / 4)) * splits;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          if (s0 + i >= splits) break;
+          const float wt = rml[s0 + i].x;
+          const bool seen = wt != 0.f;
+          acc[j].x += seen ? wt * ov[j][i].x : 0.f;
+          acc[j].y += seen ? wt * ov[j][i].y : 0.f;
+          acc[j].z += seen ? wt * ov[j][i].z : 0.f;
+          acc[j].w += seen ? wt * ov[j][i].w : 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int idx = threadIdx.x + (2 * round + j) * kThreads;
+      if (idx >= items) continue;
+      const int r = idx / (kD / 4), c4 = idx % (kD / 4);
+      const float inv = sm.inv_l[r];
+      __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
+          p.out + static_cast<int64_t>(q0) * p.out_token_stride +
+          static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride + 4 * c4);
+      dst[0] = __floats2bfloat162_rn(acc[j].x * inv, acc[j].y * inv);
+      dst[1] = __floats2bfloat162_rn(acc[j].z * inv, acc[j].w * inv);
+    }
+  }
+}
+
+// kRowBlocks: 1 for groups <= 8 (query rows = the n of P V), 2 up to 16.
+template <int kD, int kRowBlocks>
+__global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_constant__ DecodeParams p) {
+  using Regs = PassRegs<kD>;
+  constexpr int kQChunks = Regs::kQChunks, kVWords = Regs::kVWords;
+  constexpr int kLaneDims = kD / 32;    // V / O dims a lane owns (2 per m-tile)
+  constexpr bool kPrefetch = kD <= 128;  // two passes' loads in registers (D 256: one, ~255 regs otherwise)
+  __shared__ DecodeSmem<kRowBlocks> sm;
+
+  GridDependencyWait();  // programmatic dependent launch (pdl.cuh): q, the cache, lengths, tables
+  TriggerDependents();
+  const int b = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int q0 = p.query_start[b];
+  if (p.query_start[b + 1] - q0 <= 0) return;  // no token this step: no CTA of b arrives
+  const int seq_len = p.seq_lens[b];
+  int kv_begin = 0, kv_end = seq_len;
+  if (p.num_splits > 1) {
+    const int chunk = ((seq_len + p.num_splits - 1) / p.num_splits + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+    kv_begin = split * chunk;
+    kv_end = min(seq_len, kv_begin + chunk);
+  }
+  if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
+    if (p.num_splits > 1) {
+      for (int r = threadIdx.x; r < p.group; r += kThreads) {
+        const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + kvh * p.group + r) * p.num_splits + split;
+        *reinterpret_cast<float2*>(p.part_ml + 2 * part) = make_float2(-INFINITY, 0.f);
+      }
+      if (p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0);
+    }
+    return;
+  }
+  const int32_t* table = p.block_tables + b * p.table_stride;
+
+  // Q rows g (and g + 8) of the group, 16-byte pieces at dims 32 q + 8 c; zero past the group.
+  uint4 qa[kQChunks], qb[kRowBlocks == 2 ? kQChunks : 1];
+  {
+    const bf16_t* qrow = p.q + static_cast<int64_t>(q0) * p.q_token_stride +
+                         static_cast<int64_t>(kvh * p.group + g) * p.q_head_stride + 8 * c;
+#pragma unroll
+    for (int i = 0; i < kQChunks; ++i)
+      qa[i] = g < p.group ? __ldcg(reinterpret_cast<const uint4*>(qrow + 32 * i)) : make_uint4(0, 0, 0, 0);
+    if constexpr (kRowBlocks == 2) {
+#pragma unroll
+      for (int i = 0; i < kQChunks; ++i)
+        qb[i] = g + 8 < p.group ? __ldcg(reinterpret_cast<const uint4*>(qrow + 8 * p.q_head_stride + 32 * i))
+                                : make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // Issues one pass's loads (keys [n0, n0 + 64) of which those below kv_end exist; the others
+  // are zero: masked in S, and 0 rows of V keep P V finite whatever the cache holds there).
+  auto load_pass = [&](Regs& r, int n0) {
+    // Cache rows of keys n0 + lane and n0 + 32 + lane (-1: past kv_end), shuffled to the lanes
+    // that need them.
+    int row_lo = -1, row_hi = -1;
+    if (n0 + lane < kv_end) {
+      const PagedSlot s = LocateKey(table, n0 + lane, p.block_size, p.block_shift);
+      row_lo = static_cast<int>((s.block * p.kv_heads + kvh) * p.block_size + s.in_block);
+    }
+    if (n0 + 32 + lane < kv_end) {
+      const PagedSlot s = LocateKey(table, n0 + 32 + lane, p.block_size, p.block_shift);
+      row_hi = static_cast<int>((s.block * p.kv_heads + kvh) * p.block_size + s.in_block);
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      // Key 16 warp + 8 t + g: in the low 32 for warps 0-1 (warp-uniform choice).
+      const int row = __shfl_sync(0xffffffffu, warp < 2 ? row_lo : row_hi, (16 * warp + 8 * t + g) & 31);
+      const bf16_t* src = p.k_cache + static_cast<int64_t>(row) * kD + 8 * c;
+#pragma unroll
+      for (int i = 0; i < kQChunks; ++i)
+        r.k[t][i] = row >= 0 ? __ldcg(reinterpret_cast<const uint4*>(src + 32 * i)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = 16 * kb + 2 * c + (i & 1) + 8 * (i >> 1);  // 2c, 2c+1, 2c+8, 2c+9 of block kb
+        const int row = __shfl_sync(0xffffffffu, kb < 2 ? row_lo : row_hi, key & 31);
+        if (row >= 0) {
+          LoadWords<kVWords>(r.v[kb][i], p.v_cache + static_cast<int64_t>(row) * kD + warp * (kD / 4) + g * kLaneDims);
+        } else {
+#pragma unroll
+          for (int w = 0; w < kVWords; ++w) r.v[kb][i][w] = 0u;
+        }
+      }
+  };
+
+  // Running softmax state of rows g (and g + 8), the same in every warp: max (log2 domain) and
+  // this lane's part of the sum (quad-reduced at the end).
+  float m_run[kRowBlocks], l_run[kRowBlocks];
+  // O^T accumulators: m-tile t (dims w D/4 + g D/32 + 2t, +1), row block rb; C fragment
+  // {(dim lo, row 2c), (lo, 2c+1), (lo + 1, 2c), (lo + 1, 2c+1)} (rows + 8 rb).
+  float acc[kVWords][kRowBlocks][4];
+#pragma unroll
+  for (int rb = 0; rb < kRowBlocks; ++rb) {
+    m_run[rb] = -INFINITY;
+    l_run[rb] = 0.f;
+#pragma unroll
+    for (int t = 0; t < kVWords; ++t) acc[t][rb][0] = acc[t][rb][1] = acc[t][rb][2] = acc[t][rb][3] = 0.f;
+  }
+
+  auto compute_pass = [&](const Regs& r, int n0, int buf) {
+    // S of this warp's 16 keys: n8 tiles t (keys 16 warp + 8 t ..), k-steps (chunk i, half e).
+    float s[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kQChunks; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t a[4] = {Word(qa[i], 2 * e), kRowBlocks == 2 ? Word(qb[kRowBlocks == 2 ? i : 0], 2 * e) : 0u,
+                                 Word(qa[i], 2 * e + 1),
+                                 kRowBlocks == 2 ? Word(qb[kRowBlocks == 2 ? i : 0], 2 * e + 1) : 0u};
+          mma::Mma16816(s[t], a, Word(r.k[t][i], 2 * e), Word(r.k[t][i], 2 * e + 1));
+        }
+    }
+    // Mask keys past kv_end (decode: the one query sees every key of the sequence), scale into
+    // the log2 domain, hand to the other warps. Element e: row g + 8 (e / 2), key 2c + e % 2.
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n0 + 16 * warp + 8 * t + 2 * c + (e & 1);
+        s[t][e] = key < kv_end ? s[t][e] * p.scale_log2 : -INFINITY;
+      }
+    sm.s[buf][0][warp][lane] = make_float4(s[0][0], s[0][1], s[1][0], s[1][1]);
+    if constexpr (kRowBlocks == 2) sm.s[buf][1][warp][lane] = make_float4(s[0][2], s[0][3], s[1][2], s[1][3]);
+    __syncthreads();
+
+    // Softmax over the pass's 64 keys of row g (+ 8 rb), in every warp; P as the B fragments of
+    // P^T per 16-key block kb: b0 = keys 2c, 2c+1, b1 = keys 2c+8, 2c+9, column (row) g.
+    uint32_t pb[kRowBlocks][4][2];
+#pragma unroll
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+      float v[4][4];
+      float mx = m_run[rb];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        const float4 x = sm.s[buf][rb][kb][lane];
+        v[kb][0] = x.x, v[kb][1] = x.y, v[kb][2] = x.z, v[kb][3] = x.w;
+        mx = fmaxf(mx, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row that has seen no key keeps max -inf; subtract 0 then (p = 0, alpha 0).
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float alpha = exp2f(m_run[rb] - base);
+      m_run[rb] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[kb][j] = exp2f(v[kb][j] - base);
+          sum += v[kb][j];
+        }
+        pb[rb][kb][0] = mma::PackBf16x2(v[kb][0], v[kb][1]);
+        pb[rb][kb][1] = mma::PackBf16x2(v[kb][2], v[kb][3]);
+      }
+      l_run[rb] = l_run[rb] * alpha + sum;
+      // The accumulators hold rows 2c, 2c+1: their alphas sit in lanes 4 (2c) and 4 (2c + 1).
+      const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * c), alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * c + 4);
+#pragma unroll
+      for (int t = 0; t < kVWords; ++t) {
+        acc[t][rb][0] *= alpha0;
+        acc[t][rb][1] *= alpha1;
+        acc[t][rb][2] *= alpha0;
+        acc[t][rb][3] *= alpha1;
+      }
+    }
+
+    // O^T += V^T P^T per 16-key block and m-tile: a0 = (key 2c, 2c+1) of dim lo, a1 the same of
+    // dim lo + 1, a2/a3 keys 2c+8, 2c+9.
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int t = 0; t < kVWords; ++t) {
+        const uint32_t w0 = r.v[kb][0][t], w1 = r.v[kb][1][t], w2 = r.v[kb][2][t], w3 = r.v[kb][3][t];
+        const uint32_t a[4] = {__byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
+                               __byte_perm(w2, w3, 0x7632)};
+#pragma unroll
+        for (int rb = 0; rb < kRowBlocks; ++rb) mma::Mma16816(acc[t][rb], a, pb[rb][kb][0], pb[rb][kb][1]);
+      }
+  };
+
+  const int num_passes = (kv_end - kv_begin + kPassKeys - 1) / kPassKeys;
+  if constexpr (kPrefetch) {
+    Regs r0, r1;
+    load_pass(r0, kv_begin);
+    for (int pass = 0; pass < num_passes; pass += 2) {
+      const int n0 = kv_begin + pass * kPassKeys;
+      if (pass + 1 < num_passes) load_pass(r1, n0 + kPassKeys);
+      compute_pass(r0, n0, 0);
+      if (pass + 1 < num_passes) {
+        if (pass + 2 < num_passes) load_pass(r0, n0 + 2 * kPassKeys);
+        compute_pass(r1, n0 + kPassKeys, 1);
+      }
+    }
+  } else {
+    Regs r0;
+    for (int pass = 0; pass < num_passes; ++pass) {
+      const int n0 = kv_begin + pass * kPassKeys;
+      load_pass(r0, n0);
+      compute_pass(r0, n0, pass & 1);
+    }
+  }
+
+  // Rows 2c, 2c+1 (+ 8 rb) of this lane's accumulators: their max and sum from lanes 8c, 8c + 4.
+#pragma unroll
+  for (int rb = 0; rb < kRowBlocks; ++rb) {
+    float l = l_run[rb];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float row_l = __shfl_sync(0xffffffffu, l, 8 * c + 4 * h);
+      const float row_m = __shfl_sync(0xffffffffu, m_run[rb], 8 * c + 4 * h);
+      const int row = 8 * rb + 2 * c + h;
+      if (row >= p.group) continue;
+      float f[kLaneDims];
+#pragma unroll
+      for (int t = 0; t < kVWords; ++t) {
+        f[2 * t] = acc[t][rb][h];
+        f[2 * t + 1] = acc[t][rb][2 + h];
+      }
+      const int dim0 = warp * (kD / 4) + g * kLaneDims;
+      const int head = kvh * p.group + row;
+      if (p.num_splits > 1) {
+        const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + head) * p.num_splits + split;
+        StoreF32(p.part_o + part * kD + dim0, f);
+        if (warp == 0 && g == 0) *reinterpret_cast<float2*>(p.part_ml + 2 * part) = make_float2(row_m, row_l);
+      } else {
+        StoreBf16(p.out + static_cast<int64_t>(q0) * p.out_token_stride + static_cast<int64_t>(head) * p.out_head_stride +
+                      dim0,
+                  f, 1.f / row_l);
+      }
+    }
+  }
+  if (p.num_splits > 1 && p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0);
+}
+
+template <int kD, int kRowBlocks>
+void LaunchDecode(const DecodeParams& p, int num_seqs, cudaStream_t s) {
+  LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks>, dim3(p.num_splits, p.kv_heads, num_seqs), dim3(kThreads), 0, s,
+            1, p);
+}
+
+}  // namespace
+
+bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len) {
+  const int64_t d = q.dim(2), hk = cache.k.dim(1);
+  const int64_t rows = cache.k.dim(0) * hk * cache.k.dim(2);  // cache rows, addressed as int32
+  return Tuning().attention_decode_kernel && max_q_len == 1 && cache.k.data != cache.v.data &&
+         cache.v.dim(3) == d && (d == 64 || d == 128 || d == 256) && q.dim(1) % hk == 0 &&
+         q.dim(1) / hk <= kMaxGroup && rows < (int64_t{1} << 31);
+}
+
+// Declared in attention.cu (its only caller), which has checked the tensors (q/out [T, Hq, D]
+// with 16-byte aligned rows, contiguous 16-byte aligned caches) and AttentionDecodeServes.
+void AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
+  const int d = static_cast<int>(q.dim(2)), kv_heads = static_cast<int>(cache.k.dim(1));
+  const int group = static_cast<int>(q.dim(1)) / kv_heads;
+  const int num_seqs = static_cast<int>(batch.seq_lens.numel());
+  // Split-KV from host hints (max_seq_len may be an upper bound, as under graph replay): enough
+  // splits for Tuning().attention_split_min_ctas CTAs, each at least attention_decode_split_keys
+  // keys of max_seq_len, and no more partials than the merging CTA reads in kMergeFloats.
+  const int64_t pairs = static_cast<int64_t>(num_seqs) * kv_heads;
+  const int min_keys =
+      std::max(kChunkAlign, (Tuning().attention_decode_split_keys + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
+  const int max_splits = std::max(1, kMergeFloats / (group * d));
+  const int min_ctas = Tuning().attention_split_min_ctas;
+  int num_splits = 1;
+  if (batch.max_seq_len > min_keys && min_ctas > 0 && pairs < min_ctas && max_splits > 1) {
+    const int64_t want = std::min<int64_t>({CeilDiv(min_ctas, pairs), CeilDiv(batch.max_seq_len, min_keys), max_splits});
+    const int64_t chunk = CeilDiv(CeilDiv(batch.max_seq_len, want), kChunkAlign) * kChunkAlign;
+    num_splits = static_cast<int>(CeilDiv(batch.max_seq_len, chunk));
+  }
+  const int64_t merge_rows = q.dim(0) * q.dim(1);
+  ScratchBuffer partials(alloc, num_splits > 1 ? merge_rows * num_splits * (d + 2) * sizeof(float) : 0);
+  float* part_o = num_splits > 1 ? partials.as<float>() : nullptr;
+  float* part_ml = num_splits > 1 ? part_o + merge_rows * num_splits * d : nullptr;
+  int* counters = nullptr;
+  if (num_splits > 1 && Tuning().attention_fused_merge && pairs <= kMaxSplitKvMergeCounters)
+    counters = SplitKvMergeCounters(s);
+  const DecodeParams p{q.ptr<bf16_t>(),
+                       q.strides[0],
+                       q.strides[1],
+                       out.ptr<bf16_t>(),
+                       out.strides[0],
+                       out.strides[1],
+                       cache.k.ptr<bf16_t>(),
+                       cache.v.ptr<bf16_t>(),
+                       batch.block_tables.ptr<int32_t>(),
+                       batch.block_tables.rank() == 2 ? batch.block_tables.dim(1) : 0,
+                       batch.query_start.ptr<int32_t>(),
+                       batch.seq_lens.ptr<int32_t>(),
+                       kv_heads,
+                       group,
+                       static_cast<int>(q.dim(1)),
+                       cache.block_size(),
+                       BlockShift(cache.block_size()),
+                       scale_log2,
+                       num_splits,
+                       part_o,
+                       part_ml,
+                       counters};
+  const bool wide = group > 8;
+  switch (d) {
+    case 64: wide ? LaunchDecode<64, 2>(p, num_seqs, s) : LaunchDecode<64, 1>(p, num_seqs, s); break;
+    case 128: wide ? LaunchDecode<128, 2>(p, num_seqs, s) : LaunchDecode<128, 1>(p, num_seqs, s); break;
+    case 256: wide ? LaunchDecode<256, 2>(p, num_seqs, s) : LaunchDecode<256, 1>(p, num_seqs, s); break;
+    default: COROLLA_CHECK(false) << "attention decode: no D " << d << " kernel";
+  }
+  if (num_splits > 1 && counters == nullptr) {
+    const SplitMergeParams mp{part_o, part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
+                              static_cast<int>(q.dim(1)), num_splits};
+    if (d == 64) LaunchSplitKvMerge<64>(mp, s);
+    else if (d == 128) LaunchSplitKvMerge<128>(mp, s);
+    else LaunchSplitKvMerge<256>(mp, s);
+  }
+}
+
+}  // namespace corolla::cuda
