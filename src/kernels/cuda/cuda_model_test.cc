@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "engine/demo_chats.h"
@@ -151,10 +152,41 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest,
                          ::testing::Values("qwen3-dense", "qwen3-moe", "qwen3.5-moe-hybrid", "deepseek-v3",
                                            "deepseek-v3-fp8"));
 
+// Greedy ids of each request with, at every step, the margin between the chosen token's
+// logprob and the runner-up's (num_logprobs 2 on every request: host sampling).
+struct TracedRun {
+  std::vector<int32_t> ids;
+  std::vector<float> margin;
+};
+std::vector<TracedRun> RunTraced(Engine& engine, std::vector<GenerationRequest> requests) {
+  std::vector<int64_t> ids;
+  for (GenerationRequest& r : requests) {
+    r.num_logprobs = 2;
+    ids.push_back(engine.AddRequest(r).value());
+  }
+  std::map<int64_t, TracedRun> by_id;
+  while (engine.HasUnfinished())
+    for (const StepOutput& o : engine.Step()) {
+      TracedRun& t = by_id[o.seq_id];
+      t.ids.push_back(o.token);
+      t.margin.push_back(o.top_logprobs.size() >= 2 ? o.top_logprobs[0].logprob - o.top_logprobs[1].logprob
+                                                    : INFINITY);
+    }
+  std::vector<TracedRun> out;
+  for (int64_t id : ids) out.push_back(by_id[id]);
+  return out;
+}
+
 // The hybrid's per-sequence states on the GPU survive batching, chunked prefill, preemption and
-// slot reuse under the engine: every request decodes greedily as it does alone.
+// slot reuse under the engine: every request decodes greedily as it does alone, or, where a
+// recomputed prefix (prefill kernels, chunked Gated DeltaNet) and the decode path round
+// differently, the two part at a near-tie: the alone run's top-2 margin there is below
+// kNearTie. (This fixture's tiny random weights make near-ties common: its CUDA graphs agree
+// with the CPU on 4 of 13 requests. With split-KV decode attention the request that parts
+// changes with the split size, 16 / 48 / 1024 keys none, 32 / 64 request 4, 128 request 2.)
 TEST(CudaHybridEngine, PreemptionGivesTheSameTokensAsAlone) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr float kNearTie = 0.05f;  // nats
   auto backend = MakeCudaBackend(0);
   ASSERT_TRUE(backend.ok());
   auto model = LoadModel("tests/data/models/qwen3.5-moe-hybrid", **backend);
@@ -168,11 +200,11 @@ TEST(CudaHybridEngine, PreemptionGivesTheSameTokensAsAlone) {
   };
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 5; ++i) requests.push_back(request(13 * i + 2, 15 + 11 * i, 16));
-  std::vector<std::vector<int32_t>> alone;
+  std::vector<TracedRun> alone;
   for (const auto& r : requests) {
     auto engine = Engine::Create(**model, **backend, EngineOptions{});
     ASSERT_TRUE(engine.ok());
-    alone.push_back((*engine)->Generate({r}).value()[0].first);
+    alone.push_back(RunTraced(**engine, {r})[0]);
   }
   EngineOptions tight;
   tight.block_size = 4;
@@ -182,13 +214,24 @@ TEST(CudaHybridEngine, PreemptionGivesTheSameTokensAsAlone) {
   tight.max_num_seqs = 3;  // state slots are reused across requests
   auto engine = Engine::Create(**model, **backend, tight);
   ASSERT_TRUE(engine.ok());
-  auto out = (*engine)->Generate(requests);
-  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const std::vector<TracedRun> out = RunTraced(**engine, requests);
   EXPECT_GT((*engine)->num_preemptions(), 0);
   int same = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
-    same += (*out)[i].first == alone[i];
-    EXPECT_EQ((*out)[i].first, alone[i]) << "request " << i;
+    const std::vector<int32_t>& a = alone[i].ids;
+    const std::vector<int32_t>& b = out[i].ids;
+    if (a == b) {
+      ++same;
+      continue;
+    }
+    // The first token that differs (a run that stopped early parts where the other goes on).
+    const size_t n = std::min(a.size(), b.size());
+    const size_t first = std::min<size_t>(std::mismatch(a.begin(), a.begin() + n, b.begin()).first - a.begin(),
+                                          a.size() - 1);
+    const float margin = alone[i].margin[first];
+    std::printf("hybrid under preemption: request %zu parts at token %zu of %zu, alone's top-2 margin there %.4g\n",
+                i, first, a.size(), margin);
+    EXPECT_LT(margin, kNearTie) << "request " << i << " parts at token " << first;
   }
   std::printf("hybrid under preemption (%d preemptions): %d of %zu requests equal to alone\n",
               static_cast<int>((*engine)->num_preemptions()), same, requests.size());

@@ -37,9 +37,11 @@ class ScratchBuffer {
 // launching work.
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
-  // mma GEMMs (grouped_gemm.cu) above it. 256: from ~2 tokens per expert on (E 128, k 8:
-  // batch > 32) the small-tile GEMM streams the weights at least as fast as the SIMT GEMV.
-  int64_t moe_decode_max_pairs = 256;
+  // mma GEMMs (grouped_gemm.cu) above it (at most moe_pair_gemv_max_pairs take the pair GEMVs
+  // first). 64: on an H200 (Qwen3-30B-A3B decode, ctx 1024) the grouped GEMMs' small tiles beat
+  // the GEMV at 128 and 256 pairs: batch 16 13.69 vs 14.95 ms a step, batch 32 17.36 vs 21.44.
+  // COROLLA_MOE_DECODE_MAX_PAIRS sets it.
+  int64_t moe_decode_max_pairs = 64;
   // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
   // forces one (tests and benchmarks sweep them).
   int moe_gemm_tile_rows = 0;
