@@ -86,12 +86,8 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int last_row = min(row0 + kBlockM, rows_total) - 1;
   const int visible_end = prefix + last_row / p.group + 1;  // keys [0, visible_end) are visible to the tile
-  int kv_begin = 0, kv_end = visible_end;
-  if (p.num_splits > 1) {
-    const int chunk = ((seq_len + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
-    kv_begin = split * chunk;
-    kv_end = min(visible_end, kv_begin + chunk);
-  }
+  const KeyRange keys = SplitKeyRange(seq_len, p.num_splits, split, kBlockN, visible_end);
+  const int kv_begin = keys.begin, kv_end = keys.end;
   if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
     for (int r = threadIdx.x; p.num_splits > 1 && r < kBlockM && row0 + r < rows_total; r += blockDim.x) {
       const int row = row0 + r;

@@ -247,12 +247,8 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   const int q0 = p.query_start[b];
   if (p.query_start[b + 1] - q0 <= 0) return;  // no token this step: no CTA of b arrives
   const int seq_len = p.seq_lens[b];
-  int kv_begin = 0, kv_end = seq_len;
-  if (p.num_splits > 1) {
-    const int chunk = ((seq_len + p.num_splits - 1) / p.num_splits + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-    kv_begin = split * chunk;
-    kv_end = min(seq_len, kv_begin + chunk);
-  }
+  const KeyRange keys = SplitKeyRange(seq_len, p.num_splits, split, kChunkAlign, seq_len);
+  const int kv_begin = keys.begin, kv_end = keys.end;
   if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
     if (p.num_splits > 1) {
       for (int r = threadIdx.x; r < p.group; r += kThreads) {

@@ -139,6 +139,28 @@ __device__ __forceinline__ void PvStep(float (&o)[64], const uint32_t (&a)[4], u
   }
 }
 
+// Thread (c, r0) of the producer warpgroup's 128 copies chunk c of key rows r0 + 8 i of the
+// K and V tile of keys n0.. into sk and sk + kTileBytes (the swizzled layout) by 16-byte
+// cp.async, keys at or past kv_end zero-filled. kUnroll: the row loop's unroll (the overlap
+// builds' producer has 24 registers).
+template <int kUnroll>
+__device__ __forceinline__ void GatherTile(const WgmmaAttnParams& p, const int32_t* table, int kvh, int n0,
+                                           int kv_end, uint32_t sk, int c, int r0) {
+#pragma unroll kUnroll
+  for (int i = 0; i < kBlockN / 8; ++i) {
+    const int j = r0 + 8 * i, key = n0 + j;
+    const bool valid = key < kv_end;
+    int64_t offset = 0;
+    if (valid) {
+      const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
+      offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
+    }
+    const uint32_t dst = TileChunk(kBlockN, j, c);
+    wgmma::CpAsync16(sk + dst, p.k_cache + offset, valid);
+    wgmma::CpAsync16(sk + kTileBytes + dst, p.v_cache + offset, valid);
+  }
+}
+
 template <int kLagT>
 __device__ __forceinline__ void Produce(const WgmmaAttnParams& p, int b, int kvh, int kv_end,
                                         int num_tiles, uint32_t pipe, uint32_t full,
@@ -149,20 +171,7 @@ __device__ __forceinline__ void Produce(const WgmmaAttnParams& p, int b, int kvh
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
     if (it >= kStages) wgmma::MbarWait(empty + 8 * stage, ((it / kStages) - 1) & 1);
-    const uint32_t sk = pipe + stage * kStageBytes, sv = sk + kTileBytes;
-#pragma unroll 4
-    for (int i = 0; i < kBlockN / 8; ++i) {
-      const int j = r0 + 8 * i, key = it * kBlockN + j;
-      const bool valid = key < kv_end;
-      int64_t offset = 0;
-      if (valid) {
-        const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
-        offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
-      }
-      const uint32_t dst = TileChunk(kBlockN, j, c);
-      wgmma::CpAsync16(sk + dst, p.k_cache + offset, valid);
-      wgmma::CpAsync16(sv + dst, p.v_cache + offset, valid);
-    }
+    GatherTile<4>(p, table, kvh, it * kBlockN, kv_end, pipe + stage * kStageBytes, c, r0);
     wgmma::CpAsyncCommit();
     if (it >= kLagT) {  // tile it - kLag's copies have landed: fence them to the async proxy (the
                         // consumers' wgmma reads) and signal them
@@ -269,20 +278,8 @@ __device__ __forceinline__ void IssueBox(const WgmmaAttnParams& p, const int32_t
 // arrival signals all of it.
 __device__ __forceinline__ void GatherLastTile(const WgmmaAttnParams& p, const int32_t* table,
                                                int kvh, int n0, int kv_end, uint32_t sk, int t) {
-  const int c = t % 16, r0 = t / 16;  // this thread's chunk, key rows r0 + 8 i
-#pragma unroll 2  // once per CTA; within the overlap builds' 24 producer registers
-  for (int i = 0; i < kBlockN / 8; ++i) {
-    const int j = r0 + 8 * i, key = n0 + j;
-    const bool valid = key < kv_end;
-    int64_t offset = 0;
-    if (valid) {
-      const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
-      offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
-    }
-    const uint32_t dst = TileChunk(kBlockN, j, c);
-    wgmma::CpAsync16(sk + dst, p.k_cache + offset, valid);
-    wgmma::CpAsync16(sk + kTileBytes + dst, p.v_cache + offset, valid);
-  }
+  // Once per CTA, unrolled 2: within the overlap builds' 24 producer registers.
+  GatherTile<2>(p, table, kvh, n0, kv_end, sk, t % 16, t / 16);
   wgmma::CpAsyncCommit();
   wgmma::CpAsyncWait<0>();
   wgmma::FenceProxyAsync();

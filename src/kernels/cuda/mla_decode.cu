@@ -120,12 +120,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) MlaDecodeKernel(const __grid_c
   const int q0 = p.query_start[b];
   if (p.query_start[b + 1] == q0) return;  // the sequence has no token in this step
   const int seq_len = p.seq_lens[b];
-  int kv_begin = 0, kv_end = seq_len;
-  if (p.num_splits > 1) {
-    const int chunk = ((seq_len + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
-    kv_begin = split * chunk;
-    kv_end = min(seq_len, kv_begin + chunk);
-  }
+  const KeyRange keys = SplitKeyRange(seq_len, p.num_splits, split, kBlockN, seq_len);
+  const int kv_begin = keys.begin, kv_end = keys.end;
   const int rows_valid = min(kRows, p.q_heads - row0);
   const int tid = threadIdx.x;
   auto part_of = [&](int r) { return (static_cast<int64_t>(q0) * p.q_heads + row0 + r) * p.num_splits + split; };
