@@ -104,10 +104,10 @@ __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, cons
         best_id = oi;
       }
     }
-    // Lane 0's pick for every lane: with NaN scores the butterfly need not agree (and a lane
-    // with no expert keeps an invalid id), so nothing reads past probs.
+    // Lane 0's pick for every lane: with NaN scores the butterfly need not agree. Lane 0's id
+    // is always valid (it takes expert 0 unconditionally and only ever swaps for a valid one),
+    // so nothing reads past probs.
     best_id = __shfl_sync(0xffffffffu, best_id, 0);
-    if (best_id >= p.experts) best_id = 0;
     __syncwarp();
     const float pb = probs[best_id];
     if (lane == 0) choice[best_id] = -INFINITY;  // taken (NaN-free: only valid ids are chosen)
