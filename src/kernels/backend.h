@@ -70,6 +70,24 @@ struct MoeRouting {
   TensorView correction_bias;   // [E] f32, or empty
 };
 
+// One decoder layer of a Qwen3-MoE model as Backend::DecodeMoeStack takes it: attention with
+// q/k RMSNorm (no output gate) and routed experts (no shared expert), weights as Qwen3's loader
+// holds them (qkv rows q | k | v; gate_up [E, 2I, H], gate rows first; down [E, H, I]).
+struct MoeDecoderLayer {
+  TensorView input_norm, qkv, q_norm, k_norm, o, post_attention_norm;  // norms [H] / [D]
+  TensorView router, gate_up, down;
+  KvCacheView cache;
+};
+struct MoeDecoderStack {
+  std::vector<MoeDecoderLayer> layers;
+  TensorView final_norm;  // [H]
+  int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float eps = 1e-6f;           // of every RMSNorm
+  float attention_scale = 1.0f;
+  RopeParams rope;
+  MoeRouting routing;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -282,6 +300,20 @@ class Backend {
   virtual void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                              const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
                              const TensorView& d_scale, const TensorView& out);
+  // --- fused decode of a whole MoE stack (after the FP8 experts: new virtuals go at the end) ---
+  // Every layer of `stack` on a batch of one decode token: on entry sum [1, H] holds the
+  // residual stream before the first layer (the embedded token); on return sum holds it after
+  // the last layer and x [1, H] = rmsnorm(sum) * stack.final_norm. Each layer is, with the
+  // rounding of the op-by-op path: x = rmsnorm(sum) * input_norm; Qwen3 attention (qkv, QK norm,
+  // RoPE, this token's K/V into the cache, attention, o); sum += o; x = rmsnorm(sum) *
+  // post_attention_norm; routed experts; sum += their output. Returns false, having enqueued
+  // nothing, where the backend has no fused path for these shapes (the default: the caller then
+  // runs the ops). CUDA: one persistent launch (kernels/cuda/decode_stack.cu).
+  virtual bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
+                              const TensorView& sum, const TensorView& x) {
+    (void)stack, (void)batch, (void)positions, (void)sum, (void)x;
+    return false;
+  }
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

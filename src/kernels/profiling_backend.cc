@@ -110,6 +110,11 @@ void ProfilingBackend::MoeExpertsFp8(const TensorView& x, const TensorView& topk
   if (!Mark("MoeExpertsFp8")) return;
   inner_->MoeExpertsFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out);
 }
+bool ProfilingBackend::DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
+                                      const TensorView& positions, const TensorView& sum, const TensorView& x) {
+  if (!Mark("DecodeMoeStack")) return true;
+  return inner_->DecodeMoeStack(stack, batch, positions, sum, x);
+}
 void ProfilingBackend::BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // w [B, N, K]: B projections of K -> N (MLA's absorbed per-head GEMMs).
   if (!Mark("BatchedLinear " + std::to_string(w.dim(0)) + "x " + std::to_string(w.dim(2)) + "->" +

@@ -89,6 +89,10 @@ class ProfilingBackend final : public Backend {
   void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                      const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
                      const TensorView& d_scale, const TensorView& out) override;
+  // Recorded (and skipped) as one op, "DecodeMoeStack"; an empty interval when the inner backend
+  // declines (its ops follow under their own labels).
+  bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
+                      const TensorView& sum, const TensorView& x) override;
   void SigmoidMul(const TensorView& x, const TensorView& gate) override;
   void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
                     const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override;

@@ -1,6 +1,7 @@
 #include "model/qwen3.h"
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "model/gated_deltanet.h"
@@ -75,6 +76,11 @@ class Qwen3Model final : public Model {
                         const TensorView& topk_weights, const TensorView& out);
   // DP-EP with no tokens on this rank: only every MoE layer's exchanges, with zero rows.
   void IdleStep();
+  // All layers in one Backend::DecodeMoeStack call, for one decode token of a model it
+  // describes (decode_stack_ set at load); false (nothing run) otherwise or where the backend
+  // declines. Leaves stream.x() ready for the LM head.
+  bool DecodeStack(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches, ResidualStream& stream);
+  void PlanDecodeStack();
   void Mlp(const MlpWeights& w, const TensorView& x, const TensorView& out);
   // Qwen3.5's shared expert of x [T, H] into out [T, H]: Mlp scaled by sigmoid(x . shared_gate).
   void SharedExpert(const MoeWeights& w, const TensorView& x, const TensorView& out);
@@ -100,6 +106,7 @@ class Qwen3Model final : public Model {
   Tensor lm_head_;  // [V, H] (the embedding when tied)
   Tensor final_norm_;
   std::vector<LayerWeights> layers_;
+  std::optional<MoeDecoderStack> decode_stack_;  // every layer attention + routed experts, one rank
 };
 
 Status Qwen3Model::PlanShard() {
@@ -214,6 +221,7 @@ Status Qwen3Model::Load(const Checkpoint& checkpoint) {
       ASSIGN_OR_RETURN(lw.mlp.down, w.Load(m + "down_proj.weight", {hidden, inter}, cols));
     }
   }
+  PlanDecodeStack();
   return w.CheckAllUsed([&](const std::string& name) {
     // Tied checkpoints may still carry lm_head.weight; old exports carry rotary buffers;
     // Qwen3.5 checkpoints carry multi-token-prediction weights (mtp.*) for speculation.
@@ -332,6 +340,36 @@ void Qwen3Model::ExpertsOverRanks(const MoeWeights& w, const TensorView& x, cons
   ep_exchange_->Combine(expert_out, out);
 }
 
+void Qwen3Model::PlanDecodeStack() {
+  const ModelConfig& c = config_;
+  if (c.num_linear_layers() > 0 || c.attention_output_gate || c.shared_expert_intermediate_size > 0 ||
+      shard_.tp_size != 1 || shard_.ep_size != 1 || ep_exchange_)
+    return;
+  MoeDecoderStack stack;
+  for (const LayerWeights& lw : layers_) {
+    if (!lw.is_moe) return;
+    stack.layers.push_back({lw.input_norm, lw.attn.qkv, lw.attn.q_norm, lw.attn.k_norm, lw.attn.o,
+                            lw.post_attention_norm, lw.moe.router, lw.moe.gate_up, lw.moe.down, {}});
+  }
+  stack.final_norm = final_norm_;
+  stack.num_q_heads = num_q_heads_;
+  stack.num_kv_heads = num_kv_heads_;
+  stack.head_dim = c.head_dim;
+  stack.eps = static_cast<float>(c.rms_norm_eps);
+  stack.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  stack.rope = {c.rotary_dim(), static_cast<float>(c.rope.theta)};
+  stack.routing.top_k = c.num_experts_per_token;
+  stack.routing.renormalize = c.norm_topk_prob;
+  decode_stack_ = std::move(stack);
+}
+
+bool Qwen3Model::DecodeStack(const ForwardBatch& batch, std::span<const KvCacheView> kv_caches,
+                             ResidualStream& stream) {
+  if (!decode_stack_ || batch.token_ids.numel() != 1 || batch.attention.max_q_len != 1) return false;
+  for (size_t l = 0; l < layers_.size(); ++l) decode_stack_->layers[l].cache = kv_caches[layers_[l].cache_idx];
+  return backend_.DecodeMoeStack(*decode_stack_, batch.attention, batch.positions, stream.sum(), stream.x());
+}
+
 void Qwen3Model::IdleStep() {
   if (!ep_exchange_) return;
   const int64_t hidden = config_.hidden_size, k = config_.num_experts_per_token;
@@ -363,6 +401,7 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   COROLLA_CHECK_EQ(static_cast<int>(batch.linear_states.size()), state_spec().num_layers);
 
   ResidualStream stream(backend_, batch, embed_, hidden, eps, layers_[0].input_norm);
+  if (DecodeStack(batch, kv_caches, stream)) return stream.Logits(batch, lm_head_, logits);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = layers_[l];
     if (lw.is_linear) {

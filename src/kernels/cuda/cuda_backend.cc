@@ -39,6 +39,9 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE")) t.attention_decode_kernel = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_SPLIT_KEYS")) t.attention_decode_split_keys = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_DECODE_STACK_SPLIT_KEYS")) t.decode_stack_split_keys = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_DECODE_STACK_STAGES_A")) t.decode_stack_stages_a = std::atoi(v);
     return t;
   }();
   return tuning;
@@ -82,6 +85,7 @@ CudaBackend::CudaBackend(int device_idx, cudaStream_t stream)
 CudaBackend::~CudaBackend() {
   if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
   cudaStreamSynchronize(stream_);
+  if (decode_sync_ != nullptr) cudaFree(decode_sync_);
   linear_.reset();
   fp8_linear_.reset();
   side_linear_.reset();
@@ -341,6 +345,17 @@ void CudaBackend::MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids,
                                 const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
                                 const TensorView& d_scale, const TensorView& out) {
   cuda::MoeExpertsFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out, *alloc_, stream_);
+}
+bool CudaBackend::DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
+                                 const TensorView& positions, const TensorView& sum, const TensorView& x) {
+  if (!Tuning().decode_stack) return false;
+  if (decode_sync_ == nullptr) {  // first use: eager (CaptureGraph warms up before it records)
+    const size_t bytes = static_cast<size_t>(cuda::DecodeStackSyncWords()) * sizeof(unsigned);
+    COROLLA_CUDA_CHECK(cudaMalloc(&decode_sync_, bytes));
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(decode_sync_, 0, bytes, stream_));
+  }
+  return cuda::DecodeMoeStack(stack, batch, positions, sum, x, RopeFreqs(stack.rope), decode_sync_, *alloc_,
+                              stream_);
 }
 void CudaBackend::SigmoidMul(const TensorView& x, const TensorView& gate) { cuda::SigmoidMul(x, gate, stream_); }
 void CudaBackend::CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,

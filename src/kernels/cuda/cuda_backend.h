@@ -99,6 +99,10 @@ class CudaBackend final : public Backend {
                      const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
                      const TensorView& d_scale, const TensorView& out) override;
 
+  // Every layer in one persistent launch where decode_stack.cu covers the shapes.
+  bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
+                      const TensorView& sum, const TensorView& x) override;
+
   cudaStream_t stream() const { return stream_; }
   Fp8Linear& fp8_linear() { return *fp8_linear_; }
   const CachingAllocator& allocator() const { return *alloc_; }
@@ -129,6 +133,7 @@ class CudaBackend final : public Backend {
     Tensor device;
   };
   std::map<RopeKey, RopeTable> rope_freqs_;
+  unsigned* decode_sync_ = nullptr;  // DecodeMoeStack's grid counters (zero between launches)
   HostStaging staging_;                              // pinned ring for CopyFromHost
   std::shared_ptr<HostIdsPool> host_ids_;            // SampleAsync's pinned buffers
 };

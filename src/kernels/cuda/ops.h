@@ -145,6 +145,20 @@ struct KernelTuning {
   // That kernel's split-KV plan: at least this many keys a split (16..; rounded to 16). Fewer
   // keys mean more CTAs but more partials for the last CTA to merge. COROLLA_ATTN_DECODE_SPLIT_KEYS.
   int attention_decode_split_keys = 64;
+  // Backend::DecodeMoeStack runs the persistent decode kernel (decode_stack.cu: every layer of a
+  // Qwen3-MoE batch-1 decode step in one launch) where it covers the model; off: the caller's
+  // op-by-op path. Off by default: on an H200 (Qwen3-30B-A3B, batch 1, ctx 1024, graph) it takes
+  // 3.57 ms a step against 2.88 for the ops (NOTES.md "Persistent decode kernel").
+  // COROLLA_DECODE_STACK=1 turns it on.
+  bool decode_stack = false;
+  // Its attention: at least this many cached keys per (KV head, split) task. Fewer keys mean
+  // more CTAs share a head's keys but more partials for the last one to merge (32: 3.67 ms, 64:
+  // 3.67, 128: 3.84 at ctx 1024). COROLLA_DECODE_STACK_SPLIT_KEYS sets it.
+  int decode_stack_split_keys = 64;
+  // Its weight stream: 12 shared-memory stages of 16 KB, this many for ring A (qkv, KV, o, router:
+  // known before the step) and the rest for ring B (the routed experts): 3 / 4 / 5 / 6 gave 3.75
+  // / 3.57 / 3.63 / 3.68 ms. COROLLA_DECODE_STACK_STAGES_A sets it.
+  int decode_stack_stages_a = 4;
 };
 KernelTuning& Tuning();
 
@@ -233,6 +247,18 @@ void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_
 // layouts it does not cover (E not a multiple of 16, H not of 8, unaligned rows).
 bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
                const TensorView& topk_weights, cudaStream_t s);
+
+// decode_stack.cu: Backend::DecodeMoeStack in one persistent launch (one CTA per SM) for the
+// shapes it covers (head dim 128, GQA group <= 16, H and Hq * D <= 8192, top_k * I <= 6144, E <=
+// 512, softmax routing, whole-head neox RoPE, at most kMaxStackLayers layers, one sequence);
+// false (nothing launched) otherwise or when Tuning().decode_stack is off. inv_freq: device
+// [D / 2], RopeInvFreq(stack.rope). sync: DecodeStackSyncWords() zeroed words, owned by the
+// stream (the kernel leaves them zero again).
+constexpr int kMaxStackLayers = 96;
+int DecodeStackSyncWords();
+bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
+                    const TensorView& sum, const TensorView& x_out, const float* inv_freq, unsigned* sync,
+                    CachingAllocator& alloc, cudaStream_t s);
 
 // sampling.cu: one token per row of logits [B, V] (f32 or bf16, contiguous) into out_ids (host).
 // Synchronises the stream (the ids are needed on the host).
