@@ -170,6 +170,18 @@ __device__ __forceinline__ void SpinUntil(const unsigned* p, unsigned target) {
   }
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
+// Adds 1 to *p after every write that happens before it (this thread's, and other threads'
+// ordered before it by a CTA barrier) is visible at GPU scope: the arrival half of a grid
+// barrier, without a separate fence or a returned value.
+__device__ __forceinline__ void ArriveRelease(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+// atomicAdd(p, 1) with acquire and release semantics at GPU scope: returns the old value.
+__device__ __forceinline__ unsigned FetchAddAcqRel(unsigned* p) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(p) : "memory");
+  return old;
+}
 __device__ __forceinline__ void ConsumerSync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
 }
@@ -308,7 +320,7 @@ __device__ __forceinline__ unsigned BarrierTarget(int layer, int which) {
 }
 
 // MoeRoute's softmax routing of one token by one warp: the top_k of logit [E] (shared memory,
-// overwritten) by k rounds of a warp argmax (ties to the lower id), weights exp(l - max) over
+// overwritten) by k rounds of a warp argmax (two REDUX maxima: ties to the lower id), weights exp(l - max) over
 // their sum across all experts, or across the k picked with `renormalize` (the same ratios as
 // MoeRoute's probabilities, summed in f32 instead of f64). Lane i writes pick i.
 __device__ void RouteSoftmaxTopK(float* logit, int experts, int top_k, bool renormalize,
@@ -322,24 +334,21 @@ __device__ void RouteSoftmaxTopK(float* logit, int experts, int top_k, bool reno
   int my_id = 0;
   float my_w = 0.f;
   for (int i = 0; i < top_k; ++i) {
-    float bv = -INFINITY;
-    int bi = experts;
+    // The lane's best as (order-preserving bits of the logit, ~id): the warp maximum of the
+    // first, then of the second among the lanes holding it (ties to the lower id), by REDUX.
+    unsigned bu = 0, be = 0;
     for (int e = lane; e < experts; e += 32) {
-      const float v = logit[e];
-      if (v > bv || bi == experts) bv = v, bi = e;  // ascending e: ties keep the lower id
+      unsigned u = __float_as_uint(logit[e]);
+      u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+      if (u > bu || e == lane) bu = u, be = ~static_cast<unsigned>(e);  // ascending e: ties keep the lower id
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi) || bi == experts) bv = ov, bi = oi;
-    }
-    bi = __shfl_sync(0xffffffffu, bi, 0);  // lane 0's pick for all (NaN logits need not agree)
-    bv = __shfl_sync(0xffffffffu, bv, 0);
-    if (bi >= experts) bi = 0;
-    if (lane == i) my_id = bi, my_w = expf(bv - mx);
+    const unsigned umax = __reduce_max_sync(0xffffffffu, bu);
+    const unsigned emax = __reduce_max_sync(0xffffffffu, bu == umax ? be : 0u);
+    int id = static_cast<int>(~emax);
+    if (id < 0 || id >= experts) id = 0;
+    if (lane == i) my_id = id, my_w = expf(logit[id] - mx);
     __syncwarp();
-    if (lane == 0) logit[bi] = -INFINITY;  // taken
+    if (lane == 0) logit[id] = -INFINITY;  // taken
     __syncwarp();
   }
   const float norm = renormalize ? WarpSum(lane < top_k ? my_w : 0.f) : z;
@@ -424,8 +433,7 @@ struct Consumer {
   __device__ void GridSync(unsigned target) const {
     ConsumerSync();
     if (tid == 0) {
-      __threadfence();
-      atomicAdd(p.sync + kSyncGrid, 1u);
+      ArriveRelease(p.sync + kSyncGrid);
       SpinUntil(p.sync + kSyncGrid, target);
     }
     ConsumerSync();
@@ -670,10 +678,8 @@ struct Consumer {
     ConsumerSync();
     if (plan.splits > 1) {
       if (tid == 0) {
-        __threadfence();
-        const unsigned done = atomicAdd(head_count, 1u) + 1;
+        const unsigned done = FetchAddAcqRel(head_count) + 1;
         flag[0] = done == static_cast<unsigned>((layer + 1) * plan.splits);
-        __threadfence();
       }
       ConsumerSync();
       Trace(layer, 20);
@@ -721,15 +727,11 @@ struct Consumer {
               *reinterpret_cast<const uint2*>(out);
         }
         ConsumerSync();
-        if (tid == 0) {
-          __threadfence();
-          atomicAdd(p.sync + kSyncMerged, 1u);
-        }
+        if (tid == 0) ArriveRelease(p.sync + kSyncMerged);
         Trace(layer, 21);
       }
     } else if (tid == 0) {
-      __threadfence();
-      atomicAdd(p.sync + kSyncMerged, 1u);
+      ArriveRelease(p.sync + kSyncMerged);
     }
   }
 };
