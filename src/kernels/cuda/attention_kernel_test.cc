@@ -481,8 +481,10 @@ TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
   for (Case c : {Case{1, 32, 4, 128, false, DType::kF32}, Case{7, 8, 8, 64, false, DType::kBF16},
                  Case{130, 16, 2, 128, true, DType::kF32}, Case{5, 4, 2, 256, false, DType::kBF16},
                  Case{33, 32, 4, 128, false, DType::kBF16},
-                 // 64+ tokens: 8 heads a warp (a warp of only v heads; one of k and v heads; D 256)
-                 Case{100, 8, 8, 64, false, DType::kF32}, Case{70, 4, 2, 256, false, DType::kBF16}}) {
+                 // 64+ tokens: 4 heads a warp (a warp of only v heads; one of k and v heads; D 256;
+                 // 7 heads: a last warp of q, k and v with a lane group past the heads)
+                 Case{100, 8, 8, 64, false, DType::kF32}, Case{70, 4, 2, 256, false, DType::kBF16},
+                 Case{65, 5, 1, 128, false, DType::kBF16}}) {
     const int64_t t = c.tokens, d = c.d, q_cols = c.hq * d * (c.gate ? 2 : 1), width = q_cols + 2 * c.hk * d;
     const int bs = 16, blocks = static_cast<int>((t + bs - 1) / bs) + 2;
     auto qkv = RandomBf16(t * width, 2.f);
