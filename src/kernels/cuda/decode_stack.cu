@@ -100,8 +100,8 @@ __device__ void ProducerA(const StackParams& p, Ring ring, int lane) {
     ProduceRows(ring, L.qkv, qkv.begin, qkv.end, p.hidden, lane, first);
     if (c < p.hk * plan.splits) {
       const int g = c / plan.splits, s = c % plan.splits;
-      const int k0 = min(plan.cached, s * plan.chunk), k1 = min(plan.cached, k0 + plan.chunk);
-      ProduceKeys(ring, p, L, g, k0, k1, lane);
+      const KeyRange keys = plan.Keys(s);
+      ProduceKeys(ring, p, L, g, keys.begin, keys.end, lane);
     }
     ProduceRows(ring, L.o, o.begin, o.end, q_cols, lane, first);
     ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
@@ -431,7 +431,7 @@ DecodeStackRouteSink route_sink;
 }  // namespace
 void SetDecodeStackRouteSink(const DecodeStackRouteSink& sink) { route_sink = sink; }
 
-int DecodeStackSyncWords() { return kSyncHead + 64 * 32; }
+int DecodeStackSyncWords() { return kSyncHead + kMaxKvHeads * 32; }
 
 bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
                     const TensorView& positions, const TensorView& sum, const TensorView& x_out,
@@ -445,7 +445,7 @@ bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
   const int top_k = stack.routing.top_k;
   const bool f32_norm = stack.final_norm.dtype == DType::kF32;
   // The shapes the kernel covers (Qwen3-30B-A3B and its smaller siblings), else the op path.
-  bool ok = layers <= kMaxStackLayers && stack.head_dim == kD && hk >= 1 && hk <= 64 &&
+  bool ok = layers <= kMaxStackLayers && stack.head_dim == kD && hk >= 1 && hk <= kMaxKvHeads &&
             hq % hk == 0 && hq / hk <= kMaxGroup && hidden % 64 == 0 && hidden <= kMaxVec &&
             hq * kD <= kMaxVec && inter % 64 == 0 && top_k >= 1 && top_k <= kMaxDownSlots &&
             top_k * inter <= kMaxAct && experts >= top_k && experts <= kMaxExperts &&

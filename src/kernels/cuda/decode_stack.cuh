@@ -10,6 +10,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/split_kv_merge.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
@@ -44,6 +45,7 @@ constexpr int kPartStride = kD + 4;  // attention partial: o[D], m, l (rows 16-b
 // Sync words (each on its own 128-byte line): grid barrier, merged heads, exits, per-KV-head
 // split counters from kSyncHead.
 constexpr int kSyncGrid = 0, kSyncMerged = 32, kSyncExit = 64, kSyncHead = 96;
+constexpr int kMaxKvHeads = 64;  // per-KV-head split counters from kSyncHead
 
 // Phase-local buffers share one region: the GEMV input (QKV, O, ROUTER, GATEUP), the attention
 // task's q and new K/V (ATTN), and the SiLU-mul activations (DOWN) are never live together.
@@ -183,14 +185,15 @@ __device__ __forceinline__ int RowsPerStage(int k) { return min(kMaxRows, kStage
 // The attention split plan of this step, the same in every thread: S splits of the seq_len - 1
 // cached keys (the new key goes with the last split).
 struct SplitPlan {
-  int splits, chunk, cached;
+  int splits, cached;
+  // Split s's cached keys (SplitKeyRange: ceil(cached / splits) each; empty past the end).
+  __device__ KeyRange Keys(int s) const { return SplitKeyRange(cached, splits, s, 1, cached); }
 };
 __device__ __forceinline__ SplitPlan PlanSplits(const StackParams& p) {
   const int cached = p.seq_lens[0] - 1;
   const int cap = max(1, min(static_cast<int>(gridDim.x) / p.hk, static_cast<int>(gridDim.x)));
   const int want = max(1, (cached + p.min_split_keys - 1) / p.min_split_keys);
-  const int splits = min(want, cap);
-  return {splits, (cached + splits - 1) / splits, cached};
+  return {min(want, cap), cached};
 }
 
 // A ring of stages: the producer's and each consumer's position in it.

@@ -232,7 +232,8 @@ struct Consumer {
         }
       }
     };
-    const int k0 = min(plan.cached, s * plan.chunk), k1 = min(plan.cached, k0 + plan.chunk);
+    const KeyRange keys = plan.Keys(s);
+    const int k0 = keys.begin, k1 = keys.end;
     for (int cpos = k0; cpos < k1; cpos += kChunkKeys) {
       const int n = min(kChunkKeys, k1 - cpos);
       ring.WaitFull();

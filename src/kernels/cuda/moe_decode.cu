@@ -295,6 +295,18 @@ __device__ __forceinline__ void UnpackFp8x16(const uint4& v, float (&f)[kFp8Chun
   }
 }
 
+// acc + scale * (16 e4m3 weights w . x): one chunk of a weight row, scale_row[g] its 128-column
+// block's scale (the weight-only FP8 GEMVs below).
+__device__ __forceinline__ float Fp8ChunkFma(const uint4& w, const float (&x)[kFp8Chunk], const float* scale_row,
+                                            int g, float acc) {
+  float wf[kFp8Chunk];
+  UnpackFp8x16(w, wf);
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kFp8Chunk; ++i) dot = fmaf(wf[i], x[i], dot);
+  return fmaf(dot, __ldg(scale_row + g), acc);
+}
+
 __device__ __forceinline__ uint4 LoadStreamingFp8(const uint8_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
 
 struct PairGemvFp8Params {
@@ -361,14 +373,7 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpFp8Kernel(const __grid_
       Unpack8(xv[j][1], xf + 8);
       const int g = c / kFp8Group;
 #pragma unroll
-      for (int r = 0; r < 2 * kGateUpN; ++r) {
-        float wf[kFp8Chunk];
-        UnpackFp8x16(wv[j][r], wf);
-        float dot = 0.f;
-#pragma unroll
-        for (int i = 0; i < kFp8Chunk; ++i) dot = fmaf(wf[i], xf[i], dot);
-        acc[r] = fmaf(dot, __ldg(srow[r] + g), acc[r]);
-      }
+      for (int r = 0; r < 2 * kGateUpN; ++r) acc[r] = Fp8ChunkFma(wv[j][r], xf, srow[r], g, acc[r]);
     }
   }
 #pragma unroll
@@ -432,14 +437,7 @@ __global__ void __launch_bounds__(kWarps * 32) PairDownCombineFp8Kernel(const __
         }
         const int g = c / kFp8Group;
 #pragma unroll
-        for (int r = 0; r < kDownRows; ++r) {
-          float wf[kFp8Chunk];
-          UnpackFp8x16(wv[j][r], wf);
-          float dot = 0.f;
-#pragma unroll
-          for (int i = 0; i < kFp8Chunk; ++i) dot = fmaf(wf[i], af[i], dot);
-          part[r] = fmaf(dot, __ldg(srow[r] + g), part[r]);
-        }
+        for (int r = 0; r < kDownRows; ++r) part[r] = Fp8ChunkFma(wv[j][r], af, srow[r], g, part[r]);
       }
     }
 #pragma unroll
@@ -525,14 +523,7 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsFp8Kernel(const 
         }
         const int g = c / kFp8Group;
 #pragma unroll
-        for (int r = 0; r < kSlotRows; ++r) {
-          float wf[kFp8Chunk];
-          UnpackFp8x16(wv[j][r], wf);
-          float dot = 0.f;
-#pragma unroll
-          for (int i = 0; i < kFp8Chunk; ++i) dot = fmaf(wf[i], af[i], dot);
-          part[r] = fmaf(dot, __ldg(srow[r] + g), part[r]);
-        }
+        for (int r = 0; r < kSlotRows; ++r) part[r] = Fp8ChunkFma(wv[j][r], af, srow[r], g, part[r]);
       }
     }
 #pragma unroll
