@@ -67,6 +67,7 @@ struct DecodeParams {
   float* part_o;   // [T * Hq, num_splits, D]
   float* part_ml;  // [T * Hq, num_splits, 2]
   int* counters;   // [B, Hk] arrival counters (zero between launches), or null: merged after
+  bool early_trigger;  // Tuning().pdl_early_trigger
 };
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
@@ -240,8 +241,9 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   constexpr bool kPrefetch = kD <= 128;  // two passes' loads in registers (D 256: one, ~255 regs otherwise)
   __shared__ DecodeSmem<kRowBlocks> sm;
 
+  if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
   GridDependencyWait();  // programmatic dependent launch (pdl.cuh): q, the cache, lengths, tables
-  TriggerDependents();
+  if (!p.early_trigger) TriggerDependents();
   const int b = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int q0 = p.query_start[b];
@@ -535,7 +537,8 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        num_splits,
                        part_o,
                        part_ml,
-                       counters};
+                       counters,
+                       Tuning().pdl_early_trigger};
   const bool wide = group > 8;
   switch (d) {
     case 64: wide ? LaunchDecode<64, 2>(p, num_seqs, s) : LaunchDecode<64, 1>(p, num_seqs, s); break;

@@ -66,6 +66,7 @@ struct RmsNormParams {
   int64_t residual_stride;
   int cols;
   float eps;
+  bool early_trigger;  // Tuning().pdl_early_trigger
 };
 
 // Norm weights are bf16, or f32 where bf16 would round them (Qwen3.5's zero-centred norms are
@@ -104,8 +105,11 @@ __device__ float BlockSum(float v) {
 
 template <bool kVec>
 __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
-  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
-  TriggerDependents();
+  // Launched with programmatic dependent launch (pdl.cuh). The early trigger is safe: the next
+  // kernel's own wait still covers this whole grid, which cannot end before its wait below.
+  if (p.early_trigger) TriggerDependents();
+  GridDependencyWait();
+  if (!p.early_trigger) TriggerDependents();
   const int64_t row = blockIdx.x;
   const bf16_t* x = p.x + row * p.x_stride;
   bf16_t* res = p.residual ? p.residual + row * p.residual_stride : nullptr;
@@ -454,7 +458,7 @@ void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorVi
   if (rows == 0) return;
   RmsNormParams p{x.ptr<bf16_t>(), RowStride(x), w.data, w.dtype == DType::kF32, out.ptr<bf16_t>(), RowStride(out),
                   residual ? residual->ptr<bf16_t>() : nullptr, residual ? RowStride(*residual) : 0,
-                  static_cast<int>(cols), eps};
+                  static_cast<int>(cols), eps, Tuning().pdl_early_trigger};
   bool vec = Vectorisable(x, cols) && Vectorisable(w, cols) && Vectorisable(out, cols) &&
              (!residual || Vectorisable(*residual, cols));
   const int threads = vec ? std::clamp<int>((cols / 8 + 31) / 32 * 32, 32, 1024) : 256;

@@ -3,11 +3,24 @@
 // kUnroll chunks ahead of the arithmetic) and multiplies them with the same chunks of each of the M rows of
 // x (read through L1: every warp of the grid reads the same few rows). Warp reductions give
 // out[m, n] for the warp's rows, written by lane m * kRows + r.
+//
+// One row of x whose CTA slices fit in shared memory (the dense projections of a batch-1 decode
+// step) takes GemvStagedKernel instead: one CTA an SM stages its whole slice of W by bulk copies
+// issued before the dependency wait, so under programmatic dependent launch the weights stream
+// while the kernels before it run (attention, norms) and the multiply after the wait only reads
+// shared memory.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -118,6 +131,188 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) GemvKernel(const __gr
     }
 }
 
+// ---- staged: one row of x, the CTA's whole slice of W in shared memory --------------------------
+constexpr int kStagedWarps = 16;
+constexpr int kStagedHeader = 8 * kStagedWarps;  // the warps' mbarriers
+// Shared memory a staged CTA may take (its slice, x, the header): leaves room on the SM for a
+// kernel before it (the decode attention takes <= 12 KB) on a 228 KB carveout.
+constexpr int64_t kStagedMaxSmem = 200 * 1024;
+
+struct StagedGemvParams {
+  const bf16_t* x;
+  const bf16_t* w;
+  void* out;
+  int n, k;
+  int rows_per_cta;
+  int x_bytes;  // x's share of shared memory (K bf16, rounded up to 128 bytes)
+  bool out_f32;
+  uint64_t* trace;  // null, or [cta][4]: global timer at entry, after the wait, x and W staged, end
+};
+
+// out[n] for kRows consecutive rows of the staged slice (`w`, shared), x in shared memory: each
+// lane sums its 16-byte chunks lane * 8 + j * 256 into kSets interleaved partial sums per row
+// (kRows * kSets independent FMA chains: with a few warps an SM the multiply is latency-bound),
+// then a warp sum; every lane gets the row sums.
+template <int kRows>
+__device__ __forceinline__ void StagedDot(const bf16_t* w, const bf16_t* x, int k, int lane, float (&out)[kRows]) {
+  constexpr int kSets = kRows >= 3 ? 1 : 4 / kRows;
+  float acc[kSets][kRows] = {};
+  auto dot_chunk = [&](int c, float (&a)[kRows]) {
+    Bf16x8 xv, wv;
+    const uint4 xu = *reinterpret_cast<const uint4*>(x + c);  // one 128-bit shared load
+    memcpy(&xv, &xu, sizeof(xu));
+    float xf[8];
+    Unpack8(xv, xf);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const uint4 wu = *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(r) * k + c);
+      memcpy(&wv, &wu, sizeof(wu));
+      float wf[8];
+      Unpack8(wv, wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[r] = fmaf(wf[i], xf[i], a[r]);
+    }
+  };
+  int c = lane * 8;
+#pragma unroll 2
+  for (; c + (kSets - 1) * 32 * 8 < k; c += kSets * 32 * 8)
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) dot_chunk(c + s * 32 * 8, acc[s]);
+#pragma unroll
+  for (int s = 0; s + 1 < kSets; ++s)
+    if (c + s * 32 * 8 < k) dot_chunk(c + s * 32 * 8, acc[s]);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float v = acc[0][r];
+#pragma unroll
+    for (int s = 1; s < kSets; ++s) v += acc[s][r];
+    out[r] = WarpSum(v);
+  }
+}
+
+// CTA b owns rows [b * rows_per_cta, ...) of W, split evenly over its warps; each warp's lane 0
+// issues one bulk copy of the warp's rows (contiguous in W) on the warp's mbarrier before the
+// dependency wait. After it the CTA copies x to shared memory, and each warp multiplies its rows
+// (groups of 4, then the last 1-3) once its copy has landed.
+// At most 64 registers (2 CTAs' worth an SM): a CTA must fit beside the kernel before it.
+__global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const __grid_constant__ StagedGemvParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int cta_row0 = blockIdx.x * p.rows_per_cta;
+  const int cta_rows = min(p.rows_per_cta, p.n - cta_row0);
+  const int per_warp = cta_rows / kStagedWarps, extra = cta_rows % kStagedWarps;
+  const int row0 = warp * per_warp + min(warp, extra), rows = per_warp + (warp < extra ? 1 : 0);
+  bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kStagedHeader);
+  bf16_t* ws = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes) + static_cast<int64_t>(row0) * p.k;
+  const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4] = wgmma::GlobalTimerNs();
+  if (lane == 0 && rows > 0) {
+    const uint32_t bytes = static_cast<uint32_t>(rows) * p.k * 2;
+    wgmma::MbarInit(bar, 1);
+    wgmma::MbarInitFence();
+    wgmma::MbarArriveExpectTx(bar, bytes);
+    wgmma::BulkCopy(wgmma::SmemAddr(ws), p.w + static_cast<int64_t>(cta_row0 + row0) * p.k, bytes, bar,
+                    wgmma::EvictFirst());
+  }
+  GridDependencyWait();  // x is the previous kernel's output
+  TriggerDependents();
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4 + 1] = wgmma::GlobalTimerNs();
+  for (int c = threadIdx.x; c < p.k / 8; c += blockDim.x)
+    reinterpret_cast<uint4*>(xs)[c] = reinterpret_cast<const uint4*>(p.x)[c];
+  __syncthreads();
+  if (rows == 0) return;
+  wgmma::MbarWait(bar, 0);
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4 + 2] = wgmma::GlobalTimerNs();
+  auto store = [&](int r, float v) {
+    const int64_t o = cta_row0 + row0 + r;
+    if (p.out_f32) static_cast<float*>(p.out)[o] = v;
+    else static_cast<bf16_t*>(p.out)[o] = __float2bfloat16(v);
+  };
+  auto group = [&](int r, auto rows_tag) {
+    constexpr int kRows = decltype(rows_tag)::value;
+    float acc[kRows];
+    StagedDot<kRows>(ws + static_cast<int64_t>(r) * p.k, xs, p.k, lane, acc);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      if (lane == i) store(r + i, acc[i]);
+  };
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) group(r, std::integral_constant<int, 4>{});
+  switch (rows - r) {
+    case 3: group(r, std::integral_constant<int, 3>{}); break;
+    case 2: group(r, std::integral_constant<int, 2>{}); break;
+    case 1: group(r, std::integral_constant<int, 1>{}); break;
+    default: break;
+  }
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4 + 3] = wgmma::GlobalTimerNs();
+}
+
+// COROLLA_GEMV_STAGED_TRACE=S prints the CTA timeline of the staged launches S + 1 .. S + 6 of
+// the process that run outside a graph capture (each is followed by a stream synchronisation).
+void TraceStaged(const StagedGemvParams& p, int ctas, cudaStream_t s) {
+  std::vector<uint64_t> t(static_cast<size_t>(ctas) * 4);
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
+  COROLLA_CUDA_CHECK(cudaMemcpy(t.data(), p.trace, t.size() * 8, cudaMemcpyDeviceToHost));
+  uint64_t e0 = ~0ull;
+  for (int c = 0; c < ctas; ++c) e0 = std::min(e0, t[c * 4]);
+  std::string line = "staged gemv trace N" + std::to_string(p.n) + " K" + std::to_string(p.k) + " ctas " +
+                     std::to_string(ctas) + " (us after the first entry, min/median/max):";
+  for (int e = 0; e < 4; ++e) {
+    std::vector<double> v;
+    for (int c = 0; c < ctas; ++c) v.push_back((t[c * 4 + e] - e0) * 1e-3);
+    std::sort(v.begin(), v.end());
+    char buf[96];
+    static const char* const kNames[4] = {"entry", "wait", "landed", "end"};
+    std::snprintf(buf, sizeof(buf), " %s %.2f/%.2f/%.2f", kNames[e], v.front(), v[v.size() / 2], v.back());
+    line += buf;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+// Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
+// one CTA an SM; false leaves the call to GemvKernel.
+bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
+  const int64_t n = w.dim(0), k = w.dim(1);
+  if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
+  int device = 0, sms = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t rows_per_cta = (n + sms - 1) / sms, x_bytes = (2 * k + 127) / 128 * 128;
+  const int64_t smem = kStagedHeader + x_bytes + rows_per_cta * k * 2;
+  if (smem > kStagedMaxSmem) return false;
+  // Function attributes are per device: opt in to the shared memory once on each.
+  static std::atomic<uint64_t> attrs_set{0};
+  const uint64_t device_bit = uint64_t{1} << (device % 64);
+  if (!(attrs_set.load(std::memory_order_acquire) & device_bit)) {
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(GemvStagedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kStagedMaxSmem)));
+    attrs_set.fetch_or(device_bit, std::memory_order_acq_rel);
+  }
+  StagedGemvParams p{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
+                     static_cast<int>(rows_per_cta), static_cast<int>(x_bytes), out.dtype == DType::kF32, nullptr};
+  const int ctas = CeilDiv(n, rows_per_cta);
+  static const char* trace_env = std::getenv("COROLLA_GEMV_STAGED_TRACE");
+  bool traced = false;
+  if (trace_env) {  // a debugging aid (see TraceStaged): never inside a capture
+    static uint64_t* trace_buf = nullptr;
+    static std::atomic<int> launches{0};
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+    const int skip = std::atoi(trace_env);
+    if (cap == cudaStreamCaptureStatusNone) {
+      const int i = ++launches;
+      if (i > skip && i <= skip + 6) {
+        if (!trace_buf) COROLLA_CUDA_CHECK(cudaMalloc(&trace_buf, sizeof(uint64_t) * 4 * sms));
+        p.trace = trace_buf;
+        traced = true;
+      }
+    }
+  }
+  LaunchPdl(GemvStagedKernel, dim3(ctas), dim3(kStagedWarps * 32), static_cast<size_t>(smem), s, 1, p);
+  if (traced) TraceStaged(p, ctas, s);
+  return true;
+}
+
 }  // namespace
 
 bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
@@ -132,6 +327,7 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
       reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
       (m > 1 && x.strides[0] % 8 != 0))
     return false;
+  if (LaunchStagedGemv(x, w, out, s)) return true;
   GemvParams p{x.ptr<bf16_t>(), m > 1 ? x.strides[0] : k, w.ptr<bf16_t>(), out.data, m > 1 ? out.strides[0] : n,
                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), out.dtype == DType::kF32};
   // Rows per warp: 4 while that leaves >= 4 CTAs per SM (132 SMs), else 2, else 1.

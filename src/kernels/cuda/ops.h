@@ -135,6 +135,18 @@ struct KernelTuning {
   // at 96, no spills) so that 4224 <= N < 8448 runs in one wave; off: 4 an SM, two waves.
   // COROLLA_GEMV_ONE_WAVE sets it.
   bool gemv_one_wave = true;
+  // Linear with one row of x runs the staged GEMV (gemv.cu: one CTA an SM, its whole slice of W
+  // bulk-copied to shared memory before the dependency wait) where a slice fits; off: GemvKernel.
+  // Alone it is no faster (qkv 5.5 vs 5.1 us, o_proj 5.1 vs 5.6); in the decode step its copies
+  // overlap the kernels before it: on an H200 (Qwen3-30B-A3B, batch 1, graph) with
+  // pdl_early_trigger 2.774-2.779 vs 2.892 ms at ctx 1024, 3.105-3.114 vs 3.224 at 8192.
+  // COROLLA_GEMV_STAGED sets it.
+  bool gemv_staged = true;
+  // RmsNorm and the decode attention let the next kernel launch before their own dependency wait
+  // (pdl.cuh: safe, the next kernel still waits for this one), so that a staged GEMV after them
+  // starts its weight copies earlier (batch-1 step 2.805 -> 2.779 ms, 2.788 -> 2.774 in two
+  // runs). COROLLA_PDL_EARLY_TRIGGER sets it.
+  bool pdl_early_trigger = true;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
   // loads issued at once into registers, mma.sync straight from them, ~12 KB of static shared

@@ -8,13 +8,17 @@
 // kernel has completed and its writes are visible (a no-op when launched without the
 // attribute), so the ordering stays transitive along the stream. TriggerDependents(), right
 // after the wait, lets the next such kernel be scheduled (it only takes resources this grid
-// leaves free: it fires once every CTA of this grid has reached it).
+// leaves free: it fires once every CTA of this grid has reached it). A kernel may trigger before
+// its wait instead (RmsNorm, the decode attention with Tuning().pdl_early_trigger): the next
+// kernel's own wait still covers this grid, which cannot end before this grid's wait returns;
+// that kernel then starts its weight-only prologue (a staged GEMV's copies) one kernel earlier.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <mutex>
-#include <unordered_set>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "kernels/cuda/cuda_check.h"
@@ -25,14 +29,16 @@ namespace corolla::cuda {
 __device__ __forceinline__ void GridDependencyWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void TriggerDependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-// Sets Tuning().pdl_carveout as the kernel's preferred shared-memory carveout, once per kernel.
-inline void SetCarveoutOnce(const void* kernel) {
-  const int carveout = Tuning().pdl_carveout;
+// Sets `carveout` (percent; < 0: leave the driver's choice) as the kernel's preferred
+// shared-memory carveout, once per (device, kernel): function attributes are per device.
+inline void SetCarveoutOnce(const void* kernel, int carveout) {
   if (carveout < 0) return;
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mu;
-  static std::unordered_set<const void*> done;
+  static std::set<std::tuple<int, const void*, int>> done;
   std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert(kernel).second) return;
+  if (!done.emplace(device, kernel, carveout).second) return;
   COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
 }
 
@@ -42,7 +48,7 @@ inline void SetCarveoutOnce(const void* kernel) {
 template <typename... Params, typename... Args>
 void LaunchPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, int cluster_x,
                Args&&... args) {
-  SetCarveoutOnce(reinterpret_cast<const void*>(kernel));
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().pdl_carveout);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

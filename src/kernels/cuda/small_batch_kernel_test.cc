@@ -135,8 +135,12 @@ TensorView FirstCols(const TensorView& v, int64_t cols) {
   return r;
 }
 
+// The GEMV against the CPU over 1..8 rows of x; at one row both the staged kernel (where a CTA's
+// slice fits in shared memory) and the streaming one. On 132 SMs the staged shapes give its warps
+// 1 to 5 rows each (N 9240 x K 512: 70 rows a CTA, groups of 4 and a single); N 16384 x K 2048 is
+// too large to stage (the streaming kernel runs either way).
 TEST_F(CudaKernelTest, LinearGemv) {
-  const int default_rows = cuda::Tuning().linear_gemv_max_rows;
+  const cuda::KernelTuning defaults = cuda::Tuning();
   cuda::Tuning().linear_gemv_max_rows = 8;
   struct Case {
     int64_t n, k;
@@ -145,7 +149,8 @@ TEST_F(CudaKernelTest, LinearGemv) {
   };
   for (Case c : {Case{5120, 2048, DType::kBF16, 0, 0}, Case{128, 2048, DType::kF32, 0, 0},
                  Case{2048, 4096, DType::kBF16, 8, 3}, Case{72, 136, DType::kF32, 0, 0}, Case{3, 8, DType::kBF16, 16, 1},
-                 Case{1001, 264, DType::kBF16, 0, 0}}) {
+                 Case{1001, 264, DType::kBF16, 0, 0}, Case{16384, 2048, DType::kBF16, 0, 0},
+                 Case{9240, 512, DType::kF32, 0, 0}, Case{8448, 1024, DType::kBF16, 0, 0}}) {
     for (int64_t m = 1; m <= 8; ++m) {
       const int64_t xw = c.k + c.x_pad, ow = c.n + c.out_pad;
       auto x = RandomBf16(m * xw), w = RandomBf16(c.n * c.k, 1.f / std::sqrt(float(c.k)));
@@ -153,19 +158,24 @@ TEST_F(CudaKernelTest, LinearGemv) {
       Tensor cout = Tensor::Empty(DType::kF32, {m, c.n});
       cpu::Linear(FirstCols(cx_full.view(), c.k), cw, cout);
       Tensor gx = Upload(gpu(), x, {m, xw}, DType::kBF16), gw = gpu().LoadWeight(cw);
-      Tensor gout = gpu().Empty(c.out, {m, ow});
-      Poison(gpu(), gout);
-      gpu().Linear(FirstCols(gx.view(), c.k), gw, FirstCols(gout.view(), c.n));
-      std::vector<float> got = Download(gpu(), gout), got_n;
-      for (int64_t i = 0; i < m; ++i) got_n.insert(got_n.end(), got.begin() + i * ow, got.begin() + i * ow + c.n);
-      const double e = RelError(got_n, std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + m * c.n));
-      const std::string shape = "M" + std::to_string(m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k) +
-                                (c.out == DType::kF32 ? " f32-out" : "") + (c.x_pad || c.out_pad ? " strided" : "");
-      Record("Linear.gemv", shape, e, kBf16Tol);
-      EXPECT_LT(e, kBf16Tol) << shape;
+      for (bool staged : {true, false}) {
+        if (m > 1 && !staged) break;  // the staged kernel takes one row only
+        cuda::Tuning().gemv_staged = staged;
+        Tensor gout = gpu().Empty(c.out, {m, ow});
+        Poison(gpu(), gout);
+        gpu().Linear(FirstCols(gx.view(), c.k), gw, FirstCols(gout.view(), c.n));
+        std::vector<float> got = Download(gpu(), gout), got_n;
+        for (int64_t i = 0; i < m; ++i) got_n.insert(got_n.end(), got.begin() + i * ow, got.begin() + i * ow + c.n);
+        const double e = RelError(got_n, std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + m * c.n));
+        const std::string shape = "M" + std::to_string(m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k) +
+                                  (c.out == DType::kF32 ? " f32-out" : "") + (c.x_pad || c.out_pad ? " strided" : "") +
+                                  (m == 1 ? (staged ? " staged" : " streaming") : "");
+        Record("Linear.gemv", shape, e, kBf16Tol);
+        EXPECT_LT(e, kBf16Tol) << shape;
+      }
     }
   }
-  cuda::Tuning().linear_gemv_max_rows = default_rows;
+  cuda::Tuning() = defaults;
 }
 
 // The projections of a Qwen3-30B-A3B decode step at 1-8 rows: GEMV against cuBLASLt.
@@ -179,7 +189,8 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
     int64_t n, k;
     DType out;
   };
-  std::printf("linear small batch: name | M | gemv us (TB/s) | cublasLt us (TB/s)\n");
+  std::printf(
+      "linear small batch: name | M | gemv us (TB/s) | staged us (TB/s; M 1, where it fits) | cublasLt us (TB/s)\n");
   for (Shape2 sh : {Shape2{"qkv", 5120, 2048, DType::kBF16}, Shape2{"o_proj", 2048, 4096, DType::kBF16},
                     Shape2{"router", 128, 2048, DType::kF32}, Shape2{"lm_head", 151936, 2048, DType::kF32}}) {
     Tensor w = Upload(*gpu, RandomBf16(sh.n * sh.k, 0.02f), {sh.n, sh.k}, DType::kBF16);
@@ -188,12 +199,17 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
       Tensor out = gpu->Empty(sh.out, {m, sh.n});
       auto run = [&] { gpu->Linear(x, w, out); };
       cuda::Tuning().linear_gemv_max_rows = 8;
+      cuda::Tuning().gemv_staged = false;
       const double gemv_us = TimeUs(stream, run, 50);
+      cuda::Tuning().gemv_staged = true;
+      const double staged_us = m == 1 ? TimeUs(stream, run, 50) : 0.0;
       cuda::Tuning().linear_gemv_max_rows = 0;
       const double lt_us = TimeUs(stream, run, 50);
       const double bytes = 2.0 * sh.n * sh.k;
-      std::printf("linear small batch: %-8s | %lld | %8.1f (%.2f) | %8.1f (%.2f)\n", sh.name, static_cast<long long>(m),
-                  gemv_us, bytes / (gemv_us * 1e-6) / 1e12, lt_us, bytes / (lt_us * 1e-6) / 1e12);
+      std::printf("linear small batch: %-8s | %lld | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f (%.2f)\n", sh.name,
+                  static_cast<long long>(m), gemv_us, bytes / (gemv_us * 1e-6) / 1e12, staged_us,
+                  staged_us > 0 ? bytes / (staged_us * 1e-6) / 1e12 : 0.0, lt_us, bytes / (lt_us * 1e-6) / 1e12);
+      if (m == 1) Record(std::string("Perf.linear_gemv_staged_us.") + sh.name, "M1", staged_us, 0);
       Record(std::string("Perf.linear_gemv_us.") + sh.name, "M" + std::to_string(m), gemv_us, 0);
       Record(std::string("Perf.linear_cublaslt_us.") + sh.name, "M" + std::to_string(m), lt_us, 0);
     }
