@@ -137,8 +137,9 @@ TensorView FirstCols(const TensorView& v, int64_t cols) {
 
 // The GEMV against the CPU over 1..8 rows of x; at one row both the staged kernel (where a CTA's
 // slice fits in shared memory) and the streaming one. On 132 SMs the staged shapes give its warps
-// 1 to 5 rows each (N 9240 x K 512: 70 rows a CTA, groups of 4 and a single); N 16384 x K 2048 is
-// too large to stage (the streaming kernel runs either way).
+// 1 to 19 rows each (N 9240 x K 512: 70 rows a CTA, groups of 4 and a single; N 39600 x K 16: 300
+// rows, 18-19 a warp); N 16384 x K 2048 is too large to stage (the streaming kernel runs either
+// way).
 TEST_F(CudaKernelTest, LinearGemv) {
   const cuda::KernelTuning defaults = cuda::Tuning();
   cuda::Tuning().linear_gemv_max_rows = 8;
@@ -150,7 +151,8 @@ TEST_F(CudaKernelTest, LinearGemv) {
   for (Case c : {Case{5120, 2048, DType::kBF16, 0, 0}, Case{128, 2048, DType::kF32, 0, 0},
                  Case{2048, 4096, DType::kBF16, 8, 3}, Case{72, 136, DType::kF32, 0, 0}, Case{3, 8, DType::kBF16, 16, 1},
                  Case{1001, 264, DType::kBF16, 0, 0}, Case{16384, 2048, DType::kBF16, 0, 0},
-                 Case{9240, 512, DType::kF32, 0, 0}, Case{8448, 1024, DType::kBF16, 0, 0}}) {
+                 Case{9240, 512, DType::kF32, 0, 0}, Case{8448, 1024, DType::kBF16, 0, 0},
+                 Case{39600, 16, DType::kF32, 0, 0}}) {
     for (int64_t m = 1; m <= 8; ++m) {
       const int64_t xw = c.k + c.x_pad, ow = c.n + c.out_pad;
       auto x = RandomBf16(m * xw), w = RandomBf16(c.n * c.k, 1.f / std::sqrt(float(c.k)));
