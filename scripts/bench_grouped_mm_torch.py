@@ -7,11 +7,12 @@ rows per expert) through torch._grouped_mm (bf16, the offsets-based 2D x 3D form
 usage: /opt/torch/.venv/bin/python scripts/bench_grouped_mm_torch.py [--tpe 1 4 16 64 512 2048]
 
 Columns as in the C++ test: the GEMM's time, TFLOP/s, weight GB/s, and "roof", the time the
-limits (788 TFLOP/s bf16, 4.28 TB/s HBM copy; NOTES.md v2) allow for its FLOPs or bytes over the
-measured time. Differences from our kernels: torch's gate_up writes [rows, 2I] bf16 and the
-SiLU-mul is a separate op; its down writes f32 when out_dtype=float32 is accepted, else bf16
-(the line says which); its A rows are pre-gathered (our gate_up gathers x through perm_token).
-"MoeExperts" is gather + gate_up + SiLU-mul + down + weighted combine (index_add_) in torch ops.
+limits (788 TFLOP/s bf16, 4.28 TB/s HBM copy; src/kernels/cuda/notes/history.md, v2) allow for
+its FLOPs or bytes over the measured time. Differences from our kernels: torch's gate_up writes
+[rows, 2I] bf16 and the SiLU-mul is a separate op; its down writes f32 when out_dtype=float32 is
+accepted, else bf16 (the line says which); its A rows are pre-gathered (our gate_up gathers x
+through perm_token). "MoeExperts" is gather + gate_up + SiLU-mul + down + weighted combine
+(index_add_) in torch ops.
 """
 import argparse
 import sys

@@ -1,8 +1,9 @@
 // Backend::DecodeMoeStack on CUDA: every decoder layer of a Qwen3-MoE model for one decode
 // token in one persistent launch (a "megakernel"). At batch 1 the op-by-op step is bound by the
-// ramp and tail of ~7 kernels a layer, not by HBM (NOTES.md "Batch-1 decode, session 5"); here
-// no kernel boundary stops the weight stream. Opt-in (Tuning().decode_stack): measured slower
-// than the ops so far; NOTES.md "Persistent decode kernel" has the phase times and what is next.
+// ramp and tail of ~7 kernels a layer, not by HBM (notes/decode_step.md "Batch-1 decode, session
+// 5"); here no kernel boundary stops the weight stream. Opt-in (Tuning().decode_stack): measured
+// slower than the ops so far; notes/decode_step.md "Persistent decode kernel" has the phase times
+// and what is next.
 //
 // One CTA per SM, 8 consumer warps and two producer warps. Each producer fills its own ring of
 // 16 KB shared-memory stages with cp.async.bulk copies (completion by transaction count on the

@@ -316,7 +316,7 @@ Tensor DevicePattern(Backend& gpu, Shape shape, float scale) {
 // per expert: the gate_up and down GEMMs alone at each tile height and the auto choice, then
 // the whole MoeExperts op (default dispatch, and the GEMV and mma paths forced at decode sizes).
 // Times are medians of event-timed launches on the backend's stream. Limits: 788 TFLOP/s (bf16
-// matmul measured through cuBLASLt, NOTES.md v2) and 4.28 TB/s (HBM copy); "roof" is the time
+// matmul measured through cuBLASLt, notes/history.md, v2) and 4.28 TB/s (HBM copy); "roof" is the time
 // those limits allow for the GEMM's FLOPs or its bytes (weights + activations read and written),
 // whichever is larger, over the measured time.
 TEST(CudaPerf, GroupedGemm) {

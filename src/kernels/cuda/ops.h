@@ -160,7 +160,7 @@ struct KernelTuning {
   // Backend::DecodeMoeStack runs the persistent decode kernel (decode_stack.cu: every layer of a
   // Qwen3-MoE batch-1 decode step in one launch) where it covers the model; off: the caller's
   // op-by-op path. Off by default: on an H200 (Qwen3-30B-A3B, batch 1, ctx 1024, graph) it takes
-  // 3.53 ms a step against 2.88 for the ops (NOTES.md "Persistent decode kernel").
+  // 3.53 ms a step against 2.88 for the ops (notes/decode_step.md "Persistent decode kernel").
   // COROLLA_DECODE_STACK=1 turns it on.
   bool decode_stack = false;
   // Its attention: at least this many cached keys per (KV head, split) task. Fewer keys mean
