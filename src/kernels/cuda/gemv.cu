@@ -146,7 +146,9 @@ struct StagedGemvParams {
   int rows_per_cta;
   int x_bytes;  // x's share of shared memory (K bf16, rounded up to 128 bytes)
   bool out_f32;
-  uint64_t* trace;  // null, or [cta][4]: global timer at entry, after the wait, x and W staged, end
+  // null, or [cta][6]: global timer (ns) at entry, after the wait, x and W staged, end; then the
+  // SM's clock64() at staged and at end (their ratio to the timer gives the SM clock).
+  uint64_t* trace;
 };
 
 // out[n] for kRows consecutive rows of the staged slice (`w`, shared), x in shared memory: each
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kStagedHeader);
   bf16_t* ws = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes) + static_cast<int64_t>(row0) * p.k;
   const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
-  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4] = wgmma::GlobalTimerNs();
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6] = wgmma::GlobalTimerNs();
   if (lane == 0 && rows > 0) {
     const uint32_t bytes = static_cast<uint32_t>(rows) * p.k * 2;
     wgmma::MbarInit(bar, 1);
@@ -216,13 +218,16 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   }
   GridDependencyWait();  // x is the previous kernel's output
   TriggerDependents();
-  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4 + 1] = wgmma::GlobalTimerNs();
+  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6 + 1] = wgmma::GlobalTimerNs();
   for (int c = threadIdx.x; c < p.k / 8; c += blockDim.x)
     reinterpret_cast<uint4*>(xs)[c] = reinterpret_cast<const uint4*>(p.x)[c];
   __syncthreads();
   if (rows == 0) return;
   wgmma::MbarWait(bar, 0);
-  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4 + 2] = wgmma::GlobalTimerNs();
+  if (p.trace && threadIdx.x == 0) {
+    p.trace[blockIdx.x * 6 + 2] = wgmma::GlobalTimerNs();
+    p.trace[blockIdx.x * 6 + 4] = clock64();
+  }
   auto store = [&](int r, float v) {
     const int64_t o = cta_row0 + row0 + r;
     if (p.out_f32) static_cast<float*>(p.out)[o] = v;
@@ -244,28 +249,40 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
     case 1: group(r, std::integral_constant<int, 1>{}); break;
     default: break;
   }
-  if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 4 + 3] = wgmma::GlobalTimerNs();
+  if (p.trace && threadIdx.x == 0) {
+    p.trace[blockIdx.x * 6 + 3] = wgmma::GlobalTimerNs();
+    p.trace[blockIdx.x * 6 + 5] = clock64();
+  }
 }
 
 // COROLLA_GEMV_STAGED_TRACE=S prints the CTA timeline of the staged launches S + 1 .. S + 6 of
 // the process that run outside a graph capture (each is followed by a stream synchronisation).
 void TraceStaged(const StagedGemvParams& p, int ctas, cudaStream_t s) {
-  std::vector<uint64_t> t(static_cast<size_t>(ctas) * 4);
+  std::vector<uint64_t> t(static_cast<size_t>(ctas) * 6);
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
   COROLLA_CUDA_CHECK(cudaMemcpy(t.data(), p.trace, t.size() * 8, cudaMemcpyDeviceToHost));
   uint64_t e0 = ~0ull;
-  for (int c = 0; c < ctas; ++c) e0 = std::min(e0, t[c * 4]);
+  for (int c = 0; c < ctas; ++c) e0 = std::min(e0, t[c * 6]);
   std::string line = "staged gemv trace N" + std::to_string(p.n) + " K" + std::to_string(p.k) + " ctas " +
                      std::to_string(ctas) + " (us after the first entry, min/median/max):";
-  for (int e = 0; e < 4; ++e) {
-    std::vector<double> v;
-    for (int c = 0; c < ctas; ++c) v.push_back((t[c * 4 + e] - e0) * 1e-3);
+  auto add = [&](const char* name, std::vector<double> v, const char* format) {
     std::sort(v.begin(), v.end());
     char buf[96];
-    static const char* const kNames[4] = {"entry", "wait", "landed", "end"};
-    std::snprintf(buf, sizeof(buf), " %s %.2f/%.2f/%.2f", kNames[e], v.front(), v[v.size() / 2], v.back());
+    std::snprintf(buf, sizeof(buf), format, name, v.front(), v[v.size() / 2], v.back());
     line += buf;
+  };
+  static const char* const kNames[4] = {"entry", "wait", "landed", "end"};
+  for (int e = 0; e < 4; ++e) {
+    std::vector<double> v;
+    for (int c = 0; c < ctas; ++c) v.push_back((t[c * 6 + e] - e0) * 1e-3);
+    add(kNames[e], v, " %s %.2f/%.2f/%.2f");
   }
+  std::vector<double> mhz;  // SM cycles over nanoseconds from staged to end, x 1000
+  for (int c = 0; c < ctas; ++c) {
+    const uint64_t ns = t[c * 6 + 3] - t[c * 6 + 2], cycles = t[c * 6 + 5] - t[c * 6 + 4];
+    if (ns > 0) mhz.push_back(1e3 * static_cast<double>(cycles) / static_cast<double>(ns));
+  }
+  if (!mhz.empty()) add("sm MHz", mhz, " | %s %.0f/%.0f/%.0f");
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
@@ -302,7 +319,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     if (cap == cudaStreamCaptureStatusNone) {
       const int i = ++launches;
       if (i > skip && i <= skip + 6) {
-        if (!trace_buf) COROLLA_CUDA_CHECK(cudaMalloc(&trace_buf, sizeof(uint64_t) * 4 * sms));
+        if (!trace_buf) COROLLA_CUDA_CHECK(cudaMalloc(&trace_buf, sizeof(uint64_t) * 6 * sms));
         p.trace = trace_buf;
         traced = true;
       }
