@@ -14,13 +14,11 @@
 // states merged through shared memory at the end. Split-KV: each CTA derives its key range from
 // its own sequence's device-side length, so one plan serves any lengths under its hints
 // (CUDA-graph replay).
-#include <mutex>
-#include <unordered_map>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/split_kv_merge.cuh"
+#include "kernels/cuda/stream_scratch.h"
 
 namespace corolla::cuda {
 namespace {
@@ -505,22 +503,10 @@ bool LaunchMma(MmaParams p, int num_seqs, cudaStream_t s) {
 
 }  // namespace
 
-// Declared in split_kv_merge.cuh (per-stream counters; streams running at once must not share
-// them; 16 KB a stream).
+// Declared in split_kv_merge.cuh (16 KB a stream).
 int* SplitKvMergeCounters(cudaStream_t s) {
-  static std::mutex mu;
-  static std::unordered_map<cudaStream_t, int*> counters;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = counters.find(s);
-  if (it != counters.end()) return it->second;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
-  int* c = nullptr;
-  COROLLA_CUDA_CHECK(cudaMalloc(&c, kMaxSplitKvMergeCounters * sizeof(int)));
-  COROLLA_CUDA_CHECK(cudaMemsetAsync(c, 0, kMaxSplitKvMergeCounters * sizeof(int), s));
-  counters.emplace(s, c);
-  return c;
+  return static_cast<int*>(
+      StreamScratch(s, StreamScratchSlot::kSplitKvMergeCounters, kMaxSplitKvMergeCounters * sizeof(int)));
 }
 
 // Declared in attention.cu (its only caller), which has checked the tensors: q [T, Hq, kD] and

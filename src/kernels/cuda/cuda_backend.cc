@@ -39,6 +39,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED")) t.gemv_staged = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE")) t.attention_decode_kernel = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_SPLIT_KEYS")) t.attention_decode_split_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;

@@ -81,6 +81,11 @@ struct KernelTuning {
   // 1 token against 8.3 for the GEMV + MoeRoute pair (22 vs 12 at 8): its 8-CTA cluster is
   // bound by what 8 SMs pull from L2. Tests and benchmarks set it.
   int fused_router_max_tokens = 0;
+  // MoeRouter of one token runs the staged router (router.cu: a warp per router row staged in
+  // shared memory before the dependency wait, the last warp to arrive routes) instead of Linear +
+  // MoeRoute: one launch instead of two. Off until measured on a GPU (written in session 7, not
+  // yet run there). COROLLA_STAGED_ROUTER sets it.
+  bool staged_router = false;
   // The pair path's down + combine spreads the top-k slots over 8 warps of a CTA, the first
   // weight loads issued before the dependency wait (PairDownSlotsKernel); off: one warp walks
   // all slots of its rows (PairDownCombineKernel). On an H200 (Qwen3-30B-A3B experts, one

@@ -7,14 +7,22 @@
 // logits [T, E / kRouterCtas] in shared memory. After a cluster barrier CTA r gathers token r's
 // whole logit row from the cluster's shared memory (DSMEM) and one warp routes it. Replaces a
 // 32-CTA GEMV (a quarter of the SMs) and a routing launch at batch 1.
+//
+// One token can take the staged router instead (StagedRouterKernel, Tuning().staged_router): a
+// warp per router row, each row bulk-copied to shared memory before the grid dependency wait (as
+// the staged GEMV of gemv.cu), its logit written to a per-stream buffer, and the last warp to
+// arrive (a per-stream counter) routes the token: one launch, no cluster.
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/stream_scratch.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -131,6 +139,117 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterKernel(const __grid_c
   cluster.sync();  // peers may still be reading this CTA's logits: stay until they are done
 }
 
+// ---- staged router: one token ------------------------------------------------------------------
+constexpr int kStagedRouterWarps = 4;  // a router row each
+constexpr int kStagedRouterMaxExperts = 4096;
+
+struct StagedRouterParams {
+  const bf16_t* x;  // [1, H]
+  const bf16_t* w;  // [E, H]
+  float* logits;    // [E], per stream
+  unsigned* arrivals;  // per stream, zero between launches: the last warp to arrive routes, re-arms
+  int hidden;
+  int experts;
+  RouteParams route;  // tokens 1; logits unused
+};
+
+// Dynamic shared memory: the warps' mbarriers (8 bytes each, 32 in all), their rows [4][H] bf16,
+// then the routing warp's logit row, probs, choice [E] and group scores [num_groups] (floats).
+size_t StagedRouterSmemBytes(int64_t hidden, int experts, int num_groups) {
+  return 32 + kStagedRouterWarps * hidden * sizeof(bf16_t) + sizeof(float) * (3 * experts + num_groups);
+}
+
+__global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(const __grid_constant__ StagedRouterParams p) {
+  extern __shared__ __align__(128) unsigned char staged_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int e = blockIdx.x * kStagedRouterWarps + warp;
+  const uint32_t bar = wgmma::SmemAddr(staged_smem + 8 * warp);
+  const bf16_t* row = reinterpret_cast<const bf16_t*>(staged_smem + 32) + static_cast<int64_t>(warp) * p.hidden;
+  float* s_logit = reinterpret_cast<float*>(staged_smem + 32 + kStagedRouterWarps * p.hidden * sizeof(bf16_t));
+  float* probs = s_logit + p.experts;
+  float* choice = probs + p.experts;
+  float* group_score = choice + p.experts;
+  if (e < p.experts && lane == 0) {
+    const uint32_t bytes = static_cast<uint32_t>(p.hidden) * sizeof(bf16_t);
+    wgmma::MbarInit(bar, 1);
+    wgmma::MbarInitFence();
+    wgmma::MbarArriveExpectTx(bar, bytes);
+    wgmma::BulkCopy(wgmma::SmemAddr(row), p.w + static_cast<int64_t>(e) * p.hidden, bytes, bar, wgmma::EvictFirst());
+  }
+  __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
+  GridDependencyWait();  // x is the previous kernel's output
+  TriggerDependents();
+  if (e >= p.experts) return;
+  // Four interleaved partial sums; x through L2 (written by the kernel before: not the .nc path).
+  float acc[4] = {};
+  wgmma::MbarWait(bar, 0);
+  for (int c0 = lane * 8; c0 < p.hidden; c0 += 4 * 32 * 8) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int c = c0 + s * 32 * 8;
+      if (c >= p.hidden) break;
+      Bf16x8 xv, wv;
+      const uint4 xu = __ldcg(reinterpret_cast<const uint4*>(p.x + c));
+      const uint4 wu = *reinterpret_cast<const uint4*>(row + c);
+      memcpy(&xv, &xu, sizeof(xu));
+      memcpy(&wv, &wu, sizeof(wu));
+      float xf[8], wf[8];
+      Unpack8(xv, xf);
+      Unpack8(wv, wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[s] = fmaf(wf[i], xf[i], acc[s]);
+    }
+  }
+  const float logit = WarpSum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  unsigned last = 0;
+  if (lane == 0) {
+    p.logits[e] = logit;
+    __threadfence();  // the logit before the arrival
+    last = atomicAdd(p.arrivals, 1u) == static_cast<unsigned>(p.experts - 1);
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();  // every other warp's logit after its arrival
+  for (int i = lane; i < p.experts; i += 32) s_logit[i] = __ldcg(p.logits + i);
+  __syncwarp();
+  RouteToken(p.route, 0, s_logit, probs, choice, group_score, lane);
+  if (lane == 0) *p.arrivals = 0;  // re-armed for the next launch on this stream
+}
+
+// One token on the staged router; false where it does not apply (the caller goes on).
+bool LaunchStagedRouter(const TensorView& x, const TensorView& w, const RouteParams& route, int num_groups,
+                        cudaStream_t s) {
+  const int64_t hidden = x.dim(1), experts = w.dim(0);
+  if (!Tuning().staged_router || x.dim(0) != 1 || experts > kStagedRouterMaxExperts || hidden % 8 != 0 ||
+      hidden > 65536 || !w.is_contiguous() || x.strides[1] != 1 || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || route.top_k > kMaxTopK)
+    return false;
+  int device = 0, max_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t smem = StagedRouterSmemBytes(hidden, static_cast<int>(experts), num_groups);
+  if (smem > static_cast<size_t>(max_smem)) return false;
+  // The arrival counter, then the logits (16-byte aligned), for any expert count up to the maximum.
+  void* scratch = StreamScratch(s, StreamScratchSlot::kStagedRouter, 16 + kStagedRouterMaxExperts * sizeof(float));
+  if (scratch == nullptr) return false;
+  // Function attributes are per device: opt in to the device's shared memory once on each.
+  static std::atomic<uint64_t> attrs_set{0};
+  const uint64_t device_bit = uint64_t{1} << (device % 64);
+  if (!(attrs_set.load(std::memory_order_acquire) & device_bit)) {
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(StagedRouterKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    attrs_set.fetch_or(device_bit, std::memory_order_acq_rel);
+  }
+  StagedRouterParams p{x.ptr<bf16_t>(),
+                       w.ptr<bf16_t>(),
+                       reinterpret_cast<float*>(static_cast<char*>(scratch) + 16),
+                       static_cast<unsigned*>(scratch),
+                       static_cast<int>(hidden),
+                       static_cast<int>(experts),
+                       route};
+  LaunchPdl(StagedRouterKernel, dim3(CeilDiv(experts, kStagedRouterWarps)), dim3(kStagedRouterWarps * 32), smem, s, 1,
+            p);
+  return true;
+}
+
 }  // namespace
 
 bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
@@ -138,7 +257,8 @@ bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routi
   const int64_t tokens = x.dim(0), hidden = x.dim(1), experts = w.dim(0);
   const int k = routing.top_k;
   const int max_tokens = std::min(kRouterMaxTokens, Tuning().fused_router_max_tokens);
-  if (tokens > max_tokens) return false;
+  const bool staged = Tuning().staged_router && tokens == 1;
+  if (tokens > max_tokens && !staged) return false;
   COROLLA_CHECK(x.dtype == DType::kBF16 && w.dtype == DType::kBF16 && x.rank() == 2 && w.rank() == 2 &&
                 w.dim(1) == hidden && topk_ids.dtype == DType::kI32 && topk_weights.dtype == DType::kF32 &&
                 k >= 1 && k <= experts && topk_ids.dim(0) == tokens && topk_ids.dim(1) == k &&
@@ -153,16 +273,18 @@ bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routi
     COROLLA_CHECK(routing.correction_bias.dtype == DType::kF32 && routing.correction_bias.numel() == experts &&
                   routing.correction_bias.device == Device::kCuda)
         << "moe_router correction_bias " << routing.correction_bias.ToString();
+  RouteParams route{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
+                    topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
+                    static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
+                    routing.num_groups, routing.topk_groups};
+  if (staged && LaunchStagedRouter(x, w, route, routing.num_groups, s)) return true;
+  if (tokens > max_tokens) return false;
   const size_t smem = RouterSmemBytes(static_cast<int>(experts), routing.num_groups);
   if (experts % (2 * kRouterCtas) != 0 || hidden % 8 != 0 || !w.is_contiguous() || x.strides[1] != 1 ||
       reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
       (tokens > 1 && x.strides[0] % 8 != 0) || smem > 48 * 1024 || k > kMaxTopK)
     return false;
   if (tokens == 0) return true;
-  RouteParams route{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
-                    topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
-                    static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
-                    routing.num_groups, routing.topk_groups};
   RouterParams p{x.ptr<bf16_t>(), tokens > 1 ? x.strides[0] : hidden, w.ptr<bf16_t>(), static_cast<int>(hidden),
                  static_cast<int>(experts / kRouterCtas), route};
   LaunchPdl(RouterKernel, dim3(kRouterCtas), dim3(kRouterWarps * 32), smem, s, kRouterCtas, p);

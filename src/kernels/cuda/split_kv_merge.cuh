@@ -63,7 +63,7 @@ __global__ void SplitKvMergeKernel(const __grid_constant__ SplitMergeParams p) {
 // zeroed in stream order on the stream's first use, left zero by every launch, so kernels of one
 // stream share them (each reads them only after its GridDependencyWait). Null when that first
 // use would be inside a stream capture (the zeroing would only run at replay): that launch
-// merges with SplitKvMergeKernel. Defined in attention_mma.cu; kept for the process's life.
+// merges with SplitKvMergeKernel. Defined in attention_mma.cu (a stream_scratch.h slot).
 constexpr int kMaxSplitKvMergeCounters = 4096;
 int* SplitKvMergeCounters(cudaStream_t s);
 
