@@ -45,6 +45,7 @@ struct BenchOptions {
   bool graph = true;
   bool breakdown = false;
   std::string skip_ops;  // comma-separated op labels not run (ProfilingBackend::SkipOps)
+  bool marginal = false;  // decode: the step without each op kind in turn
   int64_t tp = 1;             // decode: tensor-parallel ranks (experts split over them: TP-EP)
   int64_t dp = 1, ep = 0;     // decode: data-parallel ranks, each with --batch sequences; expert-parallel ranks
   int64_t ep_capacity = -1;   // DP-EP fixed exchange rows per rank (-1: the largest --batch; 0: sized per layer)
@@ -151,7 +152,20 @@ struct Loaded {
   std::unique_ptr<Model> model;
   Backend* device = nullptr;              // the device's own backend (timers and graphs need it)
   ProfilingBackend* profiler = nullptr;  // with --breakdown
+  ProfilingBackend* skipper = nullptr;   // with --breakdown, --skip-op or --marginal
+  std::vector<std::string> skip;         // --skip-op's labels
 };
+
+// Comma-separated labels.
+std::vector<std::string> SplitLabels(const std::string& list) {
+  std::vector<std::string> labels;
+  for (size_t begin = 0; begin < list.size();) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    if (end > begin) labels.push_back(list.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return labels;
+}
 
 Result<Loaded> Load(const BenchOptions& o) {
   Loaded l;
@@ -162,16 +176,12 @@ Result<Loaded> Load(const BenchOptions& o) {
   l.parallel = std::move(setup.parallel);
   l.shard = setup.shard;
   l.device = l.backend.get();
-  if (o.breakdown || !o.skip_ops.empty()) {
+  if (o.breakdown || !o.skip_ops.empty() || o.marginal) {
     auto profiler = std::make_unique<ProfilingBackend>(std::move(l.backend));
-    std::vector<std::string> skip;
-    for (size_t begin = 0; begin < o.skip_ops.size();) {
-      const size_t end = std::min(o.skip_ops.find(',', begin), o.skip_ops.size());
-      if (end > begin) skip.push_back(o.skip_ops.substr(begin, end - begin));
-      begin = end + 1;
-    }
-    profiler->SkipOps(std::move(skip));
+    l.skip = SplitLabels(o.skip_ops);
+    profiler->SkipOps(l.skip);
     if (o.breakdown) l.profiler = profiler.get();
+    l.skipper = profiler.get();
     l.backend = std::move(profiler);
   }
   if (o.random_weights) {
@@ -361,6 +371,10 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   flags.String("skip-op", &o->skip_ops,
                "comma-separated op labels (as --breakdown names them, or their first words) not to run: the step time "
                "without them is their marginal cost; the outputs are meaningless then");
+  flags.Bool("marginal", &o->marginal,
+             "decode: also time the step without each op kind in turn (the labels of --breakdown, one model "
+             "load) and print each one's marginal cost; outputs past a skipped op are meaningless (a skipped "
+             "router changes which experts run)");
   flags.String("linear-state-dtype", &o->linear_state_dtype,
                "hybrid models: storage of the Gated DeltaNet recurrent state, f32 or bf16");
   if (std::string(name) == "decode") {
@@ -437,6 +451,60 @@ void PrintBreakdown(Loaded& l, bool graph, double step_ms, const std::function<v
   for (const OpTime& row : AggregateOpTimes(labels, ms))
     std::printf("    %-34s %6d %10.3f %6.1f%% %10.2f\n", row.label.c_str(), row.calls, row.total_ms,
                 100.0 * row.total_ms / total, 1e3 * row.total_ms / row.calls);
+}
+
+// The step time without each op kind of one step in turn (its marginal cost: overlaps with its
+// neighbours included), timed as the step itself was (graph replays where they ran, else eager),
+// --skip-op's labels skipped throughout.
+void PrintMarginalCosts(Loaded& l, DeviceTimer& timer, int steps, bool graph, double step_ms,
+                        const std::function<void()>& step) {
+  Backend& device = *l.device;
+  std::unique_ptr<OpClock> clock = MakeHostOpClock(device);
+  l.skipper->StartRecording(clock.get());
+  step();
+  const std::vector<std::string> recorded = l.skipper->StopRecording();
+  std::vector<std::string> labels;  // distinct, in order of first call
+  std::vector<int> calls;
+  for (const std::string& label : recorded) {
+    if (label.ends_with(ProfilingBackend::kDeclined)) continue;
+    const auto it = std::find(labels.begin(), labels.end(), label);
+    if (it == labels.end()) {
+      labels.push_back(label);
+      calls.push_back(1);
+    } else {
+      ++calls[it - labels.begin()];
+    }
+  }
+  auto time_step = [&]() -> double {
+#ifdef COROLLA_HAVE_CUDA
+    if (graph && timer.events()) {
+      std::string error;
+      std::unique_ptr<cuda::StreamGraph> g = cuda::StreamGraph::Capture(device, step, &error);
+      if (!g) return -1.0;
+      g->Replay();
+      device.Synchronize();
+      return timer.Median(steps, [&] { g->Replay(); });
+    }
+#endif
+    step();
+    device.Synchronize();
+    return timer.Median(steps, step);
+  };
+  std::printf("  marginal cost of each op kind (the step without it, %s): the step %.3f ms\n",
+              graph && timer.events() ? "graph replays" : "eager", step_ms);
+  std::printf("    %-34s %6s %12s %12s %10s\n", "op", "calls", "without ms", "marginal ms", "us/call");
+  for (size_t i = 0; i < labels.size(); ++i) {
+    std::vector<std::string> skip = l.skip;
+    skip.push_back(labels[i]);
+    l.skipper->SkipOps(skip);
+    const double ms = time_step();
+    if (ms < 0)
+      std::printf("    %-34s %6d  (graph capture failed)\n", labels[i].c_str(), calls[i]);
+    else
+      std::printf("    %-34s %6d %12.3f %12.3f %10.2f\n", labels[i].c_str(), calls[i], ms, step_ms - ms,
+                  1e3 * (step_ms - ms) / calls[i]);
+  }
+  l.skipper->SkipOps(l.skip);
 }
 
 Status BenchDecode(int argc, char** argv, bool* help) {
@@ -529,6 +597,7 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   report(timer.events() ? "eager" : "host", eager_ms);
   if (graph_ms > 0) report("graph", graph_ms);
   if (l.profiler) PrintBreakdown(l, graph, graph_ms > 0 ? graph_ms : eager_ms, step);
+  if (o.marginal) PrintMarginalCosts(l, timer, static_cast<int>(o.steps), graph_ms > 0, graph_ms > 0 ? graph_ms : eager_ms, step);
 }
 
 Status BenchPrefill(int argc, char** argv, bool* help) {

@@ -157,6 +157,21 @@ TEST(Cli, BenchBreakdownListsEachOpKind) {
   }
 }
 
+// --marginal: the step once more without each op kind, one row each (qwen3-moe: 3 layers, one
+// MoeExperts each); a declined DecodeMoeStack is not an op of the step.
+TEST(Cli, BenchDecodeMarginalCostPerOpKind) {
+  RunResult r = RunCorolla("bench decode --config tests/data/models/qwen3-moe/config.json --random-weights "
+                           "--device cpu --batch 1 --context 20 --steps 1 --marginal");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("marginal cost of each op kind (the step without it, eager)"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\\n +MoeExperts +3 +[0-9.]+ +-?[0-9.]+ +-?[0-9.]+\\n")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\\n +Attention [^\\n]* +3 +[0-9.]+ ")))
+      << r.output;
+  EXPECT_EQ(r.output.find("DecodeMoeStack"), std::string::npos) << r.output;
+}
+
 TEST(Cli, BadInputIsAClearErrorNotACrash) {
   const std::string dir = TempPath("empty_model");
   fs::create_directories(dir);

@@ -113,7 +113,10 @@ void ProfilingBackend::MoeExpertsFp8(const TensorView& x, const TensorView& topk
 bool ProfilingBackend::DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
                                       const TensorView& positions, const TensorView& sum, const TensorView& x) {
   if (!Mark("DecodeMoeStack")) return true;
-  return inner_->DecodeMoeStack(stack, batch, positions, sum, x);
+  const bool taken = inner_->DecodeMoeStack(stack, batch, positions, sum, x);
+  // Declined: the caller's ops follow under their own labels; this mark's interval is ~empty.
+  if (!taken && clock_ != nullptr) labels_.back() = std::string("DecodeMoeStack") + kDeclined;
+  return taken;
 }
 void ProfilingBackend::BatchedLinear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // w [B, N, K]: B projections of K -> N (MLA's absorbed per-head GEMMs).

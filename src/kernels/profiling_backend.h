@@ -43,6 +43,9 @@ class ProfilingBackend final : public Backend {
   // the step time without them is their marginal cost inside the replayed graph, overlaps
   // included. The results are wrong then; only the timing means anything.
   void SkipOps(std::vector<std::string> names) { skip_ = std::move(names); }
+  // Appended to the recorded label of an op the inner backend declined (DecodeMoeStack: the
+  // caller's ops ran instead); skipping such an op would skip what replaced it.
+  static constexpr const char* kDeclined = " (declined)";
 
   Device device() const override { return inner_->device(); }
   std::string name() const override { return inner_->name(); }

@@ -51,5 +51,18 @@ TEST(ProfilingBackend, SkipsOpsByLabelOrFirstWords) {
   EXPECT_EQ(Read(prof, out), (std::vector<float>{11, 22}));
 }
 
+// An op the inner backend declines (the CPU's DecodeMoeStack) is recorded as declined, so that
+// `bench decode --marginal` does not count it as an op of the step.
+TEST(ProfilingBackend, LabelsADeclinedOp) {
+  ProfilingBackend prof(MakeCpuBackend());
+  auto clock = MakeHostOpClock(prof);
+  prof.StartRecording(clock.get());
+  const bool taken = prof.DecodeMoeStack(MoeDecoderStack{}, AttentionBatch{}, TensorView(), TensorView(), TensorView());
+  const std::vector<std::string> labels = prof.StopRecording();
+  EXPECT_FALSE(taken);
+  ASSERT_EQ(labels.size(), 1u);
+  EXPECT_EQ(labels[0], std::string("DecodeMoeStack") + ProfilingBackend::kDeclined);
+}
+
 }  // namespace
 }  // namespace corolla
