@@ -314,6 +314,16 @@ class Backend {
     (void)stack, (void)batch, (void)positions, (void)sum, (void)x;
     return false;
   }
+  // --- a MoE layer's post-attention norm and router in one op (new virtuals go at the end) ---
+  // RmsNorm(y, norm_w, eps, x, &sum) (sum += y; x = rmsnorm(sum) * norm_w), then MoeRouter(x,
+  // w_router, routing, topk_ids, topk_weights). The default runs the two; a backend may fuse them
+  // (CUDA for one token with Tuning().staged_router_norm: one launch instead of three).
+  virtual void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                                const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                                const TensorView& topk_ids, const TensorView& topk_weights) {
+    RmsNorm(y, norm_w, eps, x, &sum);
+    MoeRouter(x, w_router, routing, topk_ids, topk_weights);
+  }
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

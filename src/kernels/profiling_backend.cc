@@ -93,6 +93,13 @@ void ProfilingBackend::MoeRouter(const TensorView& x, const TensorView& w_router
   if (!Mark("MoeRouter")) return;
   inner_->MoeRouter(x, w_router, routing, topk_ids, topk_weights);
 }
+void ProfilingBackend::RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps,
+                                        const TensorView& sum, const TensorView& x, const TensorView& w_router,
+                                        const MoeRouting& routing, const TensorView& topk_ids,
+                                        const TensorView& topk_weights) {
+  if (!Mark("RmsNormMoeRouter")) return;
+  inner_->RmsNormMoeRouter(y, norm_w, eps, sum, x, w_router, routing, topk_ids, topk_weights);
+}
 void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // Weight shape [N, K] names the projection; rows of every layer add up under one label.
   if (!Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype)))

@@ -92,10 +92,14 @@ class ProfilingBackend final : public Backend {
   void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                      const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
                      const TensorView& d_scale, const TensorView& out) override;
-  // Recorded (and skipped) as one op, "DecodeMoeStack"; an empty interval when the inner backend
-  // declines (its ops follow under their own labels).
+  // Recorded (and skipped) as one op, "DecodeMoeStack"; labelled kDeclined when the inner
+  // backend declines (its ops follow under their own labels).
   bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
                       const TensorView& sum, const TensorView& x) override;
+  // One op, "RmsNormMoeRouter" (the inner backend's, fused or not).
+  void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                        const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                        const TensorView& topk_ids, const TensorView& topk_weights) override;
   void SigmoidMul(const TensorView& x, const TensorView& gate) override;
   void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
                     const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override;

@@ -68,7 +68,10 @@ class Qwen3Model final : public Model {
  private:
   void AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
                       const KvCacheView& cache, const TensorView& out);
-  void MlpBlock(int layer, const TensorView& x, const TensorView& out);
+  // The layer's MLP (dense or MoE) after its post-attention norm: stream.Add(norm) and the MLP of
+  // stream.x() into stream.y(); a MoE layer's norm and router are one backend op
+  // (RmsNormMoeRouter), which a backend may fuse.
+  void MlpBlock(int layer, ResidualStream& stream, const Tensor& norm);
   // DP-EP: this rank's tokens x [T, H] go to the ranks of their experts (topk_ids global) and
   // their outputs come back summed into out [T, H]; T may be 0. With --tp > 1 only this TP
   // rank's rows of them (the exchange slices; out's other rows are zero).
@@ -278,12 +281,15 @@ void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBat
   AllReduce(shard_.tp, out);
 }
 
-void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out) {
+void Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = layers_[layer];
+  const TensorView& x = stream.x();
+  const TensorView& out = stream.y();
   const int64_t tokens = x.dim(0);
   const DType act = backend_.activation_dtype();
   if (!lw.is_moe) {
+    stream.Add(norm);
     Mlp(lw.mlp, x, out);  // [T, H], this rank's partial sum
     AllReduce(shard_.tp, out);
     return;
@@ -294,7 +300,8 @@ void Qwen3Model::MlpBlock(int layer, const TensorView& x, const TensorView& out)
   MoeRouting routing;  // softmax top-k of the router logits x @ router^T [T, E] (f32)
   routing.top_k = static_cast<int>(k);
   routing.renormalize = c.norm_topk_prob;
-  backend_.MoeRouter(x, lw.moe.router, routing, topk_ids, topk_weights);
+  // stream.Add(norm), then the router of x.
+  backend_.RmsNormMoeRouter(out, norm, stream.eps(), stream.sum(), x, lw.moe.router, routing, topk_ids, topk_weights);
   // DP-EP: the shared expert (whole here, on this rank's tokens) runs on the side stream while
   // the routed tokens travel to their experts' ranks and back.
   const bool overlap = ep_exchange_ && lw.moe.shared_gate.defined() && OverlapSharedExpert();
@@ -410,8 +417,7 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
     } else {
       AttentionBlock(l, stream.x(), batch, kv_caches[lw.cache_idx], stream.y());
     }
-    stream.Add(lw.post_attention_norm);
-    MlpBlock(l, stream.x(), stream.y());
+    MlpBlock(l, stream, lw.post_attention_norm);
     stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);
   }
   stream.Logits(batch, lm_head_, logits);

@@ -18,6 +18,7 @@ class ResidualStream {
   const TensorView& x() const { return x_.view(); }  // [T, H] input of the next block
   const TensorView& y() const { return y_.view(); }  // [T, H] output of the block that ran
   const TensorView& sum() const { return sum_.view(); }  // [T, H] the running sum
+  float eps() const { return eps_; }  // of the norms
   // sum += y; x = rmsnorm(sum) * norm.
   void Add(const Tensor& norm);
   // logits [N, V] = lm_head x[batch.logits_rows].

@@ -102,6 +102,10 @@ class CudaBackend final : public Backend {
   // Every layer in one persistent launch where decode_stack.cu covers the shapes.
   bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
                       const TensorView& sum, const TensorView& x) override;
+  // One token: the staged router with the norm folded in (router.cu), where it applies.
+  void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                        const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                        const TensorView& topk_ids, const TensorView& topk_weights) override;
 
   cudaStream_t stream() const { return stream_; }
   Fp8Linear& fp8_linear() { return *fp8_linear_; }

@@ -86,6 +86,11 @@ struct KernelTuning {
   // MoeRoute: one launch instead of two. Off until measured on a GPU (written in session 7, not
   // yet run there). COROLLA_STAGED_ROUTER sets it.
   bool staged_router = false;
+  // Backend::RmsNormMoeRouter of one token folds the norm into the staged router (every warp
+  // forms sum + y and its norm itself; the last warp to arrive writes sum and x back): one launch
+  // instead of RmsNorm + router. Off until measured (session 7, not yet run on a GPU).
+  // COROLLA_STAGED_ROUTER_NORM sets it.
+  bool staged_router_norm = false;
   // The pair path's down + combine spreads the top-k slots over 8 warps of a CTA, the first
   // weight loads issued before the dependency wait (PairDownSlotsKernel); off: one warp walks
   // all slots of its rows (PairDownCombineKernel). On an H200 (Qwen3-30B-A3B experts, one
@@ -262,6 +267,12 @@ void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_
 // router.cu: Backend::MoeRouter (router GEMV + MoeRoute) in one launch for x of at most
 // min(8, Tuning().fused_router_max_tokens) rows; false (nothing launched) for more rows or
 // layouts it does not cover (E not a multiple of 16, H not of 8, unaligned rows).
+// router.cu: Backend::RmsNormMoeRouter of one token in one launch (the staged router with the
+// norm folded in) when Tuning().staged_router_norm is on and the shapes fit; false (nothing
+// launched) otherwise.
+bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                      const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                      const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s);
 bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
                const TensorView& topk_weights, cudaStream_t s);
 

@@ -142,15 +142,28 @@ __global__ void __launch_bounds__(kRouterWarps * 32) RouterKernel(const __grid_c
 // ---- staged router: one token ------------------------------------------------------------------
 constexpr int kStagedRouterWarps = 4;  // a router row each
 constexpr int kStagedRouterMaxExperts = 4096;
+constexpr int kStagedNormMaxHidden = 4096;  // the norm variant keeps a lane's share of sum + y in registers
+
+// The post-attention norm folded in (RmsNormMoeRouter): x = rmsnorm(sum + y) * w, with the
+// rounding of RmsNorm (sum + y to bf16 first; x to bf16).
+struct StagedNorm {
+  const bf16_t* y;   // [1, H]
+  bf16_t* sum;       // [1, H]: read by every warp, written (sum + y) by the last
+  const void* w;     // [H] bf16, or f32 with w_f32
+  bool w_f32;
+  float eps;
+  bf16_t* x;         // [1, H]: the normed row, written by the last warp (the experts read it)
+};
 
 struct StagedRouterParams {
-  const bf16_t* x;  // [1, H]
+  const bf16_t* x;  // [1, H] (unused with the norm: x comes from it)
   const bf16_t* w;  // [E, H]
   float* logits;    // [E], per stream
   unsigned* arrivals;  // per stream, zero between launches: the last warp to arrive routes, re-arms
   int hidden;
   int experts;
   RouteParams route;  // tokens 1; logits unused
+  StagedNorm norm;
 };
 
 // Dynamic shared memory: the warps' mbarriers (8 bytes each, 32 in all), their rows [4][H] bf16,
@@ -159,8 +172,41 @@ size_t StagedRouterSmemBytes(int64_t hidden, int experts, int num_groups) {
   return 32 + kStagedRouterWarps * hidden * sizeof(bf16_t) + sizeof(float) * (3 * experts + num_groups);
 }
 
+// 8 bf16 at p as floats: through L2 (written by an earlier kernel: not the .nc path), or from
+// shared memory (one 128-bit load).
+__device__ __forceinline__ void LoadCg8(const bf16_t* p, float f[8]) {
+  Bf16x8 v;
+  const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
+  memcpy(&v, &u, sizeof(u));
+  Unpack8(v, f);
+}
+__device__ __forceinline__ void LoadShared8(const bf16_t* p, float f[8]) {
+  Bf16x8 v;
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  memcpy(&v, &u, sizeof(u));
+  Unpack8(v, f);
+}
+
+__device__ __forceinline__ void NormWeight8(const StagedNorm& n, int c, float f[8]) {
+  if (n.w_f32) {
+    const float4 lo = reinterpret_cast<const float4*>(static_cast<const float*>(n.w) + c)[0];
+    const float4 hi = reinterpret_cast<const float4*>(static_cast<const float*>(n.w) + c)[1];
+    f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
+  } else {
+    Unpack8(*reinterpret_cast<const Bf16x8*>(static_cast<const bf16_t*>(n.w) + c), f);
+  }
+}
+
+// A warp per router row e = blockIdx.x * 4 + warp: the row is bulk-copied to shared memory before
+// the grid dependency wait; after it the warp dots the row with x (kNorm: with rmsnorm(sum + y),
+// which every warp forms itself for the whole row: a lane keeps its chunks of sum + y in
+// registers), writes its logit to the per-stream buffer and counts itself on the arrival counter.
+// The last warp to arrive (every other warp has read sum and y by then) routes the token from
+// the logits, writes sum + y and the normed row (kNorm) and re-arms the counter.
+template <bool kNorm>
 __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(const __grid_constant__ StagedRouterParams p) {
   extern __shared__ __align__(128) unsigned char staged_smem[];
+  constexpr int kChunks = kStagedNormMaxHidden / 256;  // of 8 columns a lane, kNorm
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int e = blockIdx.x * kStagedRouterWarps + warp;
   const uint32_t bar = wgmma::SmemAddr(staged_smem + 8 * warp);
@@ -177,27 +223,64 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
     wgmma::BulkCopy(wgmma::SmemAddr(row), p.w + static_cast<int64_t>(e) * p.hidden, bytes, bar, wgmma::EvictFirst());
   }
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
-  GridDependencyWait();  // x is the previous kernel's output
+  GridDependencyWait();  // x (or sum and y) come from the kernels before
   TriggerDependents();
   if (e >= p.experts) return;
-  // Four interleaved partial sums; x through L2 (written by the kernel before: not the .nc path).
-  float acc[4] = {};
-  wgmma::MbarWait(bar, 0);
-  for (int c0 = lane * 8; c0 < p.hidden; c0 += 4 * 32 * 8) {
+  // kNorm: h = bf16(sum + y) for this lane's chunks (lane + 32 j) * 8, and 1 / rms(h).
+  Bf16x8 h[kNorm ? kChunks : 1];
+  float inv = 0.f;
+  if constexpr (kNorm) {
+    float ss = 0.f;
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int c = c0 + s * 32 * 8;
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = (j * 32 + lane) * 8;
       if (c >= p.hidden) break;
-      Bf16x8 xv, wv;
-      const uint4 xu = __ldcg(reinterpret_cast<const uint4*>(p.x + c));
-      const uint4 wu = *reinterpret_cast<const uint4*>(row + c);
-      memcpy(&xv, &xu, sizeof(xu));
-      memcpy(&wv, &wu, sizeof(wu));
-      float xf[8], wf[8];
-      Unpack8(xv, xf);
-      Unpack8(wv, wf);
+      float a[8], b[8];
+      LoadCg8(p.norm.y + c, a);
+      LoadCg8(p.norm.sum + c, b);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[s] = fmaf(wf[i], xf[i], acc[s]);
+      for (int i = 0; i < 8; ++i) a[i] += b[i];
+      h[j] = Pack8(a);
+      Unpack8(h[j], a);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
+    }
+    inv = rsqrtf(WarpSum(ss) / p.hidden + p.norm.eps);
+  }
+  auto normed = [&](int j, int c, float f[8]) {  // kNorm: the bf16 normed x of chunk j, as floats
+    float a[8], w[8];
+    Unpack8(h[j], a);
+    NormWeight8(p.norm, c, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
+    Unpack8(Pack8(a), f);
+  };
+  wgmma::MbarWait(bar, 0);
+  float acc[4] = {};
+  if constexpr (kNorm) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = (j * 32 + lane) * 8;
+      if (c >= p.hidden) break;
+      float xf[8], wf[8];
+      normed(j, c, xf);
+      LoadShared8(row + c, wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[j % 4] = fmaf(wf[i], xf[i], acc[j % 4]);
+    }
+  } else {
+    // Four interleaved partial sums; x through L2 (written by the kernel before: not the .nc path).
+    for (int c0 = lane * 8; c0 < p.hidden; c0 += 4 * 32 * 8) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int c = c0 + s * 32 * 8;
+        if (c >= p.hidden) break;
+        float xf[8], wf[8];
+        LoadCg8(p.x + c, xf);
+        LoadShared8(row + c, wf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[s] = fmaf(wf[i], xf[i], acc[s]);
+      }
     }
   }
   const float logit = WarpSum((acc[0] + acc[1]) + (acc[2] + acc[3]));
@@ -212,53 +295,25 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
   for (int i = lane; i < p.experts; i += 32) s_logit[i] = __ldcg(p.logits + i);
   __syncwarp();
   RouteToken(p.route, 0, s_logit, probs, choice, group_score, lane);
+  if constexpr (kNorm) {  // every warp has read sum and y: write them back
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = (j * 32 + lane) * 8;
+      if (c >= p.hidden) break;
+      float f[8];
+      normed(j, c, f);
+      *reinterpret_cast<Bf16x8*>(p.norm.sum + c) = h[j];
+      *reinterpret_cast<Bf16x8*>(p.norm.x + c) = Pack8(f);
+    }
+  }
   if (lane == 0) *p.arrivals = 0;  // re-armed for the next launch on this stream
 }
 
-// One token on the staged router; false where it does not apply (the caller goes on).
-bool LaunchStagedRouter(const TensorView& x, const TensorView& w, const RouteParams& route, int num_groups,
-                        cudaStream_t s) {
-  const int64_t hidden = x.dim(1), experts = w.dim(0);
-  if (!Tuning().staged_router || x.dim(0) != 1 || experts > kStagedRouterMaxExperts || hidden % 8 != 0 ||
-      hidden > 65536 || !w.is_contiguous() || x.strides[1] != 1 || reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || route.top_k > kMaxTopK)
-    return false;
-  int device = 0, max_smem = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const size_t smem = StagedRouterSmemBytes(hidden, static_cast<int>(experts), num_groups);
-  if (smem > static_cast<size_t>(max_smem)) return false;
-  // The arrival counter, then the logits (16-byte aligned), for any expert count up to the maximum.
-  void* scratch = StreamScratch(s, StreamScratchSlot::kStagedRouter, 16 + kStagedRouterMaxExperts * sizeof(float));
-  if (scratch == nullptr) return false;
-  // Function attributes are per device: opt in to the device's shared memory once on each.
-  static std::atomic<uint64_t> attrs_set{0};
-  const uint64_t device_bit = uint64_t{1} << (device % 64);
-  if (!(attrs_set.load(std::memory_order_acquire) & device_bit)) {
-    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(StagedRouterKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
-    attrs_set.fetch_or(device_bit, std::memory_order_acq_rel);
-  }
-  StagedRouterParams p{x.ptr<bf16_t>(),
-                       w.ptr<bf16_t>(),
-                       reinterpret_cast<float*>(static_cast<char*>(scratch) + 16),
-                       static_cast<unsigned*>(scratch),
-                       static_cast<int>(hidden),
-                       static_cast<int>(experts),
-                       route};
-  LaunchPdl(StagedRouterKernel, dim3(CeilDiv(experts, kStagedRouterWarps)), dim3(kStagedRouterWarps * 32), smem, s, 1,
-            p);
-  return true;
-}
-
-}  // namespace
-
-bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
-               const TensorView& topk_weights, cudaStream_t s) {
+// The routing of MoeRouter's arguments, checked (shared by its paths and RmsNormMoeRouter).
+RouteParams CheckedRoute(const TensorView& x, const TensorView& w, const MoeRouting& routing,
+                         const TensorView& topk_ids, const TensorView& topk_weights) {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), experts = w.dim(0);
   const int k = routing.top_k;
-  const int max_tokens = std::min(kRouterMaxTokens, Tuning().fused_router_max_tokens);
-  const bool staged = Tuning().staged_router && tokens == 1;
-  if (tokens > max_tokens && !staged) return false;
   COROLLA_CHECK(x.dtype == DType::kBF16 && w.dtype == DType::kBF16 && x.rank() == 2 && w.rank() == 2 &&
                 w.dim(1) == hidden && topk_ids.dtype == DType::kI32 && topk_weights.dtype == DType::kF32 &&
                 k >= 1 && k <= experts && topk_ids.dim(0) == tokens && topk_ids.dim(1) == k &&
@@ -273,11 +328,62 @@ bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routi
     COROLLA_CHECK(routing.correction_bias.dtype == DType::kF32 && routing.correction_bias.numel() == experts &&
                   routing.correction_bias.device == Device::kCuda)
         << "moe_router correction_bias " << routing.correction_bias.ToString();
-  RouteParams route{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
-                    topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
-                    static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
-                    routing.num_groups, routing.topk_groups};
-  if (staged && LaunchStagedRouter(x, w, route, routing.num_groups, s)) return true;
+  return RouteParams{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
+                     topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
+                     static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
+                     routing.num_groups, routing.topk_groups};
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// One token on the staged router (norm: folded in, else null); false where it does not apply
+// (nothing launched; the caller goes on).
+bool LaunchStagedRouter(const TensorView& x, const TensorView& w, const RouteParams& route, int num_groups,
+                        const StagedNorm* norm, cudaStream_t s) {
+  const int64_t hidden = w.dim(1), experts = w.dim(0);
+  if (x.dim(0) != 1 || experts > kStagedRouterMaxExperts || hidden % 8 != 0 || hidden > 65536 ||
+      !w.is_contiguous() || !Aligned16(w.data) || route.top_k > kMaxTopK ||
+      (norm == nullptr && (x.strides[1] != 1 || !Aligned16(x.data))) || (norm && hidden > kStagedNormMaxHidden))
+    return false;
+  int device = 0, max_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t smem = StagedRouterSmemBytes(hidden, static_cast<int>(experts), num_groups);
+  if (smem > static_cast<size_t>(max_smem)) return false;
+  // The arrival counter, then the logits (16-byte aligned), for any expert count up to the maximum.
+  void* scratch = StreamScratch(s, StreamScratchSlot::kStagedRouter, 16 + kStagedRouterMaxExperts * sizeof(float));
+  if (scratch == nullptr) return false;
+  const auto kernel = norm ? StagedRouterKernel<true> : StagedRouterKernel<false>;
+  // Function attributes are per device: opt in to the device's shared memory once on each.
+  static std::atomic<uint64_t> attrs_set[2] = {0, 0};
+  const uint64_t device_bit = uint64_t{1} << (device % 64);
+  if (!(attrs_set[norm != nullptr].load(std::memory_order_acquire) & device_bit)) {
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    attrs_set[norm != nullptr].fetch_or(device_bit, std::memory_order_acq_rel);
+  }
+  StagedRouterParams p{x.ptr<bf16_t>(),
+                       w.ptr<bf16_t>(),
+                       reinterpret_cast<float*>(static_cast<char*>(scratch) + 16),
+                       static_cast<unsigned*>(scratch),
+                       static_cast<int>(hidden),
+                       static_cast<int>(experts),
+                       route,
+                       norm ? *norm : StagedNorm{}};
+  LaunchPdl(kernel, dim3(CeilDiv(experts, kStagedRouterWarps)), dim3(kStagedRouterWarps * 32), smem, s, 1, p);
+  return true;
+}
+
+}  // namespace
+
+bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
+               const TensorView& topk_weights, cudaStream_t s) {
+  const int64_t tokens = x.dim(0), hidden = x.dim(1), experts = w.dim(0);
+  const int k = routing.top_k;
+  const int max_tokens = std::min(kRouterMaxTokens, Tuning().fused_router_max_tokens);
+  const bool staged = Tuning().staged_router && tokens == 1;
+  if (tokens > max_tokens && !staged) return false;
+  const RouteParams route = CheckedRoute(x, w, routing, topk_ids, topk_weights);
+  if (staged && LaunchStagedRouter(x, w, route, routing.num_groups, nullptr, s)) return true;
   if (tokens > max_tokens) return false;
   const size_t smem = RouterSmemBytes(static_cast<int>(experts), routing.num_groups);
   if (experts % (2 * kRouterCtas) != 0 || hidden % 8 != 0 || !w.is_contiguous() || x.strides[1] != 1 ||
@@ -289,6 +395,24 @@ bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routi
                  static_cast<int>(experts / kRouterCtas), route};
   LaunchPdl(RouterKernel, dim3(kRouterCtas), dim3(kRouterWarps * 32), smem, s, kRouterCtas, p);
   return true;
+}
+
+bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                      const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
+                      const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s) {
+  if (!Tuning().staged_router_norm || x.rank() != 2 || x.dim(0) != 1) return false;
+  const int64_t hidden = x.dim(1);
+  COROLLA_CHECK(y.dtype == DType::kBF16 && sum.dtype == DType::kBF16 && y.shape == x.shape && sum.shape == x.shape &&
+                (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) && norm_w.numel() == hidden)
+      << "rmsnorm_moe_router y " << y.ToString() << " sum " << sum.ToString() << " x " << x.ToString() << " norm "
+      << norm_w.ToString();
+  const RouteParams route = CheckedRoute(x, w_router, routing, topk_ids, topk_weights);
+  if (!y.is_contiguous() || !sum.is_contiguous() || !x.is_contiguous() || !norm_w.is_contiguous() ||
+      !Aligned16(y.data) || !Aligned16(sum.data) || !Aligned16(x.data) || !Aligned16(norm_w.data))
+    return false;
+  const StagedNorm norm{y.ptr<bf16_t>(), sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps,
+                        x.ptr<bf16_t>()};
+  return LaunchStagedRouter(x, w_router, route, routing.num_groups, &norm, s);
 }
 
 }  // namespace corolla::cuda

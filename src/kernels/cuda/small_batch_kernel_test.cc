@@ -180,6 +180,83 @@ TEST_F(CudaKernelTest, LinearGemv) {
   cuda::Tuning() = defaults;
 }
 
+// RmsNormMoeRouter of one token: the staged router with the norm folded in against the same GPU's
+// RmsNorm + MoeRouter from the same sum and y. sum + y must be equal bits (the same bf16
+// rounding); x within a bf16 unit (1 / rms is summed in another order); ids equal except where
+// two experts' logits (from the unfused x, on the CPU) are within 2e-3; weights of equal ids
+// within 2e-3. Norm weights bf16 and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek routing), H
+// 2048 / 1024 / 512 / 4096 / 136. A second fused launch gives the same bits (re-armed counter).
+TEST_F(CudaKernelTest, RmsNormMoeRouterStaged) {
+  struct Restore {
+    ~Restore() { cuda::Tuning() = DefaultTuning(); }
+  } restore;
+  struct Case { int experts, k; int64_t hidden; bool norm_f32; int groups, topk_groups; bool sigmoid, bias; };
+  for (Case c : {Case{128, 8, 2048, false, 1, 1, false, false}, Case{512, 10, 1024, true, 1, 1, false, false},
+                 Case{256, 8, 512, false, 8, 4, true, true}, Case{128, 8, 4096, false, 1, 1, false, false},
+                 Case{64, 4, 136, true, 1, 1, false, false}}) {
+    const int64_t e = c.experts, h = c.hidden;
+    const auto y = RandomBf16(h), sum = RandomBf16(h, 4.f), w = RandomBf16(e * h, 3.f / std::sqrt(float(h)));
+    std::vector<float> norm = RandomBf16(h, 0.5f);
+    for (float& v : norm) v += 1.f;
+    const auto bias = RandomBf16(e, 0.1f);
+    MoeRouting r;
+    r.top_k = c.k;
+    r.sigmoid = c.sigmoid;
+    r.num_groups = c.groups;
+    r.topk_groups = c.topk_groups;
+    r.scaling_factor = c.sigmoid ? 2.5f : 1.0f;
+    Tensor gw = gpu().LoadWeight(HostF32(w, {e, h}));
+    Tensor gnorm = Upload(gpu(), norm, {h}, c.norm_f32 ? DType::kF32 : DType::kBF16);
+    Tensor gb = Upload(gpu(), bias, {e}, DType::kF32);
+    if (c.bias) r.correction_bias = gb.view();
+    struct Out { std::vector<float> sum, x, weights; std::vector<int32_t> ids; };
+    auto run = [&](bool fused) {
+      cuda::Tuning().staged_router_norm = fused;
+      Tensor gy = Upload(gpu(), y, {1, h}, DType::kBF16), gsum = Upload(gpu(), sum, {1, h}, DType::kBF16);
+      Tensor gx = gpu().Empty(DType::kBF16, {1, h});
+      Tensor gids = gpu().Empty(DType::kI32, {1, c.k}), gwt = gpu().Empty(DType::kF32, {1, c.k});
+      Poison(gpu(), gx);
+      Poison(gpu(), gwt);
+      gpu().RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt);
+      return Out{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gwt), DownloadI32(gpu(), gids)};
+    };
+    const Out ref = run(false), got = run(true), again = run(true);
+    const std::string shape = "E" + std::to_string(e) + " k" + std::to_string(c.k) + " H" + std::to_string(h) +
+                              (c.norm_f32 ? " f32-norm" : "") + (c.groups > 1 ? " grouped sigmoid bias" : "");
+    EXPECT_EQ(got.sum, ref.sum) << shape;
+    double x_err = 0;
+    for (int64_t i = 0; i < h; ++i)
+      x_err = std::max<double>(x_err, std::fabs(got.x[i] - ref.x[i]) / std::max(1e-3f, std::fabs(ref.x[i])));
+    Record("RmsNormMoeRouter.x", shape, x_err, 1.0 / 128);
+    EXPECT_LE(x_err, 1.0 / 128) << shape;  // one bf16 unit
+    Tensor logits = Tensor::Empty(DType::kF32, {1, e});
+    cpu::Linear(HostF32(ref.x, {1, h}).view(), HostF32(w, {e, h}), logits);
+    auto score = [&](int32_t id) {
+      if (id < 0 || id >= e) return -INFINITY;
+      const float l = logits.ptr<float>()[id];
+      const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
+      return c.bias ? s + bias[id] : s;
+    };
+    int mismatches = 0;
+    double w_err = 0;
+    for (int j = 0; j < c.k; ++j) {
+      if (got.ids[j] != ref.ids[j]) {
+        if (!(std::fabs(score(got.ids[j]) - score(ref.ids[j])) < 2e-3f)) ++mismatches;
+      } else {
+        w_err = std::max(w_err, static_cast<double>(std::fabs(got.weights[j] - ref.weights[j])));
+      }
+    }
+    Record("RmsNormMoeRouter.id_mismatches", shape, mismatches, 0);
+    Record("RmsNormMoeRouter.weights", shape, w_err, 2e-3);
+    EXPECT_EQ(mismatches, 0) << shape;
+    EXPECT_LE(w_err, 2e-3) << shape;
+    EXPECT_EQ(again.sum, got.sum) << shape << " (second launch)";
+    EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
+    EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
+    EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
+  }
+}
+
 // The projections of a Qwen3-30B-A3B decode step at 1-8 rows: GEMV against cuBLASLt.
 TEST(CudaPerf, LinearGemvVsCublasLt) {
   Backend* gpu = Gpu();
