@@ -324,6 +324,14 @@ class Backend {
     RmsNorm(y, norm_w, eps, x, &sum);
     MoeRouter(x, w_router, routing, topk_ids, topk_weights);
   }
+  // RmsNorm(y, norm_w, eps, x, &sum), then Linear(x, w, out): a layer's input norm and its first
+  // projection. The default runs the two; a backend may fuse them (CUDA for one row with
+  // Tuning().gemv_staged_norm: one launch).
+  virtual void RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                             const TensorView& x, const TensorView& w, const TensorView& out) {
+    RmsNorm(y, norm_w, eps, x, &sum);
+    Linear(x, w, out);
+  }
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

@@ -100,6 +100,12 @@ void ProfilingBackend::RmsNormMoeRouter(const TensorView& y, const TensorView& n
   if (!Mark("RmsNormMoeRouter")) return;
   inner_->RmsNormMoeRouter(y, norm_w, eps, sum, x, w_router, routing, topk_ids, topk_weights);
 }
+void ProfilingBackend::RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                                     const TensorView& x, const TensorView& w, const TensorView& out) {
+  if (!Mark("RmsNormLinear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype)))
+    return;
+  inner_->RmsNormLinear(y, norm_w, eps, sum, x, w, out);
+}
 void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // Weight shape [N, K] names the projection; rows of every layer add up under one label.
   if (!Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype)))

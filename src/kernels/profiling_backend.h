@@ -96,6 +96,9 @@ class ProfilingBackend final : public Backend {
   // backend declines (its ops follow under their own labels).
   bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
                       const TensorView& sum, const TensorView& x) override;
+  // One op, "RmsNormLinear K->N" (the inner backend's, fused or not).
+  void RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                     const TensorView& x, const TensorView& w, const TensorView& out) override;
   // One op, "RmsNormMoeRouter" (the inner backend's, fused or not).
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,

@@ -66,8 +66,10 @@ class Qwen3Model final : public Model {
                const TensorView& logits) override;
 
  private:
-  void AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
-                      const KvCacheView& cache, const TensorView& out);
+  // The layer's attention of stream.x() into stream.y(); with input_norm, stream.Add(*input_norm)
+  // first, as one backend op with the qkv projection (RmsNormLinear, which a backend may fuse).
+  void AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm, const ForwardBatch& batch,
+                      const KvCacheView& cache);
   // The layer's MLP (dense or MoE) after its post-attention norm: stream.Add(norm) and the MLP of
   // stream.x() into stream.y(); a MoE layer's norm and router are one backend op
   // (RmsNormMoeRouter), which a backend may fuse.
@@ -245,9 +247,11 @@ Result<Tensor> Qwen3Model::LoadNorm(WeightLoader& w, const std::string& name, in
   return t;
 }
 
-void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBatch& batch,
-                                const KvCacheView& cache, const TensorView& out) {
+void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm,
+                                const ForwardBatch& batch, const KvCacheView& cache) {
   const ModelConfig& c = config_;
+  const TensorView& x = stream.x();
+  const TensorView& out = stream.y();
   const AttentionWeights& w = layers_[layer].attn;
   const int64_t tokens = x.dim(0), d = c.head_dim, hq = num_q_heads_, hk = num_kv_heads_;  // this rank's heads
   const DType act = backend_.activation_dtype();
@@ -255,7 +259,10 @@ void Qwen3Model::AttentionBlock(int layer, const TensorView& x, const ForwardBat
   // With the output gate, q_proj yields [q (D) | gate (D)] per head.
   const int64_t q_cols = hq * d * (c.attention_output_gate ? 2 : 1), width = q_cols + 2 * hk * d;
   Tensor qkv = backend_.Empty(act, {tokens, width});  // [T, q | k | v]
-  backend_.Linear(x, w.qkv, qkv);
+  if (input_norm != nullptr)
+    backend_.RmsNormLinear(out, *input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
+  else
+    backend_.Linear(x, w.qkv, qkv);
   // Strided views into qkv: q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], gate [T, Hq, D].
   auto heads = [&](int64_t first_col, int64_t num_heads, int64_t head_stride) {
     TensorView v = qkv.view();
@@ -409,16 +416,21 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
 
   ResidualStream stream(backend_, batch, embed_, hidden, eps, layers_[0].input_norm);
   if (DecodeStack(batch, kv_caches, stream)) return stream.Logits(batch, lm_head_, logits);
+  // The next attention layer's input norm, left to its qkv projection (RmsNormLinear); the
+  // stream's constructor has normed the first layer's input.
+  const Tensor* input_norm = nullptr;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = layers_[l];
     if (lw.is_linear) {
       GatedDeltaNetForward(backend_, c, lw.linear, stream.x(), batch, batch.linear_states[lw.cache_idx], stream.y());
       AllReduce(shard_.tp, stream.y());  // out_proj is row-parallel over the value heads
     } else {
-      AttentionBlock(l, stream.x(), batch, kv_caches[lw.cache_idx], stream.y());
+      AttentionBlock(l, stream, input_norm, batch, kv_caches[lw.cache_idx]);
     }
     MlpBlock(l, stream, lw.post_attention_norm);
-    stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);
+    const bool next_attention = l + 1 < c.num_layers && !layers_[l + 1].is_linear;
+    input_norm = next_attention ? &layers_[l + 1].input_norm : nullptr;
+    if (!next_attention) stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);
   }
   stream.Logits(batch, lm_head_, logits);
 }

@@ -41,6 +41,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER_NORM")) t.staged_router_norm = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_GEMV_STAGED_NORM")) t.gemv_staged_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE")) t.attention_decode_kernel = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_SPLIT_KEYS")) t.attention_decode_split_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;
@@ -336,6 +337,10 @@ void CudaBackend::MoeRouter(const TensorView& x, const TensorView& w_router, con
   // A few tokens: one launch (router.cu); else the router GEMM and MoeRoute.
   if (!cuda::MoeRouter(x, w_router, routing, topk_ids, topk_weights, stream_))
     Backend::MoeRouter(x, w_router, routing, topk_ids, topk_weights);
+}
+void CudaBackend::RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                                const TensorView& x, const TensorView& w, const TensorView& out) {
+  if (!cuda::RmsNormLinear(y, norm_w, eps, sum, x, w, out, stream_)) Backend::RmsNormLinear(y, norm_w, eps, sum, x, w, out);
 }
 void CudaBackend::RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                                    const TensorView& x, const TensorView& w_router, const MoeRouting& routing,

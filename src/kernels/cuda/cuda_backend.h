@@ -102,6 +102,9 @@ class CudaBackend final : public Backend {
   // Every layer in one persistent launch where decode_stack.cu covers the shapes.
   bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch, const TensorView& positions,
                       const TensorView& sum, const TensorView& x) override;
+  // One row: the staged GEMV with the norm folded in (gemv.cu), where it applies.
+  void RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                     const TensorView& x, const TensorView& w, const TensorView& out) override;
   // One token: the staged router with the norm folded in (router.cu), where it applies.
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,

@@ -20,6 +20,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
@@ -138,8 +139,20 @@ constexpr int kStagedHeader = 8 * kStagedWarps;  // the warps' mbarriers
 // kernel before it (the decode attention takes <= 12 KB) on a 228 KB carveout.
 constexpr int64_t kStagedMaxSmem = 200 * 1024;
 
+// RmsNormLinear's norm folded in: x = rmsnorm(sum + y) * w with RmsNorm's rounding (sum + y to
+// bf16 first, x to bf16), K <= 8 * the CTA's threads (a 16-byte chunk a thread).
+struct StagedGemvNorm {
+  const bf16_t* y;   // [1, K]
+  bf16_t* sum;       // [1, K]: read by every CTA, written (sum + y) by the last to arrive
+  const void* w;     // [K] bf16, or f32 with w_f32
+  bool w_f32;
+  float eps;
+  bf16_t* x;         // [1, K]: the normed row, written by the last CTA
+  unsigned* arrivals;  // per stream, zero between launches
+};
+
 struct StagedGemvParams {
-  const bf16_t* x;
+  const bf16_t* x;  // (with the norm: unused)
   const bf16_t* w;
   void* out;
   int n, k;
@@ -149,7 +162,73 @@ struct StagedGemvParams {
   // null, or [cta][6]: global timer (ns) at entry, after the wait, x and W staged, end; then the
   // SM's clock64() at staged and at end (their ratio to the timer gives the SM clock).
   uint64_t* trace;
+  StagedGemvNorm norm;  // y null: x as given
 };
+
+// The norm variant's staging of x: thread t forms chunk t of h = bf16(sum + y), the CTA sums h^2
+// (warp sums, then every thread adds the 16 in order: the same 1 / rms in every CTA), and stores
+// bf16(w * h / rms) to xs. The CTA then counts itself on the arrival counter (all its threads have
+// read sum and y); the last CTA to arrive writes h to sum and the normed row to x.
+__device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* xs) {
+  __shared__ float warp_ss[kStagedWarps];
+  __shared__ unsigned last_cta;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const bool mine = t < p.k / 8;
+  float a[8] = {};
+  Bf16x8 h{};
+  if (mine) {
+    float b[8];
+    Bf16x8 yv, sv;
+    const uint4 yu = __ldcg(reinterpret_cast<const uint4*>(p.norm.y) + t);
+    const uint4 su = __ldcg(reinterpret_cast<const uint4*>(p.norm.sum) + t);
+    memcpy(&yv, &yu, sizeof(yu));
+    memcpy(&sv, &su, sizeof(su));
+    Unpack8(yv, a);
+    Unpack8(sv, b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] += b[i];
+    h = Pack8(a);
+    Unpack8(h, a);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
+  ss = WarpSum(ss);
+  if (lane == 0) warp_ss[warp] = ss;
+  __syncthreads();  // every thread of this CTA has read sum and y
+  if (t == 0) {
+    __threadfence();
+    last_cta = atomicAdd(p.norm.arrivals, 1u) == gridDim.x - 1;
+  }
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kStagedWarps; ++w) total += warp_ss[w];
+  const float inv = rsqrtf(total / p.k + p.norm.eps);
+  Bf16x8 xv{};
+  if (mine) {
+    float w[8];
+    if (p.norm.w_f32) {
+      const float4* w4 = reinterpret_cast<const float4*>(p.norm.w) + 2 * t;
+      const float4 lo = w4[0], hi = w4[1];
+      w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+    } else {
+      Unpack8(reinterpret_cast<const Bf16x8*>(p.norm.w)[t], w);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
+    xv = Pack8(a);
+    reinterpret_cast<Bf16x8*>(xs)[t] = xv;
+  }
+  __syncthreads();  // xs staged; last_cta seen by every thread
+  if (last_cta) {   // every CTA has read sum and y
+    __threadfence();
+    if (mine) {
+      reinterpret_cast<Bf16x8*>(p.norm.sum)[t] = h;
+      reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
+    }
+    if (t == 0) *p.norm.arrivals = 0;  // re-armed for the next launch on this stream
+  }
+}
 
 // out[n] for kRows consecutive rows of the staged slice (`w`, shared), x in shared memory: each
 // lane sums its 16-byte chunks lane * 8 + j * 256 into kSets interleaved partial sums per row
@@ -219,9 +298,13 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   GridDependencyWait();  // x is the previous kernel's output
   TriggerDependents();
   if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6 + 1] = wgmma::GlobalTimerNs();
-  for (int c = threadIdx.x; c < p.k / 8; c += blockDim.x)
-    reinterpret_cast<uint4*>(xs)[c] = reinterpret_cast<const uint4*>(p.x)[c];
-  __syncthreads();
+  if (p.norm.y != nullptr) {
+    StageNormedX(p, xs);
+  } else {
+    for (int c = threadIdx.x; c < p.k / 8; c += blockDim.x)
+      reinterpret_cast<uint4*>(xs)[c] = reinterpret_cast<const uint4*>(p.x)[c];
+    __syncthreads();
+  }
   if (rows == 0) return;
   wgmma::MbarWait(bar, 0);
   if (p.trace && threadIdx.x == 0) {
@@ -288,7 +371,8 @@ void TraceStaged(const StagedGemvParams& p, int ctas, cudaStream_t s) {
 
 // Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
 // one CTA an SM; false leaves the call to GemvKernel.
-bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
+bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
+                      const StagedGemvNorm* norm = nullptr) {
   const int64_t n = w.dim(0), k = w.dim(1);
   if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
   int device = 0, sms = 0;
@@ -306,7 +390,8 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     attrs_set.fetch_or(device_bit, std::memory_order_acq_rel);
   }
   StagedGemvParams p{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
-                     static_cast<int>(rows_per_cta), static_cast<int>(x_bytes), out.dtype == DType::kF32, nullptr};
+                     static_cast<int>(rows_per_cta), static_cast<int>(x_bytes), out.dtype == DType::kF32, nullptr,
+                     norm ? *norm : StagedGemvNorm{}};
   const int ctas = CeilDiv(n, rows_per_cta);
   static const char* trace_env = std::getenv("COROLLA_GEMV_STAGED_TRACE");
   bool traced = false;
@@ -373,6 +458,28 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
   else if (m <= 4) with_rows(std::integral_constant<int, 4>{});
   else with_rows(std::integral_constant<int, 8>{});
   return true;
+}
+
+bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                   const TensorView& w, const TensorView& out, cudaStream_t s) {
+  if (!Tuning().gemv_staged_norm || x.rank() != 2 || x.dim(0) != 1) return false;
+  const int64_t k = x.dim(1), n = w.dim(0);
+  COROLLA_CHECK(y.dtype == DType::kBF16 && sum.dtype == DType::kBF16 && x.dtype == DType::kBF16 && y.shape == x.shape &&
+                sum.shape == x.shape && (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) &&
+                norm_w.numel() == k && w.dtype == DType::kBF16 && w.rank() == 2 && w.dim(1) == k &&
+                (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && out.rank() == 2 && out.dim(0) == 1 &&
+                out.dim(1) == n)
+      << "rmsnorm_linear y " << y.ToString() << " sum " << sum.ToString() << " x " << x.ToString() << " norm "
+      << norm_w.ToString() << " w " << w.ToString() << " out " << out.ToString();
+  auto aligned = [](const TensorView& t) { return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  if (k % 8 != 0 || k > 8 * kStagedWarps * 32 || !aligned(y) || !aligned(sum) || !aligned(x) || !aligned(norm_w) ||
+      !aligned(w) || out.strides[1] != 1)
+    return false;
+  auto* arrivals = static_cast<unsigned*>(StreamScratch(s, StreamScratchSlot::kStagedGemvNorm, 16));
+  if (arrivals == nullptr) return false;
+  const StagedGemvNorm norm{y.ptr<bf16_t>(), sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps,
+                            x.ptr<bf16_t>(), arrivals};
+  return LaunchStagedGemv(x, w, out, s, &norm);
 }
 
 }  // namespace corolla::cuda

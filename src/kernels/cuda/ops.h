@@ -91,6 +91,11 @@ struct KernelTuning {
   // instead of RmsNorm + router. Off until measured (session 7, not yet run on a GPU).
   // COROLLA_STAGED_ROUTER_NORM sets it.
   bool staged_router_norm = false;
+  // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
+  // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
+  // and x back): one launch instead of two. Off until measured (session 7, not yet run on a GPU).
+  // COROLLA_GEMV_STAGED_NORM sets it.
+  bool gemv_staged_norm = false;
   // The pair path's down + combine spreads the top-k slots over 8 warps of a CTA, the first
   // weight loads issued before the dependency wait (PairDownSlotsKernel); off: one warp walks
   // all slots of its rows (PairDownCombineKernel). On an H200 (Qwen3-30B-A3B experts, one
@@ -189,6 +194,10 @@ KernelTuning& Tuning();
 // programmatic dependent launch: it reads w before the previous kernel has finished (w must be
 // a weight, which nothing writes during a forward).
 bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s);
+// gemv.cu: Backend::RmsNormLinear of one row in one launch (the staged GEMV with the norm folded
+// in) when Tuning().gemv_staged_norm is on and the shapes fit; false (nothing launched) otherwise.
+bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                   const TensorView& w, const TensorView& out, cudaStream_t s);
 
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);

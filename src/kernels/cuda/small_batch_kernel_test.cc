@@ -180,6 +180,51 @@ TEST_F(CudaKernelTest, LinearGemv) {
   cuda::Tuning() = defaults;
 }
 
+// RmsNormLinear of one row: the staged GEMV with the norm folded in against the same GPU's RmsNorm
+// + Linear from the same sum and y: sum + y equal bits, x within a bf16 unit (1 / rms is summed in
+// another order), out within kBf16Tol of the unfused one; a second fused launch gives the same
+// bits (the re-armed arrival counter). Norm weights bf16 and f32; K 2048 / 4096 / 136 / 8 (one
+// 16-byte chunk a thread up to 4096), N from 5120 (39 rows a CTA) down to 3.
+TEST_F(CudaKernelTest, RmsNormLinearStaged) {
+  struct Restore {
+    ~Restore() { cuda::Tuning() = DefaultTuning(); }
+  } restore;
+  struct Case { int64_t n, k; bool norm_f32; DType out; };
+  for (Case c : {Case{5120, 2048, false, DType::kBF16}, Case{1024, 4096, true, DType::kBF16},
+                 Case{128, 2048, false, DType::kF32}, Case{72, 136, true, DType::kBF16}, Case{3, 8, false, DType::kBF16}}) {
+    const auto y = RandomBf16(c.k), sum = RandomBf16(c.k, 4.f), w = RandomBf16(c.n * c.k, 1.f / std::sqrt(float(c.k)));
+    std::vector<float> norm = RandomBf16(c.k, 0.5f);
+    for (float& v : norm) v += 1.f;
+    Tensor gw = gpu().LoadWeight(HostF32(w, {c.n, c.k}));
+    Tensor gnorm = Upload(gpu(), norm, {c.k}, c.norm_f32 ? DType::kF32 : DType::kBF16);
+    struct Out { std::vector<float> sum, x, out; };
+    auto run = [&](bool fused) {
+      cuda::Tuning().gemv_staged_norm = fused;
+      Tensor gy = Upload(gpu(), y, {1, c.k}, DType::kBF16), gsum = Upload(gpu(), sum, {1, c.k}, DType::kBF16);
+      Tensor gx = gpu().Empty(DType::kBF16, {1, c.k}), gout = gpu().Empty(c.out, {1, c.n});
+      Poison(gpu(), gx);
+      Poison(gpu(), gout);
+      gpu().RmsNormLinear(gy, gnorm, 1e-6f, gsum, gx, gw, gout);
+      return Out{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gout)};
+    };
+    const Out ref = run(false), got = run(true), again = run(true);
+    const std::string shape = "N" + std::to_string(c.n) + " K" + std::to_string(c.k) + (c.norm_f32 ? " f32-norm" : "") +
+                              (c.out == DType::kF32 ? " f32-out" : "");
+    EXPECT_EQ(got.sum, ref.sum) << shape;
+    double x_err = 0;
+    for (int64_t i = 0; i < c.k; ++i)
+      x_err = std::max<double>(x_err, std::fabs(got.x[i] - ref.x[i]) / std::max(1e-3f, std::fabs(ref.x[i])));
+    Record("RmsNormLinear.x", shape, x_err, 1.0 / 128);
+    EXPECT_LE(x_err, 1.0 / 128) << shape;  // one bf16 unit
+    const double e = RelError(got.out, ref.out);
+    Record("RmsNormLinear.out", shape, e, kBf16Tol);
+    EXPECT_LT(e, kBf16Tol) << shape;
+    EXPECT_EQ(again.sum, got.sum) << shape << " (second launch)";
+    EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
+    EXPECT_EQ(again.out, got.out) << shape << " (second launch)";
+  }
+}
+
 // RmsNormMoeRouter of one token: the staged router with the norm folded in against the same GPU's
 // RmsNorm + MoeRouter from the same sum and y. sum + y must be equal bits (the same bf16
 // rounding); x within a bf16 unit (1 / rms is summed in another order); ids equal except where

@@ -13,6 +13,7 @@ namespace corolla::cuda {
 enum class StreamScratchSlot {
   kSplitKvMergeCounters,  // split_kv_merge.cuh
   kStagedRouter,          // router.cu: the staged router's arrival counter and logits
+  kStagedGemvNorm,        // gemv.cu: RmsNormLinear's arrival counter
 };
 
 // `bytes` of zeroed device memory for (stream, slot); every call for a slot must ask for the same
