@@ -8,7 +8,9 @@
 # COROLLA_BENCH_DECODE="CONFIG:LAYERS ..." adds `bench decode` of each config (random weights,
 # truncated to LAYERS) at COROLLA_BENCH_BATCHES, e.g. tests/data/configs/deepseek-v3.json:5;
 # COROLLA_BENCH_DECODE_ARGS adds flags to those runs (e.g. --breakdown).
-# COROLLA_BENCH_QWEN3=0 skips the Qwen3-30B-A3B decode/prefill benches.
+# COROLLA_BENCH_QWEN3=0 skips the Qwen3-30B-A3B decode/prefill benches; COROLLA_BENCH_QWEN3_ARGS adds
+# flags to its decode bench (e.g. --marginal; environment knobs such as COROLLA_STAGED_ROUTER=1 pass
+# through as they are).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NCCL from python's wheel first (2.28.9, matching our headers), then CUDA 13 / cuBLAS 13.
@@ -56,7 +58,7 @@ if [ -n "${COROLLA_BENCH:-}" ] && [ "${COROLLA_BENCH_QWEN3:-1}" != 0 ]; then
   echo "=== bench decode ($cfg, layers ${layers} (0: all))"
   gpu-bundle/corolla bench decode --config $cfg --random-weights --device cuda --layers "$layers" \
     --batch "${COROLLA_BENCH_BATCHES:-1,8,64,256}" --context "${COROLLA_BENCH_CONTEXTS:-1024}" --steps 15 \
-    2>&1 | tee "$OUT/bench_decode.log" || rc=1
+    ${COROLLA_BENCH_QWEN3_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" || rc=1
   echo "=== bench prefill"
   gpu-bundle/corolla bench prefill --config $cfg --random-weights --device cuda --layers "$layers" \
     --context "${COROLLA_BENCH_PREFILL:-1024,4096}" --steps 3 2>&1 | tee "$OUT/bench_prefill.log" || rc=1
