@@ -34,6 +34,44 @@ __device__ __forceinline__ Bf16x8 Pack8(const float f[8]) {
   return v;
 }
 
+// Eight bf16 as floats: from shared memory in one 128-bit load (a Bf16x8 copy can split into
+// four 32-bit loads), or from global memory through L2 (.cg: data an earlier kernel of the stream
+// wrote, which the read-only .nc path must not see under programmatic dependent launch).
+__device__ __forceinline__ void LoadShared8(const bf16_t* p, float f[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  Bf16x8 v;
+  memcpy(&v, &u, sizeof(u));
+  Unpack8(v, f);
+}
+__device__ __forceinline__ void LoadCg8(const bf16_t* p, float f[8]) {
+  const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
+  Bf16x8 v;
+  memcpy(&v, &u, sizeof(u));
+  Unpack8(v, f);
+}
+// Norm weights [c, c + 8) as floats: bf16, or f32 (w_f32; Qwen3.5's norms); c a multiple of 8.
+__device__ __forceinline__ void NormWeight8(const void* w, bool w_f32, int64_t c, float f[8]) {
+  if (w_f32) {
+    const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(w) + c);
+    const float4 lo = q[0], hi = q[1];
+    f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
+  } else {
+    Unpack8(*reinterpret_cast<const Bf16x8*>(static_cast<const bf16_t*>(w) + c), f);
+  }
+}
+// RmsNorm's residual add of eight columns: h = bf16(y + sum) (y and sum read through L2),
+// returned packed, and as floats in a.
+__device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* sum, float a[8]) {
+  float b[8];
+  LoadCg8(y, a);
+  LoadCg8(sum, b);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] += b[i];
+  const Bf16x8 h = Pack8(a);
+  Unpack8(h, a);
+  return h;
+}
+
 template <int kWidth = 32>
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll

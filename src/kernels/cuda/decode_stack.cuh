@@ -160,14 +160,8 @@ __device__ __forceinline__ Bf16x8 LoadCg8(const bf16_t* p) {
   memcpy(&v, &u, sizeof(v));
   return v;
 }
-// Eight bf16 of shared memory (16-byte aligned) in one 128-bit load (a Bf16x8 copy can split
-// into four 32-bit loads: a 4-way bank conflict at a 16-byte lane stride).
-__device__ __forceinline__ void Load8(const bf16_t* p, float f[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  Bf16x8 v;
-  memcpy(&v, &u, sizeof(v));
-  Unpack8(v, f);
-}
+// Eight bf16 of shared memory (16-byte aligned), or eight floats, as floats.
+__device__ __forceinline__ void Load8(const bf16_t* p, float f[8]) { LoadShared8(p, f); }
 __device__ __forceinline__ void Load8(const float* p, float f[8]) {
   const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;

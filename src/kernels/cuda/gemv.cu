@@ -176,20 +176,7 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   const bool mine = t < p.k / 8;
   float a[8] = {};
   Bf16x8 h{};
-  if (mine) {
-    float b[8];
-    Bf16x8 yv, sv;
-    const uint4 yu = __ldcg(reinterpret_cast<const uint4*>(p.norm.y) + t);
-    const uint4 su = __ldcg(reinterpret_cast<const uint4*>(p.norm.sum) + t);
-    memcpy(&yv, &yu, sizeof(yu));
-    memcpy(&sv, &su, sizeof(su));
-    Unpack8(yv, a);
-    Unpack8(sv, b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] += b[i];
-    h = Pack8(a);
-    Unpack8(h, a);
-  }
+  if (mine) h = ResidualAdd8(p.norm.y + 8 * t, p.norm.sum + 8 * t, a);
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
@@ -207,13 +194,7 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   Bf16x8 xv{};
   if (mine) {
     float w[8];
-    if (p.norm.w_f32) {
-      const float4* w4 = reinterpret_cast<const float4*>(p.norm.w) + 2 * t;
-      const float4 lo = w4[0], hi = w4[1];
-      w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w, w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
-    } else {
-      Unpack8(reinterpret_cast<const Bf16x8*>(p.norm.w)[t], w);
-    }
+    NormWeight8(p.norm.w, p.norm.w_f32, 8 * t, w);
 #pragma unroll
     for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
     xv = Pack8(a);
@@ -239,17 +220,12 @@ __device__ __forceinline__ void StagedDot(const bf16_t* w, const bf16_t* x, int 
   constexpr int kSets = kRows >= 3 ? 1 : 4 / kRows;
   float acc[kSets][kRows] = {};
   auto dot_chunk = [&](int c, float (&a)[kRows]) {
-    Bf16x8 xv, wv;
-    const uint4 xu = *reinterpret_cast<const uint4*>(x + c);  // one 128-bit shared load
-    memcpy(&xv, &xu, sizeof(xu));
     float xf[8];
-    Unpack8(xv, xf);
+    LoadShared8(x + c, xf);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const uint4 wu = *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(r) * k + c);
-      memcpy(&wv, &wu, sizeof(wu));
       float wf[8];
-      Unpack8(wv, wf);
+      LoadShared8(w + static_cast<int64_t>(r) * k + c, wf);
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[r] = fmaf(wf[i], xf[i], a[r]);
     }

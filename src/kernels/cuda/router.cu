@@ -172,31 +172,6 @@ size_t StagedRouterSmemBytes(int64_t hidden, int experts, int num_groups) {
   return 32 + kStagedRouterWarps * hidden * sizeof(bf16_t) + sizeof(float) * (3 * experts + num_groups);
 }
 
-// 8 bf16 at p as floats: through L2 (written by an earlier kernel: not the .nc path), or from
-// shared memory (one 128-bit load).
-__device__ __forceinline__ void LoadCg8(const bf16_t* p, float f[8]) {
-  Bf16x8 v;
-  const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
-  memcpy(&v, &u, sizeof(u));
-  Unpack8(v, f);
-}
-__device__ __forceinline__ void LoadShared8(const bf16_t* p, float f[8]) {
-  Bf16x8 v;
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  memcpy(&v, &u, sizeof(u));
-  Unpack8(v, f);
-}
-
-__device__ __forceinline__ void NormWeight8(const StagedNorm& n, int c, float f[8]) {
-  if (n.w_f32) {
-    const float4 lo = reinterpret_cast<const float4*>(static_cast<const float*>(n.w) + c)[0];
-    const float4 hi = reinterpret_cast<const float4*>(static_cast<const float*>(n.w) + c)[1];
-    f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
-  } else {
-    Unpack8(*reinterpret_cast<const Bf16x8*>(static_cast<const bf16_t*>(n.w) + c), f);
-  }
-}
-
 // A warp per router row e = blockIdx.x * 4 + warp: the row is bulk-copied to shared memory before
 // the grid dependency wait; after it the warp dots the row with x (kNorm: with rmsnorm(sum + y),
 // which every warp forms itself for the whole row: a lane keeps its chunks of sum + y in
@@ -235,13 +210,8 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
     for (int j = 0; j < kChunks; ++j) {
       const int c = (j * 32 + lane) * 8;
       if (c >= p.hidden) break;
-      float a[8], b[8];
-      LoadCg8(p.norm.y + c, a);
-      LoadCg8(p.norm.sum + c, b);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] += b[i];
-      h[j] = Pack8(a);
-      Unpack8(h[j], a);
+      float a[8];
+      h[j] = ResidualAdd8(p.norm.y + c, p.norm.sum + c, a);
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
     }
@@ -250,7 +220,7 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
   auto normed = [&](int j, int c, float f[8]) {  // kNorm: the bf16 normed x of chunk j, as floats
     float a[8], w[8];
     Unpack8(h[j], a);
-    NormWeight8(p.norm, c, w);
+    NormWeight8(p.norm.w, p.norm.w_f32, c, w);
 #pragma unroll
     for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
     Unpack8(Pack8(a), f);
