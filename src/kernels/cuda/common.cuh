@@ -59,6 +59,31 @@ __device__ __forceinline__ void NormWeight8(const void* w, bool w_f32, int64_t c
     Unpack8(*reinterpret_cast<const Bf16x8*>(static_cast<const bf16_t*>(w) + c), f);
   }
 }
+// RmsNorm with the residual (sum += y; x = rmsnorm(sum) * w) folded into a kernel that reads x:
+// the staged GEMV (RmsNormLinear) and the staged router (RmsNormMoeRouter).
+struct ResidualNorm {
+  const bf16_t* y;  // [1, H]
+  bf16_t* sum;      // [1, H]: read by every CTA / warp, written (sum + y) by the last to arrive
+  const void* w;    // [H] bf16, or f32 with w_f32
+  bool w_f32;
+  float eps;
+  bf16_t* x;        // [1, H]: the normed row, written by the last to arrive
+};
+// The fused ops' norm arguments, checked (one bf16 row each, a bf16 or f32 weight of H); false
+// where a layout rules the fused kernels out (not contiguous, not 16-byte aligned).
+inline bool MakeResidualNorm(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+                             const TensorView& x, ResidualNorm* norm) {
+  COROLLA_CHECK(x.rank() == 2 && x.dim(0) == 1 && x.dtype == DType::kBF16 && y.dtype == DType::kBF16 &&
+                sum.dtype == DType::kBF16 && y.shape == x.shape && sum.shape == x.shape &&
+                (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) && norm_w.numel() == x.dim(1))
+      << "residual norm y " << y.ToString() << " sum " << sum.ToString() << " x " << x.ToString() << " norm "
+      << norm_w.ToString();
+  for (const TensorView* t : {&y, &sum, &x, &norm_w})
+    if (!t->is_contiguous() || reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
+  *norm = {y.ptr<bf16_t>(), sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps, x.ptr<bf16_t>()};
+  return true;
+}
+
 // RmsNorm's residual add of eight columns: h = bf16(y + sum) (y and sum read through L2),
 // returned packed, and as floats in a.
 __device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* sum, float a[8]) {

@@ -139,18 +139,6 @@ constexpr int kStagedHeader = 8 * kStagedWarps;  // the warps' mbarriers
 // kernel before it (the decode attention takes <= 12 KB) on a 228 KB carveout.
 constexpr int64_t kStagedMaxSmem = 200 * 1024;
 
-// RmsNormLinear's norm folded in: x = rmsnorm(sum + y) * w with RmsNorm's rounding (sum + y to
-// bf16 first, x to bf16), K <= 8 * the CTA's threads (a 16-byte chunk a thread).
-struct StagedGemvNorm {
-  const bf16_t* y;   // [1, K]
-  bf16_t* sum;       // [1, K]: read by every CTA, written (sum + y) by the last to arrive
-  const void* w;     // [K] bf16, or f32 with w_f32
-  bool w_f32;
-  float eps;
-  bf16_t* x;         // [1, K]: the normed row, written by the last CTA
-  unsigned* arrivals;  // per stream, zero between launches
-};
-
 struct StagedGemvParams {
   const bf16_t* x;  // (with the norm: unused)
   const bf16_t* w;
@@ -162,7 +150,10 @@ struct StagedGemvParams {
   // null, or [cta][6]: global timer (ns) at entry, after the wait, x and W staged, end; then the
   // SM's clock64() at staged and at end (their ratio to the timer gives the SM clock).
   uint64_t* trace;
-  StagedGemvNorm norm;  // y null: x as given
+  // RmsNormLinear's norm folded in (y null: x as given), K <= 8 * the CTA's threads (a 16-byte
+  // chunk a thread); its CTAs count themselves on `arrivals` (per stream, zero between launches).
+  ResidualNorm norm;
+  unsigned* arrivals;
 };
 
 // The norm variant's staging of x: thread t forms chunk t of h = bf16(sum + y), the CTA sums h^2
@@ -185,7 +176,7 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   __syncthreads();  // every thread of this CTA has read sum and y
   if (t == 0) {
     __threadfence();
-    last_cta = atomicAdd(p.norm.arrivals, 1u) == gridDim.x - 1;
+    last_cta = atomicAdd(p.arrivals, 1u) == gridDim.x - 1;
   }
   float total = 0.f;
 #pragma unroll
@@ -207,7 +198,7 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
       reinterpret_cast<Bf16x8*>(p.norm.sum)[t] = h;
       reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
     }
-    if (t == 0) *p.norm.arrivals = 0;  // re-armed for the next launch on this stream
+    if (t == 0) *p.arrivals = 0;  // re-armed for the next launch on this stream
   }
 }
 
@@ -348,7 +339,7 @@ void TraceStaged(const StagedGemvParams& p, int ctas, cudaStream_t s) {
 // Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
 // one CTA an SM; false leaves the call to GemvKernel.
 bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
-                      const StagedGemvNorm* norm = nullptr) {
+                      const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr) {
   const int64_t n = w.dim(0), k = w.dim(1);
   if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
   int device = 0, sms = 0;
@@ -367,7 +358,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
   }
   StagedGemvParams p{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
                      static_cast<int>(rows_per_cta), static_cast<int>(x_bytes), out.dtype == DType::kF32, nullptr,
-                     norm ? *norm : StagedGemvNorm{}};
+                     norm ? *norm : ResidualNorm{}, arrivals};
   const int ctas = CeilDiv(n, rows_per_cta);
   static const char* trace_env = std::getenv("COROLLA_GEMV_STAGED_TRACE");
   bool traced = false;
@@ -440,22 +431,17 @@ bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, con
                    const TensorView& w, const TensorView& out, cudaStream_t s) {
   if (!Tuning().gemv_staged_norm || x.rank() != 2 || x.dim(0) != 1) return false;
   const int64_t k = x.dim(1), n = w.dim(0);
-  COROLLA_CHECK(y.dtype == DType::kBF16 && sum.dtype == DType::kBF16 && x.dtype == DType::kBF16 && y.shape == x.shape &&
-                sum.shape == x.shape && (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) &&
-                norm_w.numel() == k && w.dtype == DType::kBF16 && w.rank() == 2 && w.dim(1) == k &&
+  ResidualNorm norm;
+  const bool fits = MakeResidualNorm(y, norm_w, eps, sum, x, &norm);
+  COROLLA_CHECK(w.dtype == DType::kBF16 && w.rank() == 2 && w.dim(1) == k &&
                 (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && out.rank() == 2 && out.dim(0) == 1 &&
                 out.dim(1) == n)
-      << "rmsnorm_linear y " << y.ToString() << " sum " << sum.ToString() << " x " << x.ToString() << " norm "
-      << norm_w.ToString() << " w " << w.ToString() << " out " << out.ToString();
-  auto aligned = [](const TensorView& t) { return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-  if (k % 8 != 0 || k > 8 * kStagedWarps * 32 || !aligned(y) || !aligned(sum) || !aligned(x) || !aligned(norm_w) ||
-      !aligned(w) || out.strides[1] != 1)
+      << "rmsnorm_linear x " << x.ToString() << " w " << w.ToString() << " out " << out.ToString();
+  if (!fits || k % 8 != 0 || k > 8 * kStagedWarps * 32 || !w.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || out.strides[1] != 1)
     return false;
   auto* arrivals = static_cast<unsigned*>(StreamScratch(s, StreamScratchSlot::kStagedGemvNorm, 16));
-  if (arrivals == nullptr) return false;
-  const StagedGemvNorm norm{y.ptr<bf16_t>(), sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps,
-                            x.ptr<bf16_t>(), arrivals};
-  return LaunchStagedGemv(x, w, out, s, &norm);
+  return arrivals != nullptr && LaunchStagedGemv(x, w, out, s, &norm, arrivals);
 }
 
 }  // namespace corolla::cuda

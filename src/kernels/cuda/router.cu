@@ -144,17 +144,6 @@ constexpr int kStagedRouterWarps = 4;  // a router row each
 constexpr int kStagedRouterMaxExperts = 4096;
 constexpr int kStagedNormMaxHidden = 4096;  // the norm variant keeps a lane's share of sum + y in registers
 
-// The post-attention norm folded in (RmsNormMoeRouter): x = rmsnorm(sum + y) * w, with the
-// rounding of RmsNorm (sum + y to bf16 first; x to bf16).
-struct StagedNorm {
-  const bf16_t* y;   // [1, H]
-  bf16_t* sum;       // [1, H]: read by every warp, written (sum + y) by the last
-  const void* w;     // [H] bf16, or f32 with w_f32
-  bool w_f32;
-  float eps;
-  bf16_t* x;         // [1, H]: the normed row, written by the last warp (the experts read it)
-};
-
 struct StagedRouterParams {
   const bf16_t* x;  // [1, H] (unused with the norm: x comes from it)
   const bf16_t* w;  // [E, H]
@@ -163,7 +152,7 @@ struct StagedRouterParams {
   int hidden;
   int experts;
   RouteParams route;  // tokens 1; logits unused
-  StagedNorm norm;
+  ResidualNorm norm;  // the post-attention norm folded in (RmsNormMoeRouter; y null: none)
 };
 
 // Dynamic shared memory: the warps' mbarriers (8 bytes each, 32 in all), their rows [4][H] bf16,
@@ -309,7 +298,7 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // One token on the staged router (norm: folded in, else null); false where it does not apply
 // (nothing launched; the caller goes on).
 bool LaunchStagedRouter(const TensorView& x, const TensorView& w, const RouteParams& route, int num_groups,
-                        const StagedNorm* norm, cudaStream_t s) {
+                        const ResidualNorm* norm, cudaStream_t s) {
   const int64_t hidden = w.dim(1), experts = w.dim(0);
   if (x.dim(0) != 1 || experts > kStagedRouterMaxExperts || hidden % 8 != 0 || hidden > 65536 ||
       !w.is_contiguous() || !Aligned16(w.data) || route.top_k > kMaxTopK ||
@@ -338,7 +327,7 @@ bool LaunchStagedRouter(const TensorView& x, const TensorView& w, const RoutePar
                        static_cast<int>(hidden),
                        static_cast<int>(experts),
                        route,
-                       norm ? *norm : StagedNorm{}};
+                       norm ? *norm : ResidualNorm{}};
   LaunchPdl(kernel, dim3(CeilDiv(experts, kStagedRouterWarps)), dim3(kStagedRouterWarps * 32), smem, s, 1, p);
   return true;
 }
@@ -371,18 +360,10 @@ bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, 
                       const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                       const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s) {
   if (!Tuning().staged_router_norm || x.rank() != 2 || x.dim(0) != 1) return false;
-  const int64_t hidden = x.dim(1);
-  COROLLA_CHECK(y.dtype == DType::kBF16 && sum.dtype == DType::kBF16 && y.shape == x.shape && sum.shape == x.shape &&
-                (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) && norm_w.numel() == hidden)
-      << "rmsnorm_moe_router y " << y.ToString() << " sum " << sum.ToString() << " x " << x.ToString() << " norm "
-      << norm_w.ToString();
+  ResidualNorm norm;
+  const bool fits = MakeResidualNorm(y, norm_w, eps, sum, x, &norm);
   const RouteParams route = CheckedRoute(x, w_router, routing, topk_ids, topk_weights);
-  if (!y.is_contiguous() || !sum.is_contiguous() || !x.is_contiguous() || !norm_w.is_contiguous() ||
-      !Aligned16(y.data) || !Aligned16(sum.data) || !Aligned16(x.data) || !Aligned16(norm_w.data))
-    return false;
-  const StagedNorm norm{y.ptr<bf16_t>(), sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps,
-                        x.ptr<bf16_t>()};
-  return LaunchStagedRouter(x, w_router, route, routing.num_groups, &norm, s);
+  return fits && LaunchStagedRouter(x, w_router, route, routing.num_groups, &norm, s);
 }
 
 }  // namespace corolla::cuda
