@@ -453,6 +453,20 @@ void PrintBreakdown(Loaded& l, bool graph, double step_ms, const std::function<v
                 100.0 * row.total_ms / total, 1e3 * row.total_ms / row.calls);
 }
 
+#ifdef COROLLA_HAVE_CUDA
+// Median of `steps` replays of `step` captured as one CUDA graph (the forward has no host
+// synchronisation; every buffer it allocates comes back from the allocator's cache at the same
+// address); -1 with *error set when the capture fails.
+double GraphStepMs(Backend& device, DeviceTimer& timer, int steps, const std::function<void()>& step,
+                   std::string* error) {
+  std::unique_ptr<cuda::StreamGraph> g = cuda::StreamGraph::Capture(device, step, error);
+  if (!g) return -1.0;
+  g->Replay();
+  device.Synchronize();
+  return timer.Median(steps, [&] { g->Replay(); });
+}
+#endif
+
 // The step time without each op kind of one step in turn (its marginal cost: overlaps with its
 // neighbours included), timed as the step itself was (graph replays where they ran, else eager),
 // --skip-op's labels skipped throughout.
@@ -477,14 +491,8 @@ void PrintMarginalCosts(Loaded& l, DeviceTimer& timer, int steps, bool graph, do
   }
   auto time_step = [&]() -> double {
 #ifdef COROLLA_HAVE_CUDA
-    if (graph && timer.events()) {
-      std::string error;
-      std::unique_ptr<cuda::StreamGraph> g = cuda::StreamGraph::Capture(device, step, &error);
-      if (!g) return -1.0;
-      g->Replay();
-      device.Synchronize();
-      return timer.Median(steps, [&] { g->Replay(); });
-    }
+    std::string error;
+    if (graph && timer.events()) return GraphStepMs(device, timer, steps, step, &error);
 #endif
     step();
     device.Synchronize();
@@ -537,15 +545,10 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   double graph_ms = 0;
 #ifdef COROLLA_HAVE_CUDA
   if (graph && timer.events()) {
-    // One step captured as a CUDA graph (the forward has no host synchronisation; every buffer
-    // it allocates comes back from the allocator's cache at the same address), then replayed.
     std::string error;
-    std::unique_ptr<cuda::StreamGraph> graph = cuda::StreamGraph::Capture(backend, step, &error);
-    if (graph) {
-      graph->Replay();
-      backend.Synchronize();
-      graph_ms = timer.Median(static_cast<int>(o.steps), [&] { graph->Replay(); });
-    } else {
+    graph_ms = GraphStepMs(backend, timer, static_cast<int>(o.steps), step, &error);
+    if (graph_ms < 0) {
+      graph_ms = 0;
       std::printf("  cuda graph capture failed: %s (eager numbers only)\n", error.c_str());
     }
   }
@@ -597,7 +600,8 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   report(timer.events() ? "eager" : "host", eager_ms);
   if (graph_ms > 0) report("graph", graph_ms);
   if (l.profiler) PrintBreakdown(l, graph, graph_ms > 0 ? graph_ms : eager_ms, step);
-  if (o.marginal) PrintMarginalCosts(l, timer, static_cast<int>(o.steps), graph_ms > 0, graph_ms > 0 ? graph_ms : eager_ms, step);
+  if (o.marginal)
+    PrintMarginalCosts(l, timer, static_cast<int>(o.steps), graph_ms > 0, graph_ms > 0 ? graph_ms : eager_ms, step);
 }
 
 Status BenchPrefill(int argc, char** argv, bool* help) {
