@@ -332,6 +332,24 @@ class Backend {
     RmsNorm(y, norm_w, eps, x, &sum);
     Linear(x, w, out);
   }
+  // QkNormRopeKvWrite(q, k, v, ...), then Attention(q, cache, batch, scale, out): Qwen3's
+  // attention from its raw q / k / v projections. q and k are scratch afterwards (the default
+  // leaves them normalised and rotated, a fused backend may leave them as they were). The
+  // default runs the two; CUDA folds the prologue into its decode attention (one query token a
+  // sequence, Tuning().attention_fused_prologue: one launch instead of two).
+  virtual void QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                   const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
+                                   const AttentionBatch& batch, float scale, const TensorView& out) {
+    QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
+    Attention(q, cache, batch, scale, out);
+  }
+  // Whether QkNormRopeAttention may run as one fused op for this batch (profilers then time it as
+  // one; otherwise as its two ops).
+  virtual bool fuses_qk_norm_rope_attention(const AttentionBatch& batch) const {
+    (void)batch;
+    return false;
+  }
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

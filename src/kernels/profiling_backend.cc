@@ -106,6 +106,16 @@ void ProfilingBackend::RmsNormLinear(const TensorView& y, const TensorView& norm
     return;
   inner_->RmsNormLinear(y, norm_w, eps, sum, x, w, out);
 }
+void ProfilingBackend::QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                           const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                           const TensorView& positions, const RopeParams& rope,
+                                           const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                                           const TensorView& out) {
+  if (!inner_->fuses_qk_norm_rope_attention(batch))  // the two ops under their own labels
+    return Backend::QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale, out);
+  if (!Mark("QkNormRopeAttention D" + std::to_string(q.dim(2)))) return;
+  inner_->QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale, out);
+}
 void ProfilingBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // Weight shape [N, K] names the projection; rows of every layer add up under one label.
   if (!Mark("Linear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype)))

@@ -84,6 +84,9 @@ class ProfilingBackend final : public Backend {
   void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                   const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) override;
   bool supports_linear_attention() const override { return inner_->supports_linear_attention(); }
+  bool fuses_qk_norm_rope_attention(const AttentionBatch& batch) const override {
+    return inner_->fuses_qk_norm_rope_attention(batch);
+  }
   bool supports_linear_fp8(int64_t n, int64_t k) const override { return inner_->supports_linear_fp8(n, k); }
   void LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale, const TensorView& out) override;
   bool supports_moe_fp8(int64_t hidden, int64_t inter) const override {
@@ -103,6 +106,12 @@ class ProfilingBackend final : public Backend {
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
+  // One op, "QkNormRopeAttention D<d>", where the inner backend may fuse it; otherwise
+  // QkNormRopeKvWrite and Attention under their own labels.
+  void QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                           const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                           const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                           const TensorView& out) override;
   void SigmoidMul(const TensorView& x, const TensorView& gate) override;
   void CausalConv1d(const TensorView& x, const TensorView& weight, const TensorView& conv_state,
                     const TensorView& state_slots, const AttentionBatch& batch, const TensorView& out) override;

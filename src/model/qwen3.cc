@@ -273,11 +273,10 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   };
   const int64_t q_stride = c.attention_output_gate ? 2 * d : d;
   TensorView q = heads(0, hq, q_stride), k = heads(q_cols, hk, d), v = heads(q_cols + hk * d, hk, d);
-  backend_.QkNormRopeKvWrite(q, k, v, w.q_norm, w.k_norm, static_cast<float>(c.rms_norm_eps), batch.positions,
-                             {c.rotary_dim(), static_cast<float>(c.rope.theta)}, cache, batch.attention);
-
   Tensor attn = backend_.Empty(act, {tokens, hq, d});  // [T, Hq, D]
-  backend_.Attention(q, cache, batch.attention, 1.0f / std::sqrt(static_cast<float>(d)), attn);
+  backend_.QkNormRopeAttention(q, k, v, w.q_norm, w.k_norm, static_cast<float>(c.rms_norm_eps), batch.positions,
+                               {c.rotary_dim(), static_cast<float>(c.rope.theta)}, cache, batch.attention,
+                               1.0f / std::sqrt(static_cast<float>(d)), attn);
   TensorView attn2d = attn.view().Reshape({tokens, hq * d});
   if (c.attention_output_gate) {
     Tensor gate = backend_.Empty(act, {tokens, hq, d});

@@ -21,6 +21,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda/attention_prologue.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/split_kv_merge.cuh"
 #include "kernels/cuda/ops.h"
@@ -289,15 +290,19 @@ bool AttentionMma(const TensorView& q, const KvCacheView& cache, const Attention
                   int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
                   const TensorView& out, cudaStream_t s);
 
-// attention_decode.cu (its only caller is Attention below): the small-batch decode kernel for
+// attention_decode.cu (its only callers are below): the small-batch decode kernel for
 // one query token per sequence (max_q_len 1), Dk = Dv in {64, 128, 256}, separate K/V, group
 // <= 16, Tuning().attention_decode_kernel on; it plans its own split-KV and merges.
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len);
+// prologue: QkNormRopeAttention's, folded in (q holds the raw projection), or null.
 void AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
-                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s,
+                     const DecodePrologue* prologue = nullptr);
 
-void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
-               float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
+namespace {
+
+// Attention's argument checks; true when the tensor-core kernels may take the call (else SIMT).
+bool CheckAttention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, const TensorView& out) {
   const TensorView& kc = cache.k;
   const bool shared = kc.data == cache.v.data;  // MLA latent: V is the first Dv dims of K
   const int64_t dk = q.dim(2), dv = out.dim(2);
@@ -317,14 +322,23 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
                                                [&](auto dims) { mma_dims = decltype(dims)::kMma; });
   COROLLA_CHECK(supported) << "attention: (Dk " << dk << ", Dv " << dv << ") is not in the supported table ("
                            << DimPairNames(AttentionDimTable{}) << ")";
+  return mma_dims && Tuning().attention_mma && !shared && RowsAligned16(q) && RowsAligned16(out) &&
+         reinterpret_cast<uintptr_t>(kc.data) % 16 == 0 && reinterpret_cast<uintptr_t>(cache.v.data) % 16 == 0;
+}
+
+}  // namespace
+
+void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+               float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
+  const bool use_mma = CheckAttention(q, cache, batch, out);
+  const TensorView& kc = cache.k;
+  const bool shared = kc.data == cache.v.data;
+  const int64_t dk = q.dim(2), dv = out.dim(2);
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
   if (q.dim(0) == 0 || num_seqs == 0) return;
   if (shared && MlaDecodeServes(q, cache, batch, out)) return MlaDecode(q, cache, batch, scale, out, alloc, s);
   const int kv_heads = static_cast<int>(kc.dim(1));
   const int group = static_cast<int>(q.dim(1) / kv_heads);
-  const bool use_mma = mma_dims && Tuning().attention_mma && !shared && RowsAligned16(q) && RowsAligned16(out) &&
-                       reinterpret_cast<uintptr_t>(kc.data) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(cache.v.data) % 16 == 0;
 
   // The plan, from host hints only (under CUDA-graph replay they are upper bounds; the kernels
   // read each sequence's rows and keys on the device). max_q_len: without it, every token could
@@ -391,6 +405,37 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
                               s);
     }
   });
+}
+
+bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                         const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                         const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                         const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
+  const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
+  if (!Tuning().attention_fused_prologue || max_q_len != 1 || q.rank() != 3 || out.rank() != 3 ||
+      out.dim(2) != q.dim(2) ||
+      !QkNormRopeKvWriteServes(q, k, v, q_norm_w, k_norm_w, positions, rope, cache, batch))
+    return false;
+  if (!CheckAttention(q, cache, batch, out) || !AttentionDecodeServes(q, cache, max_q_len)) return false;
+  if (q.dim(0) == 0 || batch.seq_lens.numel() == 0) return true;  // nothing to write, nothing to attend
+  const DecodePrologue prologue{k.ptr<bf16_t>(),
+                                k.strides[0],
+                                k.strides[1],
+                                v.ptr<bf16_t>(),
+                                v.strides[0],
+                                v.strides[1],
+                                q_norm_w.data,
+                                k_norm_w.data,
+                                q_norm_w.dtype == DType::kF32,
+                                k_norm_w.dtype == DType::kF32,
+                                eps,
+                                positions.ptr<int32_t>(),
+                                inv_freq,
+                                rope.attention_factor,
+                                batch.slot_mapping.ptr<int32_t>(),
+                                cache.k.dim(0) * cache.block_size()};
+  AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s, &prologue);
+  return true;
 }
 
 }  // namespace corolla::cuda

@@ -24,12 +24,19 @@
 // warp, so no cross-warp merge of O). Split-KV partials use split_kv_merge.cuh's format; the
 // last CTA of a (sequence, KV head) to arrive merges them (per-stream arrival counters shared
 // with attention_mma.cu, re-armed by that CTA, so a CUDA graph can replay the launch).
+// Under programmatic dependent launch the first passes of cached keys are loaded before the
+// dependency wait (Tuning().attention_decode_prefetch), and QkNormRopeAttention folds the
+// prologue in (kPrologue: each CTA normalises and rotates its group's q heads; the split holding
+// the step's key writes that key's k and v to the cache itself).
 #include <algorithm>
 
+#include "kernels/cuda/attention_prologue.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 #include "kernels/cuda/split_kv_merge.cuh"
 
 namespace corolla::cuda {
@@ -51,8 +58,8 @@ struct DecodeParams {
   int64_t q_token_stride, q_head_stride;
   bf16_t* out;
   int64_t out_token_stride, out_head_stride;
-  const bf16_t* k_cache;  // [num_blocks, Hk, block_size, D], < 2^31 rows (host-checked)
-  const bf16_t* v_cache;
+  bf16_t* k_cache;  // [num_blocks, Hk, block_size, D], < 2^31 rows (host-checked); written with kPrologue
+  bf16_t* v_cache;
   const int32_t* block_tables;  // [B, table_stride]
   int64_t table_stride;
   const int32_t* query_start;  // [B + 1]; every sequence 0 or 1 query tokens
@@ -68,6 +75,9 @@ struct DecodeParams {
   float* part_ml;  // [T * Hq, num_splits, 2]
   int* counters;   // [B, Hk] arrival counters (zero between launches), or null: merged after
   bool early_trigger;  // Tuning().pdl_early_trigger
+  bool prefetch;       // Tuning().attention_decode_prefetch
+  DecodePrologue prologue;  // kPrologue only
+  uint64_t* timeline = nullptr;  // timeline.h
 };
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
@@ -131,7 +141,10 @@ struct PassRegs {
 template <int kRowBlocks>
 struct DecodeSmem {
   float4 s[2][kRowBlocks][kWarps][32];
-  float2 ml[kMaxMergeRows];
+  union {
+    float2 ml[kMaxMergeRows];
+    uint4 q[kRowBlocks * 8 * 256 * 2 / 16];  // kPrologue: the group's q rows [group][D] bf16, before any pass
+  };
   float inv_l[kMaxGroup];
   int last;
 };
@@ -232,25 +245,98 @@ __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlock
   }
 }
 
-// kRowBlocks: 1 for groups <= 8 (query rows = the n of P V), 2 up to 16.
-template <int kD, int kRowBlocks>
+// kRowBlocks: 1 for groups <= 8 (query rows = the n of P V), 2 up to 16. kPrologue: the prologue
+// folded in (p.prologue; q holds the raw projection).
+template <int kD, int kRowBlocks, bool kPrologue>
 __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_constant__ DecodeParams p) {
   using Regs = PassRegs<kD>;
   constexpr int kQChunks = Regs::kQChunks, kVWords = Regs::kVWords;
   constexpr int kLaneDims = kD / 32;    // V / O dims a lane owns (2 per m-tile)
   constexpr bool kPrefetch = kD <= 128;  // two passes' loads in registers (D 256: one, ~255 regs otherwise)
+  // Passes loaded before the dependency wait: where registers allow (else 16-80 bytes spill).
+  constexpr bool kEarly = kPrefetch && kRowBlocks == 1;
   __shared__ DecodeSmem<kRowBlocks> sm;
+  TimelineScope tl(p.timeline);
 
   if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
-  GridDependencyWait();  // programmatic dependent launch (pdl.cuh): q, the cache, lengths, tables
-  if (!p.early_trigger) TriggerDependents();
   const int b = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  // Before the dependency wait this grid reads only what no kernel of the forward writes: the
+  // step's metadata (query starts, lengths, tables, positions, slots: copied from the host) and
+  // the cache rows of keys below this step's key (seq_len - 1), written by earlier forwards,
+  // which have completed (this grid starts after the qkv projection has passed its own wait, so
+  // every kernel before that one is done). The step's key is written by the prologue (a kernel
+  // before this one, or this grid with kPrologue) and read after the wait.
   const int q0 = p.query_start[b];
-  if (p.query_start[b + 1] - q0 <= 0) return;  // no token this step: no CTA of b arrives
+  const bool has_query = p.query_start[b + 1] - q0 > 0;  // else no CTA of b arrives
   const int seq_len = p.seq_lens[b];
+  const int new_key = seq_len - 1;
   const KeyRange keys = SplitKeyRange(seq_len, p.num_splits, split, kChunkAlign, seq_len);
   const int kv_begin = keys.begin, kv_end = keys.end;
+  const int num_passes = (kv_end - kv_begin + kPassKeys - 1) / kPassKeys;
+  const int32_t* table = p.block_tables + b * p.table_stride;
+
+  // Loads keys [lo, hi) of the pass at n0 into r; its other keys are zero when fill (masked in S,
+  // and zero rows of V keep P V finite whatever the cache holds there), untouched otherwise.
+  auto load_keys = [&](Regs& r, int n0, int lo, int hi, bool fill) {
+    // Cache rows of keys n0 + lane and n0 + 32 + lane (-1: not loaded), shuffled to the lanes
+    // that need them.
+    int row_lo = -1, row_hi = -1;
+    if (n0 + lane >= lo && n0 + lane < hi) {
+      const PagedSlot s = LocateKey(table, n0 + lane, p.block_size, p.block_shift);
+      row_lo = static_cast<int>((s.block * p.kv_heads + kvh) * p.block_size + s.in_block);
+    }
+    if (n0 + 32 + lane >= lo && n0 + 32 + lane < hi) {
+      const PagedSlot s = LocateKey(table, n0 + 32 + lane, p.block_size, p.block_shift);
+      row_hi = static_cast<int>((s.block * p.kv_heads + kvh) * p.block_size + s.in_block);
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      // Key 16 warp + 8 t + g: in the low 32 for warps 0-1 (warp-uniform choice).
+      const int row = __shfl_sync(0xffffffffu, warp < 2 ? row_lo : row_hi, (16 * warp + 8 * t + g) & 31);
+      const bf16_t* src = p.k_cache + static_cast<int64_t>(row) * kD + 8 * c;
+#pragma unroll
+      for (int i = 0; i < kQChunks; ++i) {
+        if (row >= 0) r.k[t][i] = __ldcg(reinterpret_cast<const uint4*>(src + 32 * i));
+        else if (fill) r.k[t][i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = 16 * kb + 2 * c + (i & 1) + 8 * (i >> 1);  // 2c, 2c+1, 2c+8, 2c+9 of block kb
+        const int row = __shfl_sync(0xffffffffu, kb < 2 ? row_lo : row_hi, key & 31);
+        if (row >= 0) {
+          LoadWords<kVWords>(r.v[kb][i], p.v_cache + static_cast<int64_t>(row) * kD + warp * (kD / 4) + g * kLaneDims);
+        } else if (fill) {
+#pragma unroll
+          for (int w = 0; w < kVWords; ++w) r.v[kb][i][w] = 0u;
+        }
+      }
+  };
+  // A whole pass; the step's key only after the wait (when it may be new).
+  auto load_pass = [&](Regs& r, int n0) { load_keys(r, n0, n0, kv_end, true); };
+
+  // The first passes of cached keys, before the wait (p.prefetch); the step's key patched in after.
+  Regs r0, r1;
+  const bool early = kEarly && p.prefetch && has_query && kv_begin < kv_end;
+  const int cached_end = min(kv_end, new_key);
+  if constexpr (kEarly) {
+    if (early) {
+      load_keys(r0, kv_begin, kv_begin, cached_end, true);
+      if (num_passes > 1) load_keys(r1, kv_begin + kPassKeys, kv_begin + kPassKeys, cached_end, true);
+    }
+  }
+  LaneRope<kD> rope;
+  if constexpr (kPrologue)
+    if (has_query) rope = MakeLaneRope<kD>(static_cast<float>(p.prologue.positions[q0]), p.prologue.inv_freq,
+                                           p.prologue.attention_factor, lane);
+
+  GridDependencyWait();  // programmatic dependent launch (pdl.cuh): q, this step's key
+  tl.Waited();
+  if (!p.early_trigger) TriggerDependents();
+  if (!has_query) return;
   if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
     if (p.num_splits > 1) {
       for (int r = threadIdx.x; r < p.group; r += kThreads) {
@@ -261,11 +347,62 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
     }
     return;
   }
-  const int32_t* table = p.block_tables + b * p.table_stride;
+  const bool owns_new_key = new_key >= kv_begin && new_key < kv_end;
+
+  // kPrologue: warp w takes items w, w + 4, ..: the group's q heads (normalised and rotated into
+  // shared memory), then, in the split that holds the step's key, its k (normalised, rotated,
+  // into the cache) and v (into the cache). Same math as the prologue kernel (NormRopeHead).
+  if constexpr (kPrologue) {
+    using Vec = BfVec<kD / 32>;
+    const DecodePrologue& pro = p.prologue;
+    const int e0 = lane * (kD / 32);
+    const int slot = pro.slots[q0];
+    const bool to_cache = slot >= 0 && slot < pro.num_slots;  // padding tokens have no slot
+    const int64_t cache_row =
+        to_cache ? ((static_cast<int64_t>(slot / p.block_size) * p.kv_heads + kvh) * p.block_size +
+                    slot % p.block_size)
+                 : 0;
+    bf16_t* q_s = reinterpret_cast<bf16_t*>(sm.q);
+    const int items = p.group + (owns_new_key ? 2 : 0);
+    for (int j = warp; j < items; j += kWarps) {
+      if (j < p.group) {
+        const Vec in = *reinterpret_cast<const Vec*>(p.q + static_cast<int64_t>(q0) * p.q_token_stride +
+                                                     static_cast<int64_t>(kvh * p.group + j) * p.q_head_stride + e0);
+        *reinterpret_cast<Vec*>(q_s + j * kD + e0) = NormRopeHead<kD>(in, pro.q_w, pro.q_w_f32, pro.eps, rope, lane);
+      } else if (j == p.group) {
+        const Vec in = *reinterpret_cast<const Vec*>(pro.k + static_cast<int64_t>(q0) * pro.k_token_stride +
+                                                     static_cast<int64_t>(kvh) * pro.k_head_stride + e0);
+        const Vec out = NormRopeHead<kD>(in, pro.k_w, pro.k_w_f32, pro.eps, rope, lane);
+        if (to_cache) *reinterpret_cast<Vec*>(p.k_cache + cache_row * kD + e0) = out;
+      } else {
+        const Vec in = *reinterpret_cast<const Vec*>(pro.v + static_cast<int64_t>(q0) * pro.v_token_stride +
+                                                     static_cast<int64_t>(kvh) * pro.v_head_stride + e0);
+        if (to_cache) *reinterpret_cast<Vec*>(p.v_cache + cache_row * kD + e0) = in;
+      }
+    }
+    __syncthreads();  // q in shared memory; the step's k / v in the cache for this CTA's loads below
+  }
+  // The step's key into the passes loaded before the wait.
+  if constexpr (kEarly) {
+    if (early && owns_new_key) {
+      if (new_key < kv_begin + kPassKeys) load_keys(r0, kv_begin, new_key, new_key + 1, false);
+      else if (new_key < kv_begin + 2 * kPassKeys) load_keys(r1, kv_begin + kPassKeys, new_key, new_key + 1, false);
+    }
+  }
 
   // Q rows g (and g + 8) of the group, 16-byte pieces at dims 32 q + 8 c; zero past the group.
   uint4 qa[kQChunks], qb[kRowBlocks == 2 ? kQChunks : 1];
-  {
+  if constexpr (kPrologue) {
+    const bf16_t* q_s = reinterpret_cast<const bf16_t*>(sm.q) + g * kD + 8 * c;
+#pragma unroll
+    for (int i = 0; i < kQChunks; ++i)
+      qa[i] = g < p.group ? *reinterpret_cast<const uint4*>(q_s + 32 * i) : make_uint4(0, 0, 0, 0);
+    if constexpr (kRowBlocks == 2) {
+#pragma unroll
+      for (int i = 0; i < kQChunks; ++i)
+        qb[i] = g + 8 < p.group ? *reinterpret_cast<const uint4*>(q_s + 8 * kD + 32 * i) : make_uint4(0, 0, 0, 0);
+    }
+  } else {
     const bf16_t* qrow = p.q + static_cast<int64_t>(q0) * p.q_token_stride +
                          static_cast<int64_t>(kvh * p.group + g) * p.q_head_stride + 8 * c;
 #pragma unroll
@@ -278,44 +415,6 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
                                 : make_uint4(0, 0, 0, 0);
     }
   }
-
-  // Issues one pass's loads (keys [n0, n0 + 64) of which those below kv_end exist; the others
-  // are zero: masked in S, and 0 rows of V keep P V finite whatever the cache holds there).
-  auto load_pass = [&](Regs& r, int n0) {
-    // Cache rows of keys n0 + lane and n0 + 32 + lane (-1: past kv_end), shuffled to the lanes
-    // that need them.
-    int row_lo = -1, row_hi = -1;
-    if (n0 + lane < kv_end) {
-      const PagedSlot s = LocateKey(table, n0 + lane, p.block_size, p.block_shift);
-      row_lo = static_cast<int>((s.block * p.kv_heads + kvh) * p.block_size + s.in_block);
-    }
-    if (n0 + 32 + lane < kv_end) {
-      const PagedSlot s = LocateKey(table, n0 + 32 + lane, p.block_size, p.block_shift);
-      row_hi = static_cast<int>((s.block * p.kv_heads + kvh) * p.block_size + s.in_block);
-    }
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      // Key 16 warp + 8 t + g: in the low 32 for warps 0-1 (warp-uniform choice).
-      const int row = __shfl_sync(0xffffffffu, warp < 2 ? row_lo : row_hi, (16 * warp + 8 * t + g) & 31);
-      const bf16_t* src = p.k_cache + static_cast<int64_t>(row) * kD + 8 * c;
-#pragma unroll
-      for (int i = 0; i < kQChunks; ++i)
-        r.k[t][i] = row >= 0 ? __ldcg(reinterpret_cast<const uint4*>(src + 32 * i)) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = 16 * kb + 2 * c + (i & 1) + 8 * (i >> 1);  // 2c, 2c+1, 2c+8, 2c+9 of block kb
-        const int row = __shfl_sync(0xffffffffu, kb < 2 ? row_lo : row_hi, key & 31);
-        if (row >= 0) {
-          LoadWords<kVWords>(r.v[kb][i], p.v_cache + static_cast<int64_t>(row) * kD + warp * (kD / 4) + g * kLaneDims);
-        } else {
-#pragma unroll
-          for (int w = 0; w < kVWords; ++w) r.v[kb][i][w] = 0u;
-        }
-      }
-  };
 
   // Running softmax state of rows g (and g + 8), the same in every warp: max (log2 domain) and
   // this lane's part of the sum (quad-reduced at the end).
@@ -416,13 +515,11 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
   };
 
-  const int num_passes = (kv_end - kv_begin + kPassKeys - 1) / kPassKeys;
   if constexpr (kPrefetch) {
-    Regs r0, r1;
-    load_pass(r0, kv_begin);
+    if (!early) load_pass(r0, kv_begin);
     for (int pass = 0; pass < num_passes; pass += 2) {
       const int n0 = kv_begin + pass * kPassKeys;
-      if (pass + 1 < num_passes) load_pass(r1, n0 + kPassKeys);
+      if (pass + 1 < num_passes && !(early && pass == 0)) load_pass(r1, n0 + kPassKeys);
       compute_pass(r0, n0, 0);
       if (pass + 1 < num_passes) {
         if (pass + 2 < num_passes) load_pass(r0, n0 + 2 * kPassKeys);
@@ -430,7 +527,6 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
     }
   } else {
-    Regs r0;
     for (int pass = 0; pass < num_passes; ++pass) {
       const int n0 = kv_begin + pass * kPassKeys;
       load_pass(r0, n0);
@@ -473,9 +569,12 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
 }
 
 template <int kD, int kRowBlocks>
-void LaunchDecode(const DecodeParams& p, int num_seqs, cudaStream_t s) {
-  LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks>, dim3(p.num_splits, p.kv_heads, num_seqs), dim3(kThreads), 0, s,
-            1, p);
+void LaunchDecode(DecodeParams p, bool prologue, int num_seqs, cudaStream_t s) {
+  const dim3 grid(p.num_splits, p.kv_heads, num_seqs);
+  p.timeline = TimelineRecord(prologue ? "AttentionDecode+prologue" : "AttentionDecode",
+                              int64_t{grid.x} * grid.y * grid.z, s);
+  if (prologue) LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, true>, grid, dim3(kThreads), 0, s, 1, p);
+  else LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, false>, grid, dim3(kThreads), 0, s, 1, p);
 }
 
 }  // namespace
@@ -491,7 +590,7 @@ bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int ma
 // Declared in attention.cu (its only caller), which has checked the tensors (q/out [T, Hq, D]
 // with 16-byte aligned rows, contiguous 16-byte aligned caches) and AttentionDecodeServes.
 void AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
-                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
+                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s, const DecodePrologue* prologue) {
   const int d = static_cast<int>(q.dim(2)), kv_heads = static_cast<int>(cache.k.dim(1));
   const int group = static_cast<int>(q.dim(1)) / kv_heads;
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
@@ -538,12 +637,15 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        part_o,
                        part_ml,
                        counters,
-                       Tuning().pdl_early_trigger};
+                       Tuning().pdl_early_trigger,
+                       Tuning().attention_decode_prefetch,
+                       prologue ? *prologue : DecodePrologue{}};
+  const bool fused = prologue != nullptr;
   const bool wide = group > 8;
   switch (d) {
-    case 64: wide ? LaunchDecode<64, 2>(p, num_seqs, s) : LaunchDecode<64, 1>(p, num_seqs, s); break;
-    case 128: wide ? LaunchDecode<128, 2>(p, num_seqs, s) : LaunchDecode<128, 1>(p, num_seqs, s); break;
-    case 256: wide ? LaunchDecode<256, 2>(p, num_seqs, s) : LaunchDecode<256, 1>(p, num_seqs, s); break;
+    case 64: wide ? LaunchDecode<64, 2>(p, fused, num_seqs, s) : LaunchDecode<64, 1>(p, fused, num_seqs, s); break;
+    case 128: wide ? LaunchDecode<128, 2>(p, fused, num_seqs, s) : LaunchDecode<128, 1>(p, fused, num_seqs, s); break;
+    case 256: wide ? LaunchDecode<256, 2>(p, fused, num_seqs, s) : LaunchDecode<256, 1>(p, fused, num_seqs, s); break;
     default: COROLLA_CHECK(false) << "attention decode: no D " << d << " kernel";
   }
   if (num_splits > 1 && counters == nullptr) {

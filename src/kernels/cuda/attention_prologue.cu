@@ -1,14 +1,17 @@
 // The ops between Qwen3's qkv projection and its attention in one launch (Backend::
 // QkNormRopeKvWrite): per-head RMSNorm of q and k, neox rotary embedding over the whole head,
 // and the paged KV write of k and v. One warp per (token, head), or per (token, 4 heads) for
-// larger batches, over the q, k and v heads of the step; lane l holds elements [l D/32,
-// (l + 1) D/32), so the rotary partner of an element (i +- D/2) sits in lane l ^ 16. The normalised values stay in f32 into the rotation (the
-// separate ops round them to bf16 in between).
+// larger batches, over the q, k and v heads of the step; a head's math is NormRopeHead
+// (attention_prologue.cuh, shared with the decode attention that folds this prologue in). The
+// normalised values stay in f32 into the rotation (the separate ops round them to bf16 in between).
 #include <type_traits>
 
+#include "kernels/cuda/attention_prologue.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 
 namespace corolla::cuda {
 namespace {
@@ -34,16 +37,9 @@ struct PrologueParams {
   int block_size;
   int64_t tokens;
   int hq, hk;
+  bool early_trigger = false;    // Tuning().prologue_early_trigger
+  uint64_t* timeline = nullptr;  // timeline.h
 };
-
-template <int kN>
-struct alignas(2 * kN) BfVec {
-  bf16_t v[kN];
-};
-
-__device__ __forceinline__ float WeightAt(const void* w, bool f32, int i) {
-  return f32 ? static_cast<const float*>(w)[i] : __bfloat162float(static_cast<const bf16_t*>(w)[i]);
-}
 
 // kHeads consecutive heads of one token per warp (the heads of a token are q, then k, then v):
 // the rotary angles of the lane's elements are computed once for all of them (sincosf with its
@@ -52,9 +48,12 @@ __device__ __forceinline__ float WeightAt(const void* w, bool f32, int i) {
 // few tokens over more SMs.
 template <int kD, int kHeads>
 __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p) {
+  TimelineScope tl(p.timeline);
+  if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
-  TriggerDependents();
-  constexpr int kPer = kD / 32, kHalf = kD / 2;
+  tl.Waited();
+  if (!p.early_trigger) TriggerDependents();
+  constexpr int kPer = kD / 32;
   using Vec = BfVec<kPer>;
   const int heads = p.hq + 2 * p.hk, warps_per_token = (heads + kHeads - 1) / kHeads;
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -78,16 +77,8 @@ __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p
   for (int j = 0; j < kHeads; ++j)
     if (h0 + j < heads) in[j] = *reinterpret_cast<const Vec*>(head_ptr(h0 + j) + e0);
   // Neox pairs (i, i + D/2): lanes 0-15 hold the first halves, lanes 16-31 their partners.
-  float cs[kPer], sn[kPer];
-  if (h0 < p.hq + p.hk) {
-    const float pos = static_cast<float>(p.positions[t]);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      sincosf(pos * p.inv_freq[(e0 + i) % kHalf], &sn[i], &cs[i]);  // angle in fp32, as the CPU twin
-      cs[i] *= p.attention_factor;
-      sn[i] *= lane < 16 ? -p.attention_factor : p.attention_factor;
-    }
-  }
+  LaneRope<kD> rope;
+  if (h0 < p.hq + p.hk) rope = MakeLaneRope<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
 #pragma unroll
   for (int j = 0; j < kHeads; ++j) {
     const int h = h0 + j;
@@ -97,25 +88,7 @@ __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p
       continue;
     }
     const bool is_q = h < p.hq;
-    float a[kPer];
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      a[i] = __bfloat162float(in[j].v[i]);
-      ss += a[i] * a[i];
-    }
-    ss = WarpSum(ss);
-    const float inv = rsqrtf(ss / kD + p.eps);
-    const void* w = is_q ? p.q_w : p.k_w;
-    const bool w_f32 = is_q ? p.q_w_f32 : p.k_w_f32;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) a[i] = WeightAt(w, w_f32, e0 + i) * (a[i] * inv);
-    Vec out;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const float partner = __shfl_xor_sync(0xffffffffu, a[i], 16);
-      out.v[i] = __float2bfloat16(a[i] * cs[i] + partner * sn[i]);
-    }
+    const Vec out = NormRopeHead<kD>(in[j], is_q ? p.q_w : p.k_w, is_q ? p.q_w_f32 : p.k_w_f32, p.eps, rope, lane);
     bf16_t* x = is_q ? p.q + t * p.q_token_stride + h * p.q_head_stride
                      : p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
     *reinterpret_cast<Vec*>(x + e0) = out;
@@ -127,9 +100,9 @@ bool Aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
-                       const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
-                       const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, cudaStream_t s) {
+bool QkNormRopeKvWriteServes(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                             const TensorView& k_norm_w, const TensorView& positions, const RopeParams& rope,
+                             const KvCacheView& cache, const AttentionBatch& batch) {
   const int64_t d = q.dim(2), tokens = q.dim(0);
   // Covered: Qwen3's layout (whole-head neox rotary, separate K/V caches of the head dim).
   const bool shape_ok =
@@ -147,6 +120,14 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
   const int64_t per = d / 32;  // elements per lane: vector accesses of 2 * per bytes
   for (const TensorView* t : {&q, &k, &v})
     if (!Aligned(t->data, 2 * per) || t->strides[0] % per != 0 || t->strides[1] % per != 0) return false;
+  return true;
+}
+
+bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                       const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                       const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, cudaStream_t s) {
+  if (!QkNormRopeKvWriteServes(q, k, v, q_norm_w, k_norm_w, positions, rope, cache, batch)) return false;
+  const int64_t d = q.dim(2), tokens = q.dim(0);
   if (tokens == 0) return true;
   PrologueParams p{q.ptr<bf16_t>(), q.strides[0], q.strides[1], k.ptr<bf16_t>(), k.strides[0], k.strides[1],
                    v.ptr<bf16_t>(), v.strides[0], v.strides[1], q_norm_w.data, k_norm_w.data,
@@ -163,6 +144,8 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
   const bool many = tokens >= kManyTokens;
   const int64_t warps = tokens * (many ? CeilDiv(heads, kHeadsPerWarp) : heads);
   const dim3 grid(CeilDiv(warps * 32, 128));
+  p.early_trigger = Tuning().prologue_early_trigger;
+  p.timeline = TimelineRecord("QkNormRopeKvWrite", grid.x, s);
   auto launch = [&](auto d_tag) {
     constexpr int kD = decltype(d_tag)::value;
     if (many) LaunchPdl(QkNormRopeKvWriteKernel<kD, kHeadsPerWarp>, grid, dim3(128), 0, s, 1, p);

@@ -39,11 +39,16 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED")) t.gemv_staged = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_TRIGGER")) t.prologue_early_trigger = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ROWS")) t.moe_pair_gate_up_rows = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_ROWS")) t.moe_pair_down_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER_NORM")) t.staged_router_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_NORM")) t.gemv_staged_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE")) t.attention_decode_kernel = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_SPLIT_KEYS")) t.attention_decode_split_keys = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_SPLIT_KEYS")) t.decode_stack_split_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_STAGES_A")) t.decode_stack_stages_a = std::atoi(v);
@@ -282,6 +287,18 @@ void CudaBackend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, co
   if (!cuda::QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, RopeFreqs(rope), cache, batch,
                                stream_))
     Backend::QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
+}
+bool CudaBackend::fuses_qk_norm_rope_attention(const AttentionBatch& batch) const {
+  return cuda::Tuning().attention_fused_prologue && batch.max_q_len == 1;
+}
+void CudaBackend::QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                      const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
+                                      const AttentionBatch& batch, float scale, const TensorView& out) {
+  // One launch for decode on the small-batch kernel, else the prologue and the attention.
+  if (!cuda::QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, RopeFreqs(rope), cache, batch,
+                                 scale, out, *alloc_, stream_))
+    Backend::QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale, out);
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // A few rows: our weight-streaming GEMV (gemv.cu); else, or when its layout rules out, cuBLASLt.

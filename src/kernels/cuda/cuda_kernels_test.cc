@@ -201,6 +201,33 @@ TEST_F(CudaKernelTest, MoeRoute) {
       }
 }
 
+// Many exact ties (logits from {-1, 0, 1, 2}): the picks must follow the CPU's order (ties to the
+// lower expert id) on both RouteToken paths (registers for softmax without bias or groups: E 128
+// and 512; the shared-memory scans: E 1024).
+TEST_F(CudaKernelTest, MoeRouteTies) {
+  for (int experts : {128, 512, 1024})
+    for (int k : {8, 10}) {
+      const int64_t tokens = 3;
+      std::vector<float> logits(tokens * experts);
+      for (float& l : logits) l = static_cast<float>(static_cast<int>(Rng()() % 4) - 1);
+      Tensor cl = HostF32(logits, {tokens, experts});
+      Tensor cids = Tensor::Empty(DType::kI32, {tokens, k}), cw = Tensor::Empty(DType::kF32, {tokens, k});
+      cpu::MoeRoute(cl, {k, true}, cids, cw);
+      Tensor gl = Upload(gpu(), logits, {tokens, experts}, DType::kF32);
+      Tensor gids = gpu().Empty(DType::kI32, {tokens, k}), gw = gpu().Empty(DType::kF32, {tokens, k});
+      Poison(gpu(), gw);
+      gpu().MoeRoute(gl, {k, true}, gids, gw);
+      auto ids = DownloadI32(gpu(), gids);
+      int mismatches = 0;
+      for (int64_t i = 0; i < tokens * k; ++i) mismatches += ids[i] != cids.ptr<int32_t>()[i];
+      const double e = RelError(Download(gpu(), gw), std::vector<float>(cw.ptr<float>(), cw.ptr<float>() + tokens * k));
+      const std::string shape = Dims({tokens, experts}) + " k" + std::to_string(k) + " ties";
+      Record("MoeRoute.id_mismatches", shape, mismatches, 0);
+      EXPECT_EQ(mismatches, 0) << shape;
+      EXPECT_LT(e, kF32Tol) << shape;
+    }
+}
+
 // DeepSeek routing: sigmoid scores, selection bias, group-limited top-k, scaling.
 TEST_F(CudaKernelTest, MoeRouteGrouped) {
   struct Case { int experts, groups, topk_groups, k; bool sigmoid, bias; };

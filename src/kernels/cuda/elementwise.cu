@@ -8,6 +8,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 
 namespace corolla::cuda {
 namespace {
@@ -67,6 +69,7 @@ struct RmsNormParams {
   int cols;
   float eps;
   bool early_trigger;  // Tuning().pdl_early_trigger
+  uint64_t* timeline = nullptr;  // timeline.h
 };
 
 // Norm weights are bf16, or f32 where bf16 would round them (Qwen3.5's zero-centred norms are
@@ -107,8 +110,10 @@ template <bool kVec>
 __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   // Launched with programmatic dependent launch (pdl.cuh). The early trigger is safe: the next
   // kernel's own wait still covers this whole grid, which cannot end before its wait below.
+  TimelineScope tl(p.timeline);
   if (p.early_trigger) TriggerDependents();
   GridDependencyWait();
+  tl.Waited();
   if (!p.early_trigger) TriggerDependents();
   const int64_t row = blockIdx.x;
   const bf16_t* x = p.x + row * p.x_stride;
@@ -462,6 +467,7 @@ void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorVi
   bool vec = Vectorisable(x, cols) && Vectorisable(w, cols) && Vectorisable(out, cols) &&
              (!residual || Vectorisable(*residual, cols));
   const int threads = vec ? std::clamp<int>((cols / 8 + 31) / 32 * 32, 32, 1024) : 256;
+  p.timeline = TimelineRecord(residual ? "RmsNorm+residual" : "RmsNorm", rows, s);
   if (vec)
     LaunchPdl(RmsNormKernel<true>, dim3(rows), dim3(threads), 0, s, 1, p);
   else

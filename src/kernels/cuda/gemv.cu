@@ -20,6 +20,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 #include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -38,6 +40,7 @@ struct GemvParams {
   int64_t out_stride;
   int m, n, k;
   bool out_f32;
+  uint64_t* timeline = nullptr;  // timeline.h
 };
 
 // kRows rows of W per warp (fewer rows, more CTAs: the host picks kRows so that small N still
@@ -48,6 +51,7 @@ struct GemvParams {
 // kMinBlocks > 1 caps the registers so that many CTAs fit an SM (kOneWaveBlocks below).
 template <int kM, int kRows, int kMinBlocks = 1>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) GemvKernel(const __grid_constant__ GemvParams p) {
+  TimelineScope tl(p.timeline);
   constexpr int kUnroll = kLoadsInFlight / kRows;
   constexpr int kPass = kUnroll * 32 * 8;  // columns of a row one pass of the warp covers
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -72,6 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) GemvKernel(const __gr
   Bf16x8 wv[kUnroll][kRows];
   if (active) load_pass(lane * 8, wv);
   GridDependencyWait();  // x is the previous kernel's output
+  tl.Waited();
   TriggerDependents();
   if (!active) return;
   float acc[kM][kRows] = {};
@@ -154,6 +159,7 @@ struct StagedGemvParams {
   // chunk a thread); its CTAs count themselves on `arrivals` (per stream, zero between launches).
   ResidualNorm norm;
   unsigned* arrivals;
+  uint64_t* timeline = nullptr;  // timeline.h
 };
 
 // The norm variant's staging of x: thread t forms chunk t of h = bf16(sum + y), the CTA sums h^2
@@ -245,6 +251,7 @@ __device__ __forceinline__ void StagedDot(const bf16_t* w, const bf16_t* x, int 
 // At most 64 registers (2 CTAs' worth an SM): a CTA must fit beside the kernel before it.
 __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const __grid_constant__ StagedGemvParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
+  TimelineScope tl(p.timeline);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int cta_row0 = blockIdx.x * p.rows_per_cta;
   const int cta_rows = min(p.rows_per_cta, p.n - cta_row0);
@@ -263,6 +270,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
                     wgmma::EvictFirst());
   }
   GridDependencyWait();  // x is the previous kernel's output
+  tl.Waited();
   TriggerDependents();
   if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6 + 1] = wgmma::GlobalTimerNs();
   if (p.norm.y != nullptr) {
@@ -377,6 +385,10 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
       }
     }
   }
+  if (TimelineOn())
+    p.timeline = TimelineRecord(std::string(norm ? "RmsNormLinear staged " : "Gemv staged ") + std::to_string(k) +
+                                    "->" + std::to_string(n),
+                                ctas, s);
   LaunchPdl(GemvStagedKernel, dim3(ctas), dim3(kStagedWarps * 32), static_cast<size_t>(smem), s, 1, p);
   if (traced) TraceStaged(p, ctas, s);
   return true;
@@ -404,6 +416,7 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
   auto launch = [&](auto m_tag, auto rows_tag) {
     constexpr int kM = decltype(m_tag)::value, kRows = decltype(rows_tag)::value;
     const dim3 grid(CeilDiv(n, kWarps * kRows));
+    if (TimelineOn()) p.timeline = TimelineRecord("Gemv " + std::to_string(k) + "->" + std::to_string(n), grid.x, s);
     // One row, two rows a warp (the 4224 <= N < 8448 band: qkv at Qwen3-30B-A3B, 640 CTAs): at
     // 102 registers 4 CTAs fit an SM (528 on an H200), so the grid ran in two waves; capped at
     // 96 (no spills) 5 fit and it is one.

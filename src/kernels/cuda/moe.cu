@@ -15,6 +15,8 @@
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 
 namespace corolla::cuda {
 namespace {
@@ -25,7 +27,9 @@ constexpr int kRouteWarps = 4;
 __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
   // [kRouteWarps][2 experts + groups]: probs, selection scores, group scores
   extern __shared__ float route_smem[];
+  TimelineScope tl(p.timeline);
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
+  tl.Waited();
   TriggerDependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
@@ -304,6 +308,7 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
                 routing.num_groups, routing.topk_groups};
   const size_t smem = sizeof(float) * kRouteWarps * (2 * experts + routing.num_groups);
   COROLLA_CHECK(smem <= 48 * 1024) << "moe_route: " << experts << " experts exceed shared memory";
+  p.timeline = TimelineRecord("MoeRoute", CeilDiv(tokens, kRouteWarps), s);
   LaunchPdl(MoeRouteKernel, dim3(CeilDiv(tokens, kRouteWarps)), dim3(kRouteWarps * 32), smem, s, 1, p);
 }
 

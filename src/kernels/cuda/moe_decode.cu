@@ -9,6 +9,8 @@
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 
 namespace corolla::cuda {
 namespace {
@@ -39,48 +41,53 @@ struct PairGemvParams {
   bf16_t* out;
   int64_t out_stride;
   int experts, top_k, hidden, inter;
+  uint64_t* timeline = nullptr;  // timeline.h (set per launch)
 };
 
+// kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
+template <int kN = kGateUpN, int kU = kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_constant__ PairGemvParams p) {
+  TimelineScope tl(p.timeline);
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): ids come from routing
+  tl.Waited();
   TriggerDependents();
   const int pair = blockIdx.x;
   const int t = pair / p.top_k, slot = pair % p.top_k;
   const int e = p.ids[t * p.ids_stride + slot];
   if (e < 0 || e >= p.experts) return;  // another rank's expert: the down kernel skips it too
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = (blockIdx.y * kWarps + warp) * kGateUpN;
+  const int n0 = (blockIdx.y * kWarps + warp) * kN;
   if (n0 >= p.inter) return;
   const bf16_t* w = p.w_gate_up + static_cast<int64_t>(e) * 2 * p.inter * p.hidden;
   // Rows 2i: gate n0 + i, 2i + 1: up n0 + i; outputs past I repeat a valid row, dropped below.
-  const bf16_t* rows[2 * kGateUpN];
+  const bf16_t* rows[2 * kN];
 #pragma unroll
-  for (int i = 0; i < kGateUpN; ++i) {
+  for (int i = 0; i < kN; ++i) {
     const int n = min(n0 + i, p.inter - 1);
     rows[2 * i] = w + static_cast<int64_t>(n) * p.hidden;
     rows[2 * i + 1] = w + static_cast<int64_t>(p.inter + n) * p.hidden;
   }
-  float acc[2 * kGateUpN] = {};
+  float acc[2 * kN] = {};
   const bf16_t* x = p.x + t * p.x_stride;
-  // kUnroll chunks of 8 per lane loaded before any arithmetic: 4 rows x 4 chunks = 16 loads of
+  // kU chunks of 8 per lane loaded before any arithmetic: 4 rows x 4 chunks = 16 loads of
   // 16 bytes in flight per lane.
-  for (int c0 = lane * 8; c0 < p.hidden; c0 += kUnroll * 32 * 8) {
-    Bf16x8 xv[kUnroll], wv[kUnroll][2 * kGateUpN];
+  for (int c0 = lane * 8; c0 < p.hidden; c0 += kU * 32 * 8) {
+    Bf16x8 xv[kU], wv[kU][2 * kN];
 #pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
+    for (int j = 0; j < kU; ++j) {
       const int c = c0 + j * 32 * 8;
       if (c >= p.hidden) break;
       xv[j] = *reinterpret_cast<const Bf16x8*>(x + c);
 #pragma unroll
-      for (int r = 0; r < 2 * kGateUpN; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
+      for (int r = 0; r < 2 * kN; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
     }
 #pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
+    for (int j = 0; j < kU; ++j) {
       if (c0 + j * 32 * 8 >= p.hidden) break;
       float xf[8];
       Unpack8(xv[j], xf);
 #pragma unroll
-      for (int r = 0; r < 2 * kGateUpN; ++r) {
+      for (int r = 0; r < 2 * kN; ++r) {
         float wf[8];
         Unpack8(wv[j][r], wf);
 #pragma unroll
@@ -89,12 +96,12 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_con
     }
   }
 #pragma unroll
-  for (int r = 0; r < 2 * kGateUpN; ++r) acc[r] = WarpSum(acc[r]);
-  if (lane < kGateUpN && n0 + lane < p.inter) {
+  for (int r = 0; r < 2 * kN; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane < kN && n0 + lane < p.inter) {
     // Lane i writes output n0 + i (the unrolled select keeps acc in registers).
     float g = acc[0], u = acc[1];
 #pragma unroll
-    for (int i = 1; i < kGateUpN; ++i)
+    for (int i = 1; i < kN; ++i)
       if (lane == i) g = acc[2 * i], u = acc[2 * i + 1];
     p.act[static_cast<int64_t>(pair) * p.inter + n0 + lane] = g / (1.f + expf(-g)) * u;
   }
@@ -168,66 +175,70 @@ __global__ void __launch_bounds__(kWarps * 32) PairDownCombineKernel(const __gri
 constexpr int kSlotWarps = 8;
 constexpr int kSlotRows = 4;
 
+// kR rows of W_down a CTA, kU chunks a lane in flight per row (Tuning().moe_pair_down_rows).
+template <int kR = kSlotRows, int kU = kUnroll>
 __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __grid_constant__ PairGemvParams p) {
-  __shared__ float partial[kSlotWarps][kSlotRows];
+  __shared__ float partial[kSlotWarps][kR];
+  TimelineScope tl(p.timeline);
   const int t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int h0 = blockIdx.y * kSlotRows;
+  const int h0 = blockIdx.y * kR;
   const int* ids = p.ids + t * p.ids_stride;
   auto expert_of = [&](int slot) {
     const int e = __ldcg(ids + slot);  // L2: written by an earlier kernel of this forward
     return e < 0 || e >= p.experts ? -1 : e;
   };
-  auto row_ptrs = [&](int e, const bf16_t* (&rows)[kSlotRows]) {
+  auto row_ptrs = [&](int e, const bf16_t* (&rows)[kR]) {
     const bf16_t* w = p.w_down + static_cast<int64_t>(e) * p.hidden * p.inter;
 #pragma unroll
-    for (int r = 0; r < kSlotRows; ++r) rows[r] = w + static_cast<int64_t>(min(h0 + r, p.hidden - 1)) * p.inter;
+    for (int r = 0; r < kR; ++r) rows[r] = w + static_cast<int64_t>(min(h0 + r, p.hidden - 1)) * p.inter;
   };
-  Bf16x8 wv[kUnroll][kSlotRows];
-  auto load_pass = [&](const bf16_t* const (&rows)[kSlotRows], int c0) {
+  Bf16x8 wv[kU][kR];
+  auto load_pass = [&](const bf16_t* const (&rows)[kR], int c0) {
 #pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
+    for (int j = 0; j < kU; ++j) {
       const int c = c0 + j * 32 * 8;
       if (c >= p.inter) break;
 #pragma unroll
-      for (int r = 0; r < kSlotRows; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
+      for (int r = 0; r < kR; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
     }
   };
   int slot = warp;
   int e = slot < p.top_k ? expert_of(slot) : -1;
-  const bf16_t* rows[kSlotRows];
+  const bf16_t* rows[kR];
   if (e >= 0) {
     row_ptrs(e, rows);
     load_pass(rows, lane * 8);
   }
   GridDependencyWait();  // act comes from the gate/up kernel
+  tl.Waited();
   TriggerDependents();
-  float acc[kSlotRows] = {};
+  float acc[kR] = {};
   bool preloaded = e >= 0;
   for (; slot < p.top_k; slot += kSlotWarps, e = slot < p.top_k ? expert_of(slot) : -1) {
     if (e < 0) continue;
     if (!preloaded) row_ptrs(e, rows);
     const float wt = __ldcg(p.weights + t * p.weights_stride + slot);
     const float* a = p.act + static_cast<int64_t>(t * p.top_k + slot) * p.inter;
-    float part[kSlotRows] = {};
-    for (int c0 = lane * 8; c0 < p.inter; c0 += kUnroll * 32 * 8) {
+    float part[kR] = {};
+    for (int c0 = lane * 8; c0 < p.inter; c0 += kU * 32 * 8) {
       if (!preloaded) load_pass(rows, c0);
       preloaded = false;
-      float4 av[kUnroll][2];
+      float4 av[kU][2];
 #pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
+      for (int j = 0; j < kU; ++j) {
         const int c = c0 + j * 32 * 8;
         if (c >= p.inter) break;
         av[j][0] = *reinterpret_cast<const float4*>(a + c);
         av[j][1] = *reinterpret_cast<const float4*>(a + c + 4);
       }
 #pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
+      for (int j = 0; j < kU; ++j) {
         if (c0 + j * 32 * 8 >= p.inter) break;
         const float af[8] = {av[j][0].x, av[j][0].y, av[j][0].z, av[j][0].w,
                              av[j][1].x, av[j][1].y, av[j][1].z, av[j][1].w};
 #pragma unroll
-        for (int r = 0; r < kSlotRows; ++r) {
+        for (int r = 0; r < kR; ++r) {
           float wf[8];
           Unpack8(wv[j][r], wf);
 #pragma unroll
@@ -236,16 +247,16 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
       }
     }
 #pragma unroll
-    for (int r = 0; r < kSlotRows; ++r) acc[r] = fmaf(wt, part[r], acc[r]);
+    for (int r = 0; r < kR; ++r) acc[r] = fmaf(wt, part[r], acc[r]);
   }
 #pragma unroll
-  for (int r = 0; r < kSlotRows; ++r) acc[r] = WarpSum(acc[r]);
+  for (int r = 0; r < kR; ++r) acc[r] = WarpSum(acc[r]);
   if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < kSlotRows; ++r) partial[warp][r] = acc[r];
+    for (int r = 0; r < kR; ++r) partial[warp][r] = acc[r];
   }
   __syncthreads();
-  if (threadIdx.x < kSlotRows && h0 + threadIdx.x < p.hidden) {
+  if (threadIdx.x < kR && h0 + threadIdx.x < p.hidden) {
     float v = 0.f;
 #pragma unroll
     for (int w = 0; w < kSlotWarps; ++w) v += partial[w][threadIdx.x];
@@ -267,9 +278,23 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    topk_weights.ptr<float>(), topk_weights.strides[0], w_gate_up.ptr<bf16_t>(), w_down.ptr<bf16_t>(),
                    act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
-  LaunchPdl(PairGateUpKernel, dim3(tokens * k, CeilDiv(inter, kWarps * kGateUpN)), dim3(kWarps * 32), 0, s, 1, p);
-  if (Tuning().moe_pair_down_slots)
-    LaunchPdl(PairDownSlotsKernel, dim3(tokens, CeilDiv(hidden, kSlotRows)), dim3(kSlotWarps * 32), 0, s, 1, p);
+  // Outputs a warp for gate/up and W_down rows a CTA for down: the defaults (2 and 4) run
+  // Qwen3-30B-A3B's batch-1 grids in two waves (768 and 512 CTAs); 4 and 8, with half the chunks
+  // in flight per row, in one (384 and 256).
+  const bool wide_gate_up = Tuning().moe_pair_gate_up_rows == 4, wide_down = Tuning().moe_pair_down_rows == 8;
+  const int gate_up_n = wide_gate_up ? 4 : kGateUpN, down_rows = wide_down ? 8 : kSlotRows;
+  const dim3 gate_up_grid(tokens * k, CeilDiv(inter, kWarps * gate_up_n));
+  p.timeline = TimelineRecord("PairGateUp", int64_t{gate_up_grid.x} * gate_up_grid.y, s);
+  if (wide_gate_up) LaunchPdl(PairGateUpKernel<4, 2>, gate_up_grid, dim3(kWarps * 32), 0, s, 1, p);
+  else LaunchPdl(PairGateUpKernel<>, gate_up_grid, dim3(kWarps * 32), 0, s, 1, p);
+  p.timeline = nullptr;
+  const dim3 down_grid(tokens, CeilDiv(hidden, down_rows));
+  if (Tuning().moe_pair_down_slots && TimelineOn())
+    p.timeline = TimelineRecord("PairDownSlots", int64_t{down_grid.x} * down_grid.y, s);
+  if (Tuning().moe_pair_down_slots && wide_down)
+    LaunchPdl(PairDownSlotsKernel<8, 2>, down_grid, dim3(kSlotWarps * 32), 0, s, 1, p);
+  else if (Tuning().moe_pair_down_slots)
+    LaunchPdl(PairDownSlotsKernel<>, down_grid, dim3(kSlotWarps * 32), 0, s, 1, p);
   else
     LaunchPdl(PairDownCombineKernel, dim3(tokens, CeilDiv(hidden, kWarps * kDownRows)), dim3(kWarps * 32), 0, s, 1, p);
 }

@@ -23,12 +23,89 @@ struct RouteParams {
   bool renormalize, sigmoid;
   float scaling_factor;
   int num_groups, topk_groups;
+  uint64_t* timeline = nullptr;  // timeline.h (MoeRoute's launch)
 };
+
+// RouteToken's common case in registers: softmax scores, no selection bias, one group, E <= 32
+// kPer. Lane l holds experts l + 32 j; the sum runs in RouteToken's order, so the scores are the
+// same bits, and each pick is two warp reductions (the largest score, then the lowest id holding
+// it: ties to the lower id, as RouteToken). The serial shared-memory scans of RouteToken took
+// ~5 us a token on an H200 (timeline.h). False, having written nothing, when a score is NaN
+// (RouteToken's rules decide those).
+template <int kPer>
+__device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, const float* logit, int lane) {
+  float v[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < p.experts ? logit[e] : -INFINITY;
+    mx = fmaxf(mx, v[j]);
+  }
+  mx = WarpMax(mx);
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (lane + 32 * j < p.experts) {
+      v[j] = expf(v[j] - mx);
+      sum += v[j];
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  // Keys: a score's bits + 1 (scores are >= +0, so the bits order them); 0 for none or taken.
+  uint32_t key[kPer];
+  bool nan = false;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    key[j] = 0;
+    if (lane + 32 * j < p.experts) {
+      const float prob = static_cast<float>(v[j] / sum);
+      nan |= prob != prob;
+      key[j] = __float_as_uint(prob) + 1;
+    }
+  }
+  if (__any_sync(0xffffffffu, nan)) return false;
+  double norm = 0.0;
+  int my_id = 0;
+  float my_weight = 0.0f;
+  for (int i = 0; i < p.top_k; ++i) {
+    uint32_t best = 0;
+    int best_j = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (key[j] > best) {  // strict: the lower id of this lane's ties
+        best = key[j];
+        best_j = j;
+      }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+    const uint32_t id = __reduce_min_sync(0xffffffffu, best == top ? lane + 32 * best_j : 0xffffffffu);
+    const int owner = static_cast<int>(id % 32);
+    const float pb = __shfl_sync(0xffffffffu, __uint_as_float(best - 1), owner);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (lane == owner && j == best_j) key[j] = 0;  // taken
+    if (lane == i) {
+      my_id = static_cast<int>(id);
+      my_weight = pb;
+    }
+    norm += pb;
+  }
+  if (lane < p.top_k) {
+    const float weight = p.renormalize ? static_cast<float>(my_weight / norm) : my_weight;
+    p.topk_ids[t * p.ids_stride + lane] = my_id;
+    p.topk_weights[t * p.weights_stride + lane] = weight * p.scaling_factor;
+  }
+  return true;
+}
 
 // Routes token t (writes its top_k ids and weights) with the calling warp. logit: [E] (global or
 // shared memory); probs, choice [E] and group_score [num_groups]: this warp's shared scratch.
 __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, const float* logit, float* probs,
                                            float* choice, float* group_score, int lane) {
+  if (!p.sigmoid && p.bias == nullptr && p.num_groups == 1 &&
+      (p.experts <= 128 ? RouteTokenRegs<4>(p, t, logit, lane)
+                        : p.experts <= 512 && RouteTokenRegs<16>(p, t, logit, lane)))
+    return;
   if (p.sigmoid) {
     for (int e = lane; e < p.experts; e += 32) probs[e] = 1.0f / (1.0f + expf(-logit[e]));
   } else {

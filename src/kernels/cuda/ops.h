@@ -162,6 +162,17 @@ struct KernelTuning {
   // starts its weight copies earlier (batch-1 step 2.805 -> 2.779 ms, 2.788 -> 2.774 in two
   // runs). COROLLA_PDL_EARLY_TRIGGER sets it.
   bool pdl_early_trigger = true;
+  // QkNormRopeKvWrite triggers its dependents before its own wait too, so the decode attention
+  // (and, through its early trigger, the staged o_proj's weight copies) start one kernel earlier.
+  // COROLLA_PROLOGUE_EARLY_TRIGGER sets it.
+  bool prologue_early_trigger = false;
+  // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
+  // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
+  // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
+  // 8: batch 1 2.553 vs 2.652 ms, batch 8 8.369 vs 8.599; gate/up 4: 2.657 and 8.677 (not kept).
+  // COROLLA_MOE_PAIR_GATE_UP_ROWS and COROLLA_MOE_PAIR_DOWN_ROWS set them.
+  int moe_pair_gate_up_rows = 2;
+  int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
   // loads issued at once into registers, mma.sync straight from them, ~12 KB of static shared
@@ -172,6 +183,18 @@ struct KernelTuning {
   // That kernel's split-KV plan: at least this many keys a split (16..; rounded to 16). Fewer
   // keys mean more CTAs but more partials for the last CTA to merge. COROLLA_ATTN_DECODE_SPLIT_KEYS.
   int attention_decode_split_keys = 64;
+  // That kernel loads its first two passes of cached keys (all but this step's, which the
+  // prologue writes) before its dependency wait: earlier forwards wrote them, so they stream in
+  // while the kernels before it finish (groups <= 8, D <= 128: registers). On an H200
+  // (Qwen3-30B-A3B, batch 1, graph) 2.759 vs 2.781 ms at ctx 1024, 3.157 vs 3.190 at 8192.
+  // COROLLA_ATTN_DECODE_PREFETCH sets it.
+  bool attention_decode_prefetch = true;
+  // Backend::QkNormRopeAttention folds the prologue (QK norm, RoPE, KV write) into that kernel:
+  // every CTA normalises and rotates its group's q heads, the CTA whose split holds the new key
+  // writes its k and v to the cache. Off: one launch fewer but no faster (same H200 run, with
+  // the prefetch: 2.769 vs 2.759 ms at ctx 1024, 3.235 vs 3.157 at 8192).
+  // COROLLA_ATTN_FUSED_PROLOGUE=1 turns it on.
+  bool attention_fused_prologue = false;
   // Backend::DecodeMoeStack runs the persistent decode kernel (decode_stack.cu: every layer of a
   // Qwen3-MoE batch-1 decode step in one launch) where it covers the model; off: the caller's
   // op-by-op path. Off by default: on an H200 (Qwen3-30B-A3B, batch 1, ctx 1024, graph) it takes
@@ -232,9 +255,22 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
                        const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
                        const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, cudaStream_t s);
 
+// Whether attention_prologue.cu's kernel covers this prologue (its shapes, dtypes, alignment).
+bool QkNormRopeKvWriteServes(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                             const TensorView& k_norm_w, const TensorView& positions, const RopeParams& rope,
+                             const KvCacheView& cache, const AttentionBatch& batch);
+
 // attention.cu
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+// Backend::QkNormRopeAttention in one launch: the prologue folded into the small-batch decode
+// attention (attention_decode.cu) when Tuning().attention_fused_prologue is on, every sequence
+// has one query token, the decode kernel serves the shapes and QkNormRopeKvWriteServes; false
+// (nothing launched) otherwise. inv_freq: device [D / 2], RopeInvFreq(rope).
+bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                         const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                         const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                         const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 
 // attention_wgmma.cu (called by Attention): the prefill kernel for D = Dk = Dv = 128 on wgmma,
 // separate K/V caches, 16-byte aligned q/out rows (Attention checks all of it); one CTA per 128

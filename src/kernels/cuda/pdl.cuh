@@ -9,7 +9,8 @@
 // attribute), so the ordering stays transitive along the stream. TriggerDependents(), right
 // after the wait, lets the next such kernel be scheduled (it only takes resources this grid
 // leaves free: it fires once every CTA of this grid has reached it). A kernel may trigger before
-// its wait instead (RmsNorm, the decode attention with Tuning().pdl_early_trigger): the next
+// its wait instead (RmsNorm, the decode attention with Tuning().pdl_early_trigger, the attention
+// prologue with Tuning().prologue_early_trigger): the next
 // kernel's own wait still covers this grid, which cannot end before this grid's wait returns;
 // that kernel then starts its weight-only prologue (a staged GEMV's copies) one kernel earlier.
 #pragma once

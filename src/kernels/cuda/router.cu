@@ -21,6 +21,8 @@
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 #include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -153,6 +155,7 @@ struct StagedRouterParams {
   int experts;
   RouteParams route;  // tokens 1; logits unused
   ResidualNorm norm;  // the post-attention norm folded in (RmsNormMoeRouter; y null: none)
+  uint64_t* timeline = nullptr;  // timeline.h
 };
 
 // Dynamic shared memory: the warps' mbarriers (8 bytes each, 32 in all), their rows [4][H] bf16,
@@ -173,6 +176,7 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
   constexpr int kChunks = kStagedNormMaxHidden / 256;  // of 8 columns a lane, kNorm
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int e = blockIdx.x * kStagedRouterWarps + warp;
+  TimelineScope tl(p.timeline);
   const uint32_t bar = wgmma::SmemAddr(staged_smem + 8 * warp);
   const bf16_t* row = reinterpret_cast<const bf16_t*>(staged_smem + 32) + static_cast<int64_t>(warp) * p.hidden;
   float* s_logit = reinterpret_cast<float*>(staged_smem + 32 + kStagedRouterWarps * p.hidden * sizeof(bf16_t));
@@ -188,6 +192,7 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
   }
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
   GridDependencyWait();  // x (or sum and y) come from the kernels before
+  tl.Waited();
   TriggerDependents();
   if (e >= p.experts) return;
   // kNorm: h = bf16(sum + y) for this lane's chunks (lane + 32 j) * 8, and 1 / rms(h).
@@ -328,6 +333,7 @@ bool LaunchStagedRouter(const TensorView& x, const TensorView& w, const RoutePar
                        static_cast<int>(experts),
                        route,
                        norm ? *norm : ResidualNorm{}};
+  p.timeline = TimelineRecord(norm ? "StagedRouter+norm" : "StagedRouter", CeilDiv(experts, kStagedRouterWarps), s);
   LaunchPdl(kernel, dim3(CeilDiv(experts, kStagedRouterWarps)), dim3(kStagedRouterWarps * 32), smem, s, 1, p);
   return true;
 }

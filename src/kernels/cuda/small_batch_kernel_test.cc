@@ -44,11 +44,13 @@ void RandomRouting(const PairCase& c, std::vector<int32_t>* ids, std::vector<flo
   }
 }
 
+// Every pair-kernel shape: down by slots (4 or 8 rows a CTA) or by rows, gate/up 2 or 4 outputs
+// a warp (Tuning().moe_pair_down_rows / moe_pair_gate_up_rows).
 TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
-  const int64_t default_pairs = cuda::Tuning().moe_pair_gemv_max_pairs;
-  const bool default_slots = cuda::Tuning().moe_pair_down_slots;
+  const cuda::KernelTuning defaults = cuda::Tuning();
   cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
-  for (bool slots : {true, false})
+  struct Kernels { bool slots; int down_rows, gate_up_rows; };
+  for (Kernels sh : {Kernels{true, 8, 2}, Kernels{true, 4, 4}, Kernels{false, 8, 2}})
   for (PairCase c : {PairCase{1, 128, 8, 2048, 768, 0}, PairCase{2, 24, 8, 2048, 768, 0},
                      PairCase{4, 24, 8, 2048, 768, 1}, PairCase{1, 8, 2, 128, 64, 0}, PairCase{3, 16, 4, 136, 72, 0},
                      PairCase{1, 512, 10, 512, 128, 0}, PairCase{2, 24, 8, 2048, 768, 2},
@@ -68,18 +70,20 @@ TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
     Tensor gids = UploadI32(gpu(), ids, {t, c.k}), gw = Upload(gpu(), w, {t, c.k}, DType::kF32);
     Tensor gout = gpu().Empty(DType::kBF16, {t, h});
     Poison(gpu(), gout);
-    cuda::Tuning().moe_pair_down_slots = slots;
+    cuda::Tuning().moe_pair_down_slots = sh.slots;
+    cuda::Tuning().moe_pair_down_rows = sh.down_rows;
+    cuda::Tuning().moe_pair_gate_up_rows = sh.gate_up_rows;
     gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
     const double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
     const std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) +
                               " H" + std::to_string(h) + " I" + std::to_string(inter) +
                               (c.mode == 1 ? " one-expert" : c.mode == 2 ? " ep-foreign-ids" : "") +
-                              (slots ? " down-slots" : " down-rows");
+                              (sh.slots ? " down-slots" + std::to_string(sh.down_rows) : " down-rows") +
+                              " gate-up" + std::to_string(sh.gate_up_rows);
     Record("MoeExperts.pair_gemv", shape, e, kBf16Tol);
     EXPECT_LT(e, kBf16Tol) << shape;
   }
-  cuda::Tuning().moe_pair_gemv_max_pairs = default_pairs;
-  cuda::Tuning().moe_pair_down_slots = default_slots;
+  cuda::Tuning() = defaults;
 }
 
 // Qwen3-30B-A3B experts (E 128, k 8, H 2048, I 768) at decode batch sizes: the pair path

@@ -1,0 +1,29 @@
+// A diagnostic timeline of the decode step's kernels: with COROLLA_TIMELINE=S, the traced
+// launches S+1 .. S+N (N = COROLLA_TIMELINE_LAUNCHES, default 400: one Qwen3-30B-A3B batch-1
+// step) made outside a graph capture record, per CTA, the global timer at entry, after the grid
+// dependency wait and at exit (the last warp to leave); once the window is full the next traced
+// launch synchronises its stream and prints, per kernel name, the mean over its launches of
+//   early   = its first CTA's entry before the previous launch's last exit (PDL overlap),
+//   release = its last CTA's return from the dependency wait after that exit,
+//   run     = its last exit after that wait,
+//   path    = its last exit after the previous launch's last exit (the launches' paths add up
+//             to the window's span, untraced kernels counting with the next traced one),
+// then the first 24 launches one by one. Kernels take the record through their parameters and
+// a TimelineScope (timeline.cuh); null when off (one predicated register, no other cost).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace corolla::cuda {
+
+// Whether COROLLA_TIMELINE is set (callers that build a name skip that when it is not).
+bool TimelineOn();
+
+// The record of this launch ([ctas][3] u64, zeroed) or null: off, outside the window, inside a
+// capture, or more than 4096 CTAs.
+uint64_t* TimelineRecord(const std::string& name, int64_t ctas, cudaStream_t s);
+
+}  // namespace corolla::cuda
