@@ -99,7 +99,7 @@ void Print(Timeline& t, cudaStream_t s) {
 
 bool TimelineOn() { return Get().start >= 0; }
 
-uint64_t* TimelineRecord(const std::string& name, int64_t ctas, cudaStream_t s) {
+uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) {
   Timeline& t = Get();
   if (t.start < 0 || t.printed) return nullptr;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -118,7 +118,7 @@ uint64_t* TimelineRecord(const std::string& name, int64_t ctas, cudaStream_t s) 
     COROLLA_CUDA_CHECK(cudaMalloc(&t.records, bytes));
     COROLLA_CUDA_CHECK(cudaMemsetAsync(t.records, 0, bytes, s));
   }
-  t.launches.push_back({name, ctas});
+  t.launches.push_back({std::string(name), ctas});
   if (ctas > kMaxCtas) return nullptr;  // listed with zeros
   return t.records + static_cast<size_t>(index) * kMaxCtas * 3;
 }

@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
+#include <string_view>
 
 namespace corolla::cuda {
 
@@ -24,6 +24,6 @@ bool TimelineOn();
 
 // The record of this launch ([ctas][3] u64, zeroed) or null: off, outside the window, inside a
 // capture, or more than 4096 CTAs.
-uint64_t* TimelineRecord(const std::string& name, int64_t ctas, cudaStream_t s);
+uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s);
 
 }  // namespace corolla::cuda
