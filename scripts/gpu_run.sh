@@ -10,7 +10,8 @@
 # COROLLA_BENCH_DECODE_ARGS adds flags to those runs (e.g. --breakdown).
 # COROLLA_BENCH_QWEN3=0 skips the Qwen3-30B-A3B decode/prefill benches; COROLLA_BENCH_QWEN3_ARGS adds
 # flags to its decode bench (e.g. --marginal; environment knobs such as COROLLA_STAGED_ROUTER=1 pass
-# through as they are).
+# through as they are; COROLLA_TIMELINE=3000 prints a kernel timeline of one eager step:
+# src/kernels/cuda/notes/decode_timeline.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NCCL from python's wheel first (2.28.9, matching our headers), then CUDA 13 / cuBLAS 13.

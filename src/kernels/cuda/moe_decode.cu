@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_con
   }
   float acc[2 * kN] = {};
   const bf16_t* x = p.x + t * p.x_stride;
-  // kU chunks of 8 per lane loaded before any arithmetic: 4 rows x 4 chunks = 16 loads of
-  // 16 bytes in flight per lane.
+  // kU chunks of 8 per lane loaded before any arithmetic: 2 kN rows x kU chunks of 16 bytes in
+  // flight per lane (16 at the default 2 x 4, as at 4 x 2).
   for (int c0 = lane * 8; c0 < p.hidden; c0 += kU * 32 * 8) {
     Bf16x8 xv[kU], wv[kU][2 * kN];
 #pragma unroll
@@ -166,9 +166,10 @@ __global__ void __launch_bounds__(kWarps * 32) PairDownCombineKernel(const __gri
 }
 
 // The down + combine of PairDownCombineKernel with the top-k slots spread over the warps: warp w
-// takes slots w, w + kSlotWarps, ... for kSlotRows rows of W_down, and the warps' weighted sums
-// meet in shared memory (in warp order: deterministic). Each lane keeps kSlotRows x kUnroll
-// loads of 16 bytes in flight, and the first pass of them is issued before the dependency wait:
+// takes slots w, w + kSlotWarps, ... for kR rows of W_down (4, or 8 by default: Tuning().
+// moe_pair_down_rows), and the warps' weighted sums meet in shared memory (in warp order:
+// deterministic). Each lane keeps kR x kU loads of 16 bytes in flight (16 at 4 x 4 and at the
+// default 8 x 2), and the first pass of them is issued before the dependency wait:
 // W_down is a weight, and the ids and weights were written by routing, which completed before
 // the gate/up kernel this one follows passed its own wait (this grid starts only once every CTA
 // of that one has triggered, after its wait). So the down weights stream while gate/up finishes.
