@@ -202,6 +202,8 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
       cuda::Tuning() = DefaultTuning();
       return r;
     };
+    // The qkv row as the GPU holds it before any run (bf16).
+    const std::vector<float> raw = Download(gpu(), Upload(gpu(), qkv, {t, width}, DType::kBF16));
     const int def = DefaultTuning().attention_split_min_ctas;
     for (int min_ctas : {0, def, 1 << 20}) {
       const Run unfused = run(false, true, min_ctas, false);
@@ -220,7 +222,6 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
         EXPECT_TRUE(fused.k_cache == unfused.k_cache) << name << ": k cache differs";
         EXPECT_TRUE(fused.v_cache == unfused.v_cache) << name << ": v cache differs";
         // q as it was in the fused run (the fallback would have rotated it), k and v as well.
-        std::vector<float> raw = Download(gpu(), Upload(gpu(), qkv, {t, width}, DType::kBF16));
         EXPECT_TRUE(fused.qkv == raw) << name << ": the qkv row changed (did the fused kernel run?)";
         EXPECT_FALSE(unfused.qkv == raw) << name << ": the unfused prologue left q as it was";
       }
