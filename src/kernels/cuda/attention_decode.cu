@@ -49,9 +49,9 @@ constexpr int kPassKeys = kWarps * kWarpKeys;   // keys of a pass
 constexpr int kChunkAlign = kWarpKeys;          // a split's keys: a multiple of this
 constexpr int kMaxGroup = 16;
 // The last CTA of a (sequence, KV head) reads group x splits x D f32 partials through one SM:
-// the plan keeps that at most kMergeFloats (128 KB), so group x splits <= kMergeFloats / 64.
-constexpr int kMergeFloats = 32768;
-constexpr int kMaxMergeRows = kMergeFloats / 64;
+// the plan keeps that at most Tuning().attention_decode_merge_floats (128 KB by default) and
+// group x splits at most kMaxMergeRows (its (m, l) pairs in shared memory).
+constexpr int kMaxMergeRows = 512;
 
 struct DecodeParams {
   const bf16_t* q;  // row (token t, head h) at t * q_token_stride + h * q_head_stride
@@ -596,11 +596,13 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
   // Split-KV from host hints (max_seq_len may be an upper bound, as under graph replay): enough
   // splits for Tuning().attention_split_min_ctas CTAs, each at least attention_decode_split_keys
-  // keys of max_seq_len, and no more partials than the merging CTA reads in kMergeFloats.
+  // keys of max_seq_len, and no more partials than the merging CTA may read
+  // (attention_decode_merge_floats, kMaxMergeRows).
   const int64_t pairs = static_cast<int64_t>(num_seqs) * kv_heads;
   const int min_keys =
       std::max(kChunkAlign, (Tuning().attention_decode_split_keys + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
-  const int max_splits = std::max(1, kMergeFloats / (group * d));
+  const int max_splits =
+      std::max(1, std::min(Tuning().attention_decode_merge_floats / (group * d), kMaxMergeRows / group));
   const int min_ctas = Tuning().attention_split_min_ctas;
   int num_splits = 1;
   if (batch.max_seq_len > min_keys && min_ctas > 0 && pairs < min_ctas && max_splits > 1) {

@@ -52,10 +52,12 @@ struct AttnVariant {
   // max_seq_len only. decode_split_keys: Tuning().attention_decode_split_keys.
   bool decode = false;
   int decode_split_keys = 64;
+  int decode_merge_floats = 32768;  // Tuning().attention_decode_merge_floats
   int Kernel() const { return decode ? 3 : !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
     return std::string(decode ? "decode" : !mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (decode && decode_split_keys != 64 ? " splitkeys" + std::to_string(decode_split_keys) : "") +
+           (decode && decode_merge_floats != 32768 ? " mergefloats" + std::to_string(decode_merge_floats) : "") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
            (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "") +
@@ -112,6 +114,8 @@ std::vector<AttnVariant> DecodeVariants() {
     AttnVariant a{true, 1 << 20, loose, true};
     a.decode = true;
     a.decode_split_keys = 16;
+    v.push_back(a);
+    a.decode_merge_floats = 1 << 20;  // the merge bounded only by its shared (m, l) rows
     v.push_back(a);
   }
   return v;
@@ -238,6 +242,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_wgmma_tma = var.tma;
     cuda::Tuning().attention_decode_kernel = var.decode;
     cuda::Tuning().attention_decode_split_keys = var.decode_split_keys;
+    cuda::Tuning().attention_decode_merge_floats = var.decode_merge_floats;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints && !var.decode ? max_q + 5 : max_q,

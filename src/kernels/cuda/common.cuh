@@ -84,6 +84,16 @@ inline bool MakeResidualNorm(const TensorView& y, const TensorView& norm_w, floa
   return true;
 }
 
+// RmsNorm's scaling of eight columns c.. of a ResidualNorm row: bf16(w * (h * inv)), h the summed
+// row as floats, inv = 1 / rms (RmsNormKernel's rounding).
+__device__ __forceinline__ Bf16x8 NormScale8(const ResidualNorm& n, int64_t c, const float h[8], float inv) {
+  float w[8], a[8];
+  NormWeight8(n.w, n.w_f32, c, w);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] = w[i] * (h[i] * inv);
+  return Pack8(a);
+}
+
 // RmsNorm's residual add of eight columns: h = bf16(y + sum) (y and sum read through L2),
 // returned packed, and as floats in a.
 __device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* sum, float a[8]) {
@@ -107,6 +117,57 @@ __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+// The CTA's sum of v (every thread gets it): warp sums, then warp 0's lanes add them. The same
+// order wherever it is called with the same block size (RmsNorm and the fused norms rely on it).
+__device__ __forceinline__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  v = WarpSum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int num_warps = blockDim.x / 32;
+  v = lane < num_warps ? partial[lane] : 0.0f;
+  v = WarpSum(v);
+  __syncthreads();  // partial[] may be reused by the next call
+  return v;
+}
+
+// out[n] for kRows consecutive rows of a staged slice (`w`, shared), x in shared memory (the
+// staged GEMV of gemv.cu, the cluster norm-router of router_norm.cu): each
+// lane sums its 16-byte chunks lane * 8 + j * 256 into kSets interleaved partial sums per row
+// (kRows * kSets independent FMA chains: with a few warps an SM the multiply is latency-bound),
+// then a warp sum; every lane gets the row sums.
+template <int kRows>
+__device__ __forceinline__ void StagedDot(const bf16_t* w, const bf16_t* x, int k, int lane, float (&out)[kRows]) {
+  constexpr int kSets = kRows >= 3 ? 1 : 4 / kRows;
+  float acc[kSets][kRows] = {};
+  auto dot_chunk = [&](int c, float (&a)[kRows]) {
+    float xf[8];
+    LoadShared8(x + c, xf);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float wf[8];
+      LoadShared8(w + static_cast<int64_t>(r) * k + c, wf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[r] = fmaf(wf[i], xf[i], a[r]);
+    }
+  };
+  int c = lane * 8;
+#pragma unroll 2
+  for (; c + (kSets - 1) * 32 * 8 < k; c += kSets * 32 * 8)
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) dot_chunk(c + s * 32 * 8, acc[s]);
+#pragma unroll
+  for (int s = 0; s + 1 < kSets; ++s)
+    if (c + s * 32 * 8 < k) dot_chunk(c + s * 32 * 8, acc[s]);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float v = acc[0][r];
+#pragma unroll
+    for (int s = 1; s < kSets; ++s) v += acc[s][r];
+    out[r] = WarpSum(v);
+  }
 }
 
 // True when every row of a 2-D-ish view (innermost contiguous) starts 16-byte aligned and the

@@ -110,7 +110,8 @@ class CudaBackend final : public Backend {
   // One row: the staged GEMV with the norm folded in (gemv.cu), where it applies.
   void RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                      const TensorView& x, const TensorView& w, const TensorView& out) override;
-  // One token: the staged router with the norm folded in (router.cu), where it applies.
+  // One token: the cluster norm-router or the staged router with the norm folded in (router.cu),
+  // where one is on and applies.
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                         const TensorView& topk_ids, const TensorView& topk_weights) override;

@@ -93,19 +93,6 @@ struct NormWeight {
   }
 };
 
-__device__ float BlockSum(float v) {
-  __shared__ float partial[32];
-  v = WarpSum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const int num_warps = blockDim.x / 32;
-  v = lane < num_warps ? partial[lane] : 0.0f;
-  v = WarpSum(v);
-  __syncthreads();  // partial[] may be reused by the next call
-  return v;
-}
-
 template <bool kVec>
 __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   // Launched with programmatic dependent launch (pdl.cuh). The early trigger is safe: the next

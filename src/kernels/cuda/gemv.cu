@@ -190,11 +190,7 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   const float inv = rsqrtf(total / p.k + p.norm.eps);
   Bf16x8 xv{};
   if (mine) {
-    float w[8];
-    NormWeight8(p.norm.w, p.norm.w_f32, 8 * t, w);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
-    xv = Pack8(a);
+    xv = NormScale8(p.norm, 8 * t, a, inv);
     reinterpret_cast<Bf16x8*>(xs)[t] = xv;
   }
   __syncthreads();  // xs staged; last_cta seen by every thread
@@ -205,42 +201,6 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
       reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
     }
     if (t == 0) *p.arrivals = 0;  // re-armed for the next launch on this stream
-  }
-}
-
-// out[n] for kRows consecutive rows of the staged slice (`w`, shared), x in shared memory: each
-// lane sums its 16-byte chunks lane * 8 + j * 256 into kSets interleaved partial sums per row
-// (kRows * kSets independent FMA chains: with a few warps an SM the multiply is latency-bound),
-// then a warp sum; every lane gets the row sums.
-template <int kRows>
-__device__ __forceinline__ void StagedDot(const bf16_t* w, const bf16_t* x, int k, int lane, float (&out)[kRows]) {
-  constexpr int kSets = kRows >= 3 ? 1 : 4 / kRows;
-  float acc[kSets][kRows] = {};
-  auto dot_chunk = [&](int c, float (&a)[kRows]) {
-    float xf[8];
-    LoadShared8(x + c, xf);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float wf[8];
-      LoadShared8(w + static_cast<int64_t>(r) * k + c, wf);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a[r] = fmaf(wf[i], xf[i], a[r]);
-    }
-  };
-  int c = lane * 8;
-#pragma unroll 2
-  for (; c + (kSets - 1) * 32 * 8 < k; c += kSets * 32 * 8)
-#pragma unroll
-    for (int s = 0; s < kSets; ++s) dot_chunk(c + s * 32 * 8, acc[s]);
-#pragma unroll
-  for (int s = 0; s + 1 < kSets; ++s)
-    if (c + s * 32 * 8 < k) dot_chunk(c + s * 32 * 8, acc[s]);
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float v = acc[0][r];
-#pragma unroll
-    for (int s = 1; s < kSets; ++s) v += acc[s][r];
-    out[r] = WarpSum(v);
   }
 }
 

@@ -91,6 +91,15 @@ struct KernelTuning {
   // instead of RmsNorm + router. Off until measured (session 7, not yet run on a GPU).
   // COROLLA_STAGED_ROUTER_NORM sets it.
   bool staged_router_norm = false;
+  // Backend::RmsNormMoeRouter of one token runs as one thread block cluster of this many CTAs
+  // (16 or 8; router_norm.cu): the post-attention norm, the router logits and the routing in
+  // one launch, the logits exchanged through distributed shared memory; the same bits as the
+  // three kernels where the router GEMV takes a row a CTA. 0 (or a cluster the device cannot
+  // place): RmsNorm, the router GEMV and MoeRoute, or the staged router above. On an H200
+  // (Qwen3-30B-A3B, batch 1, graph, four calls) 16: 2.540-2.554 vs 2.557-2.568 ms at ctx 1024,
+  // 2.941-2.955 vs 2.960-2.962 at 8192; 8: 2.657 (its CTAs hold 64 KB of rows each).
+  // COROLLA_CLUSTER_NORM_ROUTER sets it.
+  int cluster_norm_router = 16;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
   // and x back): one launch instead of two. Off until measured (session 7, not yet run on a GPU).
@@ -183,6 +192,10 @@ struct KernelTuning {
   // That kernel's split-KV plan: at least this many keys a split (16..; rounded to 16). Fewer
   // keys mean more CTAs but more partials for the last CTA to merge. COROLLA_ATTN_DECODE_SPLIT_KEYS.
   int attention_decode_split_keys = 64;
+  // And at most this many f32 partials (group x splits x D) for the last CTA of a KV head to
+  // merge: 32768 caps Qwen3's 8k-key decode (group 8, D 128) at 32 splits of 256 keys; 65536
+  // (64 of 128) took 3.058 vs 2.964 ms a step on an H200. COROLLA_ATTN_DECODE_MERGE_FLOATS.
+  int attention_decode_merge_floats = 32768;
   // That kernel loads its first two passes of cached keys (all but this step's, which the
   // prologue writes) before its dependency wait: earlier forwards wrote them, so they stream in
   // while the kernels before it finish (groups <= 8, D <= 128: registers). On an H200
@@ -309,15 +322,16 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
 void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_weights, const TensorView& out,
                 cudaStream_t s);
 
-// router.cu: Backend::MoeRouter (router GEMV + MoeRoute) in one launch for x of at most
-// min(8, Tuning().fused_router_max_tokens) rows; false (nothing launched) for more rows or
-// layouts it does not cover (E not a multiple of 16, H not of 8, unaligned rows).
-// router.cu: Backend::RmsNormMoeRouter of one token in one launch (the staged router with the
-// norm folded in) when Tuning().staged_router_norm is on and the shapes fit; false (nothing
+// router.cu: Backend::RmsNormMoeRouter of one token in one launch where the shapes fit: the
+// cluster norm-router (router_norm.cu) when Tuning().cluster_norm_router is set, else the staged
+// router with the norm folded in when Tuning().staged_router_norm is on; false (nothing
 // launched) otherwise.
 bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                       const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                       const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s);
+// router.cu: Backend::MoeRouter (router GEMV + MoeRoute) in one launch for x of at most
+// min(8, Tuning().fused_router_max_tokens) rows; false (nothing launched) for more rows or
+// layouts it does not cover (E not a multiple of 16, H not of 8, unaligned rows).
 bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routing, const TensorView& topk_ids,
                const TensorView& topk_weights, cudaStream_t s);
 

@@ -43,6 +43,23 @@ inline void SetCarveoutOnce(const void* kernel, int carveout) {
   COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
 }
 
+// Opts `kernel` in to the device's largest dynamic shared memory (the opt-in maximum less the
+// kernel's static shared memory), once per (device, kernel): function attributes are per device.
+inline void OptInSharedMemoryOnce(const void* kernel) {
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::set<std::pair<int, const void*>> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.emplace(device, kernel).second) return;
+  int max_smem = 0;
+  cudaFuncAttributes attrs{};
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  COROLLA_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
+  COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          max_smem - static_cast<int>(attrs.sharedSizeBytes)));
+}
+
 // kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialisation allowed
 // when Tuning().pdl is on (COROLLA_PDL=0 turns it off), and optionally a thread block cluster
 // of cluster_x CTAs along x. Checks the launch.

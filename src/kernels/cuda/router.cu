@@ -212,12 +212,9 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
     inv = rsqrtf(WarpSum(ss) / p.hidden + p.norm.eps);
   }
   auto normed = [&](int j, int c, float f[8]) {  // kNorm: the bf16 normed x of chunk j, as floats
-    float a[8], w[8];
+    float a[8];
     Unpack8(h[j], a);
-    NormWeight8(p.norm.w, p.norm.w_f32, c, w);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
-    Unpack8(Pack8(a), f);
+    Unpack8(NormScale8(p.norm, c, a, inv), f);
   };
   wgmma::MbarWait(bar, 0);
   float acc[4] = {};
@@ -362,14 +359,21 @@ bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routi
   return true;
 }
 
+// router_norm.cu: the norm, router and routing of one token in one cluster launch.
+bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, const RouteParams& route, int num_groups,
+                             cudaStream_t s);
+
 bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                       const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                       const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s) {
-  if (!Tuning().staged_router_norm || x.rank() != 2 || x.dim(0) != 1) return false;
+  const bool cluster = Tuning().cluster_norm_router > 0;
+  if ((!cluster && !Tuning().staged_router_norm) || x.rank() != 2 || x.dim(0) != 1) return false;
   ResidualNorm norm;
   const bool fits = MakeResidualNorm(y, norm_w, eps, sum, x, &norm);
   const RouteParams route = CheckedRoute(x, w_router, routing, topk_ids, topk_weights);
-  return fits && LaunchStagedRouter(x, w_router, route, routing.num_groups, &norm, s);
+  if (!fits) return false;
+  if (cluster && LaunchClusterNormRouter(norm, w_router, route, routing.num_groups, s)) return true;
+  return Tuning().staged_router_norm && LaunchStagedRouter(x, w_router, route, routing.num_groups, &norm, s);
 }
 
 }  // namespace corolla::cuda

@@ -229,20 +229,27 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
   }
 }
 
-// RmsNormMoeRouter of one token: the staged router with the norm folded in against the same GPU's
-// RmsNorm + MoeRouter from the same sum and y. sum + y must be equal bits (the same bf16
-// rounding); x within a bf16 unit (1 / rms is summed in another order); ids equal except where
-// two experts' logits (from the unfused x, on the CPU) are within 2e-3; weights of equal ids
-// within 2e-3. Norm weights bf16 and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek routing), H
-// 2048 / 1024 / 512 / 4096 / 136. A second fused launch gives the same bits (re-armed counter).
-TEST_F(CudaKernelTest, RmsNormMoeRouterStaged) {
+// RmsNormMoeRouter of one token, each fused path (the staged router with the norm folded in; the
+// cluster norm-router at 8 and 16 CTAs) against the same GPU's RmsNorm + MoeRouter from the same
+// sum and y. sum + y must be equal bits (the same bf16 rounding); x within a bf16 unit for the
+// staged router (1 / rms summed in another order), equal bits for the cluster (RmsNorm's order);
+// ids equal except where two experts' logits (from the unfused x, on the CPU) are within 2e-3;
+// weights of equal ids within 2e-3; the cluster's ids and weights equal bits where the unfused
+// router GEMV is staged at one row a CTA (E <= the SMs: the same dot order). Norm weights bf16
+// and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek routing) / 64, H 2048 / 1024 / 512 / 4096 /
+// 136. A second fused launch gives the same bits (the staged router's re-armed counter).
+TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
   } restore;
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
   struct Case { int experts, k; int64_t hidden; bool norm_f32; int groups, topk_groups; bool sigmoid, bias; };
   for (Case c : {Case{128, 8, 2048, false, 1, 1, false, false}, Case{512, 10, 1024, true, 1, 1, false, false},
                  Case{256, 8, 512, false, 8, 4, true, true}, Case{128, 8, 4096, false, 1, 1, false, false},
-                 Case{64, 4, 136, true, 1, 1, false, false}}) {
+                 Case{64, 4, 136, true, 1, 1, false, false}, Case{100, 6, 2048, false, 1, 1, false, false}}) {
     const int64_t e = c.experts, h = c.hidden;
     const auto y = RandomBf16(h), sum = RandomBf16(h, 4.f), w = RandomBf16(e * h, 3.f / std::sqrt(float(h)));
     std::vector<float> norm = RandomBf16(h, 0.5f);
@@ -259,25 +266,23 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterStaged) {
     Tensor gb = Upload(gpu(), bias, {e}, DType::kF32);
     if (c.bias) r.correction_bias = gb.view();
     struct Out { std::vector<float> sum, x, weights; std::vector<int32_t> ids; };
-    auto run = [&](bool fused) {
-      cuda::Tuning().staged_router_norm = fused;
+    // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router.
+    auto run = [&](int mode) {
+      cuda::Tuning().staged_router_norm = mode == 1;
+      cuda::Tuning().cluster_norm_router = mode >= 8 ? mode : 0;
       Tensor gy = Upload(gpu(), y, {1, h}, DType::kBF16), gsum = Upload(gpu(), sum, {1, h}, DType::kBF16);
       Tensor gx = gpu().Empty(DType::kBF16, {1, h});
       Tensor gids = gpu().Empty(DType::kI32, {1, c.k}), gwt = gpu().Empty(DType::kF32, {1, c.k});
       Poison(gpu(), gx);
       Poison(gpu(), gwt);
-      gpu().RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt);
+      if (mode == 0) {
+        gpu().RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt);
+      } else {  // the fused kernel itself: it must take every case here
+        EXPECT_TRUE(cuda::RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt, stream));
+      }
       return Out{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gwt), DownloadI32(gpu(), gids)};
     };
-    const Out ref = run(false), got = run(true), again = run(true);
-    const std::string shape = "E" + std::to_string(e) + " k" + std::to_string(c.k) + " H" + std::to_string(h) +
-                              (c.norm_f32 ? " f32-norm" : "") + (c.groups > 1 ? " grouped sigmoid bias" : "");
-    EXPECT_EQ(got.sum, ref.sum) << shape;
-    double x_err = 0;
-    for (int64_t i = 0; i < h; ++i)
-      x_err = std::max<double>(x_err, std::fabs(got.x[i] - ref.x[i]) / std::max(1e-3f, std::fabs(ref.x[i])));
-    Record("RmsNormMoeRouter.x", shape, x_err, 1.0 / 128);
-    EXPECT_LE(x_err, 1.0 / 128) << shape;  // one bf16 unit
+    const Out ref = run(0);
     Tensor logits = Tensor::Empty(DType::kF32, {1, e});
     cpu::Linear(HostF32(ref.x, {1, h}).view(), HostF32(w, {e, h}), logits);
     auto score = [&](int32_t id) {
@@ -286,23 +291,42 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterStaged) {
       const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
       return c.bias ? s + bias[id] : s;
     };
-    int mismatches = 0;
-    double w_err = 0;
-    for (int j = 0; j < c.k; ++j) {
-      if (got.ids[j] != ref.ids[j]) {
-        if (!(std::fabs(score(got.ids[j]) - score(ref.ids[j])) < 2e-3f)) ++mismatches;
-      } else {
-        w_err = std::max(w_err, static_cast<double>(std::fabs(got.weights[j] - ref.weights[j])));
+    for (int mode : {1, 8, 16}) {
+      const Out got = run(mode), again = run(mode);
+      const std::string shape = std::string(mode == 1 ? "staged" : "cluster" + std::to_string(mode)) + " E" +
+                                std::to_string(e) + " k" + std::to_string(c.k) + " H" + std::to_string(h) +
+                                (c.norm_f32 ? " f32-norm" : "") + (c.groups > 1 ? " grouped sigmoid bias" : "");
+      EXPECT_EQ(got.sum, ref.sum) << shape;
+      double x_err = 0;
+      for (int64_t i = 0; i < h; ++i)
+        x_err = std::max<double>(x_err, std::fabs(got.x[i] - ref.x[i]) / std::max(1e-3f, std::fabs(ref.x[i])));
+      Record("RmsNormMoeRouter.x", shape, x_err, 1.0 / 128);
+      EXPECT_LE(x_err, 1.0 / 128) << shape;  // one bf16 unit
+      int mismatches = 0;
+      double w_err = 0;
+      for (int j = 0; j < c.k; ++j) {
+        if (got.ids[j] != ref.ids[j]) {
+          if (!(std::fabs(score(got.ids[j]) - score(ref.ids[j])) < 2e-3f)) ++mismatches;
+        } else {
+          w_err = std::max(w_err, static_cast<double>(std::fabs(got.weights[j] - ref.weights[j])));
+        }
       }
+      Record("RmsNormMoeRouter.id_mismatches", shape, mismatches, 0);
+      Record("RmsNormMoeRouter.weights", shape, w_err, 2e-3);
+      EXPECT_EQ(mismatches, 0) << shape;
+      EXPECT_LE(w_err, 2e-3) << shape;
+      if (mode >= 8) {
+        EXPECT_EQ(got.x, ref.x) << shape;
+        if (e <= sms) {
+          EXPECT_EQ(got.ids, ref.ids) << shape;
+          EXPECT_EQ(got.weights, ref.weights) << shape;
+        }
+      }
+      EXPECT_EQ(again.sum, got.sum) << shape << " (second launch)";
+      EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
+      EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
+      EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
     }
-    Record("RmsNormMoeRouter.id_mismatches", shape, mismatches, 0);
-    Record("RmsNormMoeRouter.weights", shape, w_err, 2e-3);
-    EXPECT_EQ(mismatches, 0) << shape;
-    EXPECT_LE(w_err, 2e-3) << shape;
-    EXPECT_EQ(again.sum, got.sum) << shape << " (second launch)";
-    EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
-    EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
-    EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
   }
 }
 

@@ -1,0 +1,189 @@
+// Backend::RmsNormMoeRouter of one token in one launch of one thread block cluster
+// (Tuning().cluster_norm_router CTAs: 16, the default, or 8): the post-attention residual add and RMSNorm, the
+// router logits and the routing, where the unfused path runs RmsNorm, the router GEMV and
+// MoeRoute as three dependent kernels (each a dependency release and an L2 trip on the batch-1
+// critical path).
+// - CTA r of the cluster holds router rows [r R, (r + 1) R), R = ceil(E / cluster), in shared
+//   memory: each warp bulk-copies its contiguous share before the grid dependency wait (weights
+//   only), so under programmatic dependent launch the rows land while the o_proj GEMV runs.
+// - After the wait every CTA forms h = bf16(sum + y) and x = bf16(w * h / rms(h)) for the whole
+//   row, a 16-byte chunk a thread with RmsNormKernel's block size and reduction order (the same
+//   bits as the RmsNorm kernel), stages x, and each warp dots its rows with it (StagedDot<1>, the
+//   staged GEMV's order: at one router row a CTA there, the same logit bits).
+// - Each warp writes its logits into CTA 0's shared memory (DSMEM); one cluster barrier; CTA 0's
+//   warp 0 routes (RouteToken), while every CTA writes its share of sum and x back (all CTAs
+//   have read sum by the barrier).
+// No global counters, fences or second kernel: the logits never leave the cluster.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_route.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kMaxThreads = 1024;            // a 16-byte chunk of the row a thread: H <= 8192
+constexpr int kBarBytes = 8 * kMaxThreads / 32;  // an mbarrier a warp
+constexpr int kMaxExperts = 4096;
+
+struct ClusterNormRouterParams {
+  ResidualNorm norm;
+  const bf16_t* w;  // [E, H]
+  int hidden, experts;
+  int rows_per_cta;  // R
+  int x_bytes;       // the staged x: H bf16 rounded up to 128 bytes
+  RouteParams route;  // one token; logits unused
+  uint64_t* timeline = nullptr;  // timeline.h
+};
+
+// Dynamic shared memory: mbarriers, x [H], the CTA's rows [R][H] (bf16), then CTA 0's logit row,
+// probs, choice [E] and group scores (floats; RouteToken's scratch).
+size_t ClusterNormRouterSmem(int64_t hidden, int rows_per_cta, int experts, int num_groups) {
+  const int64_t x_bytes = (2 * hidden + 127) / 128 * 128;
+  return kBarBytes + x_bytes + static_cast<size_t>(rows_per_cta) * hidden * 2 +
+         sizeof(float) * (3 * static_cast<size_t>(experts) + num_groups);
+}
+
+__global__ void __launch_bounds__(kMaxThreads) ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  cg::cluster_group cluster = cg::this_cluster();
+  TimelineScope tl(p.timeline);
+  const int rank = static_cast<int>(cluster.block_rank()), ctas = static_cast<int>(cluster.num_blocks());
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32, warps = blockDim.x / 32;
+  // This warp's contiguous rows of the CTA's slice.
+  const int cta_row0 = rank * p.rows_per_cta;
+  const int cta_rows = max(0, min(p.rows_per_cta, p.experts - cta_row0));
+  const int per_warp = cta_rows / warps, extra = cta_rows % warps;
+  const int row0 = warp * per_warp + min(warp, extra), rows = per_warp + (warp < extra ? 1 : 0);
+  bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kBarBytes);
+  const bf16_t* ws = reinterpret_cast<const bf16_t*>(smem + kBarBytes + p.x_bytes);
+  float* logits = reinterpret_cast<float*>(smem + kBarBytes + p.x_bytes +
+                                           static_cast<int64_t>(p.rows_per_cta) * p.hidden * 2);
+  float* probs = logits + p.experts;
+  float* choice = probs + p.experts;
+  float* group_score = choice + p.experts;
+  const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
+  if (lane == 0 && rows > 0) {
+    const uint32_t bytes = static_cast<uint32_t>(rows) * p.hidden * 2;
+    wgmma::MbarInit(bar, 1);
+    wgmma::MbarInitFence();
+    wgmma::MbarArriveExpectTx(bar, bytes);
+    wgmma::BulkCopy(wgmma::SmemAddr(ws + static_cast<int64_t>(row0) * p.hidden),
+                    p.w + static_cast<int64_t>(cta_row0 + row0) * p.hidden, bytes, bar, wgmma::EvictFirst());
+  }
+  __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
+  GridDependencyWait();  // sum and y come from the kernels before
+  tl.Waited();
+  TriggerDependents();
+  // RmsNormKernel<true>'s arithmetic for chunk t (its launch has one thread per chunk too).
+  const bool mine = t < p.hidden / 8;
+  float a[8] = {};
+  Bf16x8 h{}, xv{};
+  if (mine) h = ResidualAdd8(p.norm.y + 8 * t, p.norm.sum + 8 * t, a);
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
+  ss = BlockSum(ss);
+  const float inv = rsqrtf(ss / p.hidden + p.norm.eps);
+  if (mine) {
+    xv = NormScale8(p.norm, 8 * t, a, inv);
+    reinterpret_cast<Bf16x8*>(xs)[t] = xv;
+  }
+  __syncthreads();  // x staged
+  if (rows > 0) {
+    float* dst = cluster.map_shared_rank(logits, 0);
+    wgmma::MbarWait(bar, 0);
+    for (int r = 0; r < rows; ++r) {
+      float v[1];
+      StagedDot<1>(ws + static_cast<int64_t>(row0 + r) * p.hidden, xs, p.hidden, lane, v);
+      if (lane == 0) dst[cta_row0 + row0 + r] = v[0];
+    }
+  }
+  cluster.sync();  // every logit in CTA 0; every CTA has read sum and y
+  if (rank == 0 && warp == 0) RouteToken(p.route, 0, logits, probs, choice, group_score, lane);
+  if (mine && t % ctas == rank) {
+    reinterpret_cast<Bf16x8*>(p.norm.sum)[t] = h;
+    reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
+  }
+}
+
+// Whether `ctas` CTAs of `threads` and `smem` bytes form a cluster this device can run; the answer
+// per (device, ctas, threads, smem) is kept.
+bool ClusterFits(int ctas, int threads, size_t smem) {
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, size_t>, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device, ctas, threads, smem);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  OptInSharedMemoryOnce(reinterpret_cast<const void*>(ClusterNormRouterKernel));
+  if (ctas > 8)
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(ClusterNormRouterKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(ctas);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, ClusterNormRouterKernel, &config) == cudaSuccess &&
+                    clusters > 0;
+  (void)cudaGetLastError();  // a refused query leaves no sticky error
+  known.emplace(key, fits);
+  return fits;
+}
+
+}  // namespace
+
+// Declared in router.cu (its only caller), which has checked the arguments. False where the
+// shapes or the device rule the cluster out (nothing launched).
+bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, const RouteParams& route, int num_groups,
+                             cudaStream_t s) {
+  const int want = Tuning().cluster_norm_router;
+  const int64_t hidden = w.dim(1), experts = w.dim(0);
+  if (want <= 0 || hidden % 8 != 0 || hidden / 8 > kMaxThreads || experts > kMaxExperts || !w.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || route.top_k > kMaxTopK || route.tokens != 1)
+    return false;
+  int device = 0, max_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // RmsNorm's block size for this row: the norm's reduction order depends on it.
+  const int threads = std::clamp<int>(static_cast<int>((hidden / 8 + 31) / 32 * 32), 32, kMaxThreads);
+  // Only the configured size: where 16 does not fit, 8 is no fallback (on an H200 it made the
+  // step slower than the three kernels).
+  const int ctas = want > 8 ? 16 : 8;
+  const int rows_per_cta = CeilDiv(experts, ctas);
+  const size_t smem = ClusterNormRouterSmem(hidden, rows_per_cta, static_cast<int>(experts), num_groups);
+  // (1 KB left for BlockSum's static shared memory)
+  if (smem > static_cast<size_t>(max_smem) - 1024 || !ClusterFits(ctas, threads, smem)) return false;
+  ClusterNormRouterParams p{norm,
+                            w.ptr<bf16_t>(),
+                            static_cast<int>(hidden),
+                            static_cast<int>(experts),
+                            rows_per_cta,
+                            static_cast<int>((2 * hidden + 127) / 128 * 128),
+                            route};
+  p.timeline = TimelineRecord("ClusterNormRouter", ctas, s);
+  LaunchPdl(ClusterNormRouterKernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
+  return true;
+}
+
+}  // namespace corolla::cuda
