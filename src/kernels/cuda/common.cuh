@@ -84,14 +84,19 @@ inline bool MakeResidualNorm(const TensorView& y, const TensorView& norm_w, floa
   return true;
 }
 
-// RmsNorm's scaling of eight columns c.. of a ResidualNorm row: bf16(w * (h * inv)), h the summed
-// row as floats, inv = 1 / rms (RmsNormKernel's rounding).
-__device__ __forceinline__ Bf16x8 NormScale8(const ResidualNorm& n, int64_t c, const float h[8], float inv) {
-  float w[8], a[8];
-  NormWeight8(n.w, n.w_f32, c, w);
+// RmsNorm's scaling of eight columns: bf16(w * (h * inv)), h the summed row as floats, w the norm
+// weights (NormWeight8), inv = 1 / rms (RmsNormKernel's rounding).
+__device__ __forceinline__ Bf16x8 NormScale8(const float w[8], const float h[8], float inv) {
+  float a[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] = w[i] * (h[i] * inv);
   return Pack8(a);
+}
+// The same for columns c.. of a ResidualNorm row.
+__device__ __forceinline__ Bf16x8 NormScale8(const ResidualNorm& n, int64_t c, const float h[8], float inv) {
+  float w[8];
+  NormWeight8(n.w, n.w_f32, c, w);
+  return NormScale8(w, h, inv);
 }
 
 // RmsNorm's residual add of eight columns: h = bf16(y + sum) (y and sum read through L2),

@@ -98,6 +98,12 @@ __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   // Launched with programmatic dependent launch (pdl.cuh). The early trigger is safe: the next
   // kernel's own wait still covers this whole grid, which cannot end before its wait below.
   TimelineScope tl(p.timeline);
+  const NormWeight nw{p.w, p.w_f32};
+  // The norm weights of this thread's first chunk (a decode row's only one) are weights: loaded
+  // before the wait, off the critical path.
+  float w_first[8];
+  const bool first = kVec && threadIdx.x < p.cols / 8;
+  if (first) nw.Load8(threadIdx.x, w_first);
   if (p.early_trigger) TriggerDependents();
   GridDependencyWait();
   tl.Waited();
@@ -139,15 +145,17 @@ __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   const float inv = rsqrtf(ss / p.cols + p.eps);
   // Pass 2: the same thread re-reads what it wrote (or x), so no barrier is needed.
   const bf16_t* src = res ? res : x;
-  const NormWeight nw{p.w, p.w_f32};
   if constexpr (kVec) {
     for (int c = threadIdx.x; c < p.cols / 8; c += blockDim.x) {
       float a[8], w[8];
       Unpack8(reinterpret_cast<const Bf16x8*>(src)[c], a);
-      nw.Load8(c, w);
+      if (c == threadIdx.x && first) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
-      reinterpret_cast<Bf16x8*>(out)[c] = Pack8(a);
+        for (int i = 0; i < 8; ++i) w[i] = w_first[i];
+      } else {
+        nw.Load8(c, w);
+      }
+      reinterpret_cast<Bf16x8*>(out)[c] = NormScale8(w, a, inv);
     }
   } else {
     for (int c = threadIdx.x; c < p.cols; c += blockDim.x)

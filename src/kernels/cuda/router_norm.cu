@@ -83,12 +83,15 @@ __global__ void __launch_bounds__(kMaxThreads) ClusterNormRouterKernel(const __g
     wgmma::BulkCopy(wgmma::SmemAddr(ws + static_cast<int64_t>(row0) * p.hidden),
                     p.w + static_cast<int64_t>(cta_row0 + row0) * p.hidden, bytes, bar, wgmma::EvictFirst());
   }
+  // RmsNormKernel<true>'s arithmetic for chunk t (its launch has one thread per chunk too); the
+  // norm weights are weights: loaded before the wait.
+  const bool mine = t < p.hidden / 8;
+  float nw[8];
+  if (mine) NormWeight8(p.norm.w, p.norm.w_f32, 8 * t, nw);
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
   GridDependencyWait();  // sum and y come from the kernels before
   tl.Waited();
   TriggerDependents();
-  // RmsNormKernel<true>'s arithmetic for chunk t (its launch has one thread per chunk too).
-  const bool mine = t < p.hidden / 8;
   float a[8] = {};
   Bf16x8 h{}, xv{};
   if (mine) h = ResidualAdd8(p.norm.y + 8 * t, p.norm.sum + 8 * t, a);
@@ -98,7 +101,7 @@ __global__ void __launch_bounds__(kMaxThreads) ClusterNormRouterKernel(const __g
   ss = BlockSum(ss);
   const float inv = rsqrtf(ss / p.hidden + p.norm.eps);
   if (mine) {
-    xv = NormScale8(p.norm, 8 * t, a, inv);
+    xv = NormScale8(nw, a, inv);
     reinterpret_cast<Bf16x8*>(xs)[t] = xv;
   }
   __syncthreads();  // x staged
