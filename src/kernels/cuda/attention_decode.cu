@@ -28,7 +28,10 @@
 // dependency wait (Tuning().attention_decode_prefetch), and QkNormRopeAttention folds the
 // prologue in (kPrologue: each CTA normalises and rotates its group's q heads; the split holding
 // the step's key writes that key's k and v to the cache itself).
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/cuda/attention_prologue.cuh"
 #include "kernels/cuda/common.cuh"
@@ -41,6 +44,8 @@
 
 namespace corolla::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
@@ -149,6 +154,27 @@ struct DecodeSmem {
   int last;
 };
 
+// The merge's weights from sm.ml [rows][splits] of (m, l): a warp per row takes the max, turns
+// each split's m into its weight 2^(m - max) (0 for an empty split) and sums the weighted l.
+template <int kRowBlocks>
+__device__ __forceinline__ void MergeWeights(DecodeSmem<kRowBlocks>& sm, int rows, int splits) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < rows; r += kWarps) {
+    float2* rml = sm.ml + r * splits;
+    float mx = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, rml[sp].x);
+    mx = WarpMax(mx);
+    float sum = 0.f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float wt = rml[sp].x == -INFINITY ? 0.f : exp2f(rml[sp].x - mx);
+      rml[sp].x = wt;
+      sum += wt * rml[sp].y;
+    }
+    sum = WarpSum(sum);
+    if (lane == 0) sm.inv_l[r] = 1.f / sum;
+  }
+}
+
 // The last CTA of (sequence b, KV head kvh) to arrive merges the splits' partials of the group's
 // rows into out (as SplitKvMergeKernel), then re-arms the counter. Called by every thread once
 // its partials are written.
@@ -166,7 +192,6 @@ __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlock
   if (!sm.last) return;
   __threadfence();  // the other splits' partials are read after their arrivals
   const int splits = p.num_splits, rows = p.group;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // The group's rows are consecutive flat rows: their partials are one block.
   const int64_t row0 = static_cast<int64_t>(q0) * p.q_heads + static_cast<int64_t>(kvh) * p.group;
   const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + row0 * splits;
@@ -196,21 +221,7 @@ __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlock
       if (round == 0 && batch == 0) {  // uniform: every thread passes here once, first
         for (int i = threadIdx.x; i < rows * splits; i += kThreads) sm.ml[i] = __ldcg(ml + i);
         __syncthreads();
-        // Warp per row: the max, each split's weight 2^(m - max) (0 for an empty split), 1 / sum.
-        for (int r = warp; r < rows; r += kWarps) {
-          float2* rml = sm.ml + r * splits;
-          float mx = -INFINITY;
-          for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, rml[sp].x);
-          mx = WarpMax(mx);
-          float sum = 0.f;
-          for (int sp = lane; sp < splits; sp += 32) {
-            const float wt = rml[sp].x == -INFINITY ? 0.f : exp2f(rml[sp].x - mx);
-            rml[sp].x = wt;
-            sum += wt * rml[sp].y;
-          }
-          sum = WarpSum(sum);
-          if (lane == 0) sm.inv_l[r] = 1.f / sum;
-        }
+        MergeWeights(sm, rows, splits);
         __syncthreads();
       }
 #pragma unroll
@@ -245,10 +256,64 @@ __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlock
   }
 }
 
+// kCluster: a split's partials in its own shared memory ([8][kD] o and (m, l) of each row).
+template <int kD>
+struct ClusterPartials {
+  float o[8 * kD];
+  float2 ml[8];
+};
+constexpr int kMaxClusterSplits = 16;  // a cluster of the splits of one (sequence, KV head)
+
+// The splits of (sequence, KV head) as one thread block cluster (kCluster, groups <= 8, <= 16
+// splits): after a cluster barrier every CTA reads all splits' (m, l) from its peers' shared
+// memory (DSMEM) and forms the weights as ArriveAndMergeDecode does, then merges its 1 / splits
+// share of the (row, 4 dims) items, reading the peers' o; a second barrier keeps each CTA's
+// partials alive until its peers are done. No partials in global memory, fence or counter.
+template <int kD>
+__device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, ClusterPartials<kD>& cl, int kvh, int q0) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = p.num_splits, rows = p.group, rank = static_cast<int>(cluster.block_rank());
+  cluster.sync();  // every split's partials written, visible to the cluster
+  for (int i = threadIdx.x; i < rows * splits; i += kThreads)
+    sm.ml[i] = cluster.map_shared_rank(&cl, i % splits)->ml[i / splits];
+  __syncthreads();
+  MergeWeights(sm, rows, splits);
+  __syncthreads();
+  const int items = rows * (kD / 4), per = (items + splits - 1) / splits;
+  for (int i = threadIdx.x; i < per && rank * per + i < items; i += kThreads) {
+    const int idx = rank * per + i, r = idx / (kD / 4), c4 = idx % (kD / 4);
+    const float2* rml = sm.ml + r * splits;
+    float4 ov[kMaxClusterSplits];
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp)
+      if (sp < splits) ov[sp] = reinterpret_cast<const float4*>(cluster.map_shared_rank(&cl, sp)->o + r * kD)[c4];
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+      if (sp >= splits) break;
+      const float wt = rml[sp].x;
+      const bool seen = wt != 0.f;  // an empty split's o was never written: selected out, never multiplied
+      acc.x += seen ? wt * ov[sp].x : 0.f;
+      acc.y += seen ? wt * ov[sp].y : 0.f;
+      acc.z += seen ? wt * ov[sp].z : 0.f;
+      acc.w += seen ? wt * ov[sp].w : 0.f;
+    }
+    const float inv = sm.inv_l[r];
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
+        p.out + static_cast<int64_t>(q0) * p.out_token_stride + static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride +
+        4 * c4);
+    dst[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+    dst[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  }
+  cluster.sync();  // peers may still read this CTA's partials
+}
+
 // kRowBlocks: 1 for groups <= 8 (query rows = the n of P V), 2 up to 16. kPrologue: the prologue
-// folded in (p.prologue; q holds the raw projection).
-template <int kD, int kRowBlocks, bool kPrologue>
+// folded in (p.prologue; q holds the raw projection). kCluster: the splits of a (sequence, KV
+// head) form a thread block cluster and merge through shared memory (ClusterMergeDecode).
+template <int kD, int kRowBlocks, bool kPrologue, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_constant__ DecodeParams p) {
+  static_assert(!kCluster || kRowBlocks == 1, "the cluster merge keeps 8 rows a split");
   using Regs = PassRegs<kD>;
   constexpr int kQChunks = Regs::kQChunks, kVWords = Regs::kVWords;
   constexpr int kLaneDims = kD / 32;    // V / O dims a lane owns (2 per m-tile)
@@ -256,6 +321,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   // Passes loaded before the dependency wait: where registers allow (else 16-80 bytes spill).
   constexpr bool kEarly = kPrefetch && kRowBlocks == 1;
   __shared__ DecodeSmem<kRowBlocks> sm;
+  __shared__ __align__(16) ClusterPartials<kCluster ? kD : 4> cl;  // kCluster only
   TimelineScope tl(p.timeline);
 
   if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
@@ -338,7 +404,10 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   if (!p.early_trigger) TriggerDependents();
   if (!has_query) return;
   if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
-    if (p.num_splits > 1) {
+    if constexpr (kCluster) {
+      for (int r = threadIdx.x; r < p.group; r += kThreads) cl.ml[r] = make_float2(-INFINITY, 0.f);
+      ClusterMergeDecode<kD>(p, sm, cl, kvh, q0);
+    } else if (p.num_splits > 1) {
       for (int r = threadIdx.x; r < p.group; r += kThreads) {
         const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + kvh * p.group + r) * p.num_splits + split;
         *reinterpret_cast<float2*>(p.part_ml + 2 * part) = make_float2(-INFINITY, 0.f);
@@ -554,7 +623,10 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
       const int dim0 = warp * (kD / 4) + g * kLaneDims;
       const int head = kvh * p.group + row;
-      if (p.num_splits > 1) {
+      if constexpr (kCluster) {
+        StoreF32(cl.o + row * kD + dim0, f);
+        if (warp == 0 && g == 0) cl.ml[row] = make_float2(row_m, row_l);
+      } else if (p.num_splits > 1) {
         const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + head) * p.num_splits + split;
         StoreF32(p.part_o + part * kD + dim0, f);
         if (warp == 0 && g == 0) *reinterpret_cast<float2*>(p.part_ml + 2 * part) = make_float2(row_m, row_l);
@@ -565,19 +637,38 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
     }
   }
-  if (p.num_splits > 1 && p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0);
+  if constexpr (kCluster) ClusterMergeDecode<kD>(p, sm, cl, kvh, q0);
+  else if (p.num_splits > 1 && p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0);
 }
 
+std::atomic<int64_t> cluster_launches{0};  // AttentionDecodeClusterLaunches
+
+// Launches the decode kernel; with `cluster` (Tuning().attention_decode_cluster_merge) the splits
+// of each (sequence, KV head) as one cluster where the plan and the device allow it. True when
+// the cluster build ran (no partials to merge after it).
 template <int kD, int kRowBlocks>
-void LaunchDecode(DecodeParams p, bool prologue, int num_seqs, cudaStream_t s) {
+bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cudaStream_t s) {
   const dim3 grid(p.num_splits, p.kv_heads, num_seqs);
-  p.timeline = TimelineRecord(prologue ? "AttentionDecode+prologue" : "AttentionDecode",
-                              int64_t{grid.x} * grid.y * grid.z, s);
+  const char* name = prologue ? "AttentionDecode+prologue" : "AttentionDecode";
+  if constexpr (kRowBlocks == 1) {
+    const auto kernel = prologue ? AttentionDecodeKernel<kD, 1, true, true> : AttentionDecodeKernel<kD, 1, false, true>;
+    if (cluster && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits &&
+        ClusterFits(reinterpret_cast<const void*>(kernel), p.num_splits, kThreads, 0)) {
+      p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
+      LaunchPdl(kernel, grid, dim3(kThreads), 0, s, p.num_splits, p);
+      cluster_launches.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
   if (prologue) LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, true>, grid, dim3(kThreads), 0, s, 1, p);
   else LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, false>, grid, dim3(kThreads), 0, s, 1, p);
+  return false;
 }
 
 }  // namespace
+
+int64_t AttentionDecodeClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
 
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len) {
   const int64_t d = q.dim(2), hk = cache.k.dim(1);
@@ -642,15 +733,25 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        Tuning().pdl_early_trigger,
                        Tuning().attention_decode_prefetch,
                        prologue ? *prologue : DecodePrologue{}};
-  const bool fused = prologue != nullptr;
+  const bool fused = prologue != nullptr, cluster = Tuning().attention_decode_cluster_merge;
   const bool wide = group > 8;
+  bool clustered = false;
   switch (d) {
-    case 64: wide ? LaunchDecode<64, 2>(p, fused, num_seqs, s) : LaunchDecode<64, 1>(p, fused, num_seqs, s); break;
-    case 128: wide ? LaunchDecode<128, 2>(p, fused, num_seqs, s) : LaunchDecode<128, 1>(p, fused, num_seqs, s); break;
-    case 256: wide ? LaunchDecode<256, 2>(p, fused, num_seqs, s) : LaunchDecode<256, 1>(p, fused, num_seqs, s); break;
+    case 64:
+      clustered = wide ? LaunchDecode<64, 2>(p, fused, cluster, num_seqs, s)
+                       : LaunchDecode<64, 1>(p, fused, cluster, num_seqs, s);
+      break;
+    case 128:
+      clustered = wide ? LaunchDecode<128, 2>(p, fused, cluster, num_seqs, s)
+                       : LaunchDecode<128, 1>(p, fused, cluster, num_seqs, s);
+      break;
+    case 256:
+      clustered = wide ? LaunchDecode<256, 2>(p, fused, cluster, num_seqs, s)
+                       : LaunchDecode<256, 1>(p, fused, cluster, num_seqs, s);
+      break;
     default: COROLLA_CHECK(false) << "attention decode: no D " << d << " kernel";
   }
-  if (num_splits > 1 && counters == nullptr) {
+  if (num_splits > 1 && counters == nullptr && !clustered) {
     const SplitMergeParams mp{part_o, part_ml, out.ptr<bf16_t>(), out.strides[0], out.strides[1], merge_rows,
                               static_cast<int>(q.dim(1)), num_splits};
     if (d == 64) LaunchSplitKvMerge<64>(mp, s);

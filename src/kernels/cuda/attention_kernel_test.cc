@@ -53,11 +53,13 @@ struct AttnVariant {
   bool decode = false;
   int decode_split_keys = 64;
   int decode_merge_floats = 32768;  // Tuning().attention_decode_merge_floats
+  bool decode_cluster = false;      // Tuning().attention_decode_cluster_merge
   int Kernel() const { return decode ? 3 : !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
     return std::string(decode ? "decode" : !mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (decode && decode_split_keys != 64 ? " splitkeys" + std::to_string(decode_split_keys) : "") +
            (decode && decode_merge_floats != 32768 ? " mergefloats" + std::to_string(decode_merge_floats) : "") +
+           (decode && decode_cluster ? " clustermerge" : "") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
            (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "") +
@@ -110,6 +112,15 @@ std::vector<AttnVariant> DecodeVariants() {
       a.decode = true;
       v.push_back(a);
     }
+  // The splits of a (sequence, KV head) as one cluster merging through shared memory (2-16
+  // splits, groups <= 8; other plans fall back to the counter merge).
+  for (auto [min_ctas, loose] : splits) {
+    if (min_ctas == 0) continue;
+    AttnVariant a{true, min_ctas, loose, true};
+    a.decode = true;
+    a.decode_cluster = true;
+    v.push_back(a);
+  }
   for (bool loose : {false, true}) {
     AttnVariant a{true, 1 << 20, loose, true};
     a.decode = true;
@@ -243,6 +254,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_decode_kernel = var.decode;
     cuda::Tuning().attention_decode_split_keys = var.decode_split_keys;
     cuda::Tuning().attention_decode_merge_floats = var.decode_merge_floats;
+    cuda::Tuning().attention_decode_cluster_merge = var.decode_cluster;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints && !var.decode ? max_q + 5 : max_q,
@@ -447,8 +459,10 @@ TEST_F(CudaKernelTest, AttentionDecodeBatch64Ctx8k) {
 // its split settings (DecodeVariants) and the mma one: contexts 1, 7, 100, 1024 (and 8192), GQA
 // groups 1/4/8/16 (two row blocks past 8; 12 off both), block sizes 1/5/16/64, D 64/128/256,
 // batches 1/2/3/8/64, NaN in every cache slot past a sequence's end. Then CUDA-graph replays of
-// a step (fused merge: the counters re-arm, the output is poisoned before each replay).
+// a step (fused merge: the counters re-arm, the output is poisoned before each replay). The
+// cluster-merge variants must have run the cluster build (not only its fallback).
 TEST_F(CudaKernelTest, AttentionDecodeKernel) {
+  const int64_t cluster_launches = cuda::AttentionDecodeClusterLaunches();
   for (int group : {1, 4, 8, 16})
     for (int bs : {1, 5, 16, 64}) {
       RunAttention(gpu(), {128, group, {1, 1, 1}, {0, 6, 99}, 0, 2, false, bs, true, true});
@@ -470,6 +484,7 @@ TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   RunAttention(gpu(), {128, 8, {1, 1}, {1023, 99}, 0, 4, false, 16, true, true, true});
   RunAttention(gpu(), {128, 8, {1}, {8191}, 0, 4, false, 16, true, true, true});
   RunAttention(gpu(), {64, 16, {1, 1, 1}, {0, 500, 77}, 0, 2, false, 5, true, true, true});
+  EXPECT_GT(cuda::AttentionDecodeClusterLaunches(), cluster_launches) << "the cluster merge never ran";
 }
 
 // ---- perf ------------------------------------------------------------------------------------

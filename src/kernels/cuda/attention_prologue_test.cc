@@ -175,8 +175,9 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
       std::vector<float> out, k_cache, v_cache, qkv;
     };
     // One run of the op on fresh copies of the inputs; graph: captured once, replayed twice.
-    auto run = [&](bool fused, bool prefetch, int min_ctas, bool graph) {
+    auto run = [&](bool fused, bool prefetch, int min_ctas, bool graph, bool cluster = false) {
       cuda::Tuning().attention_fused_prologue = fused;
+      cuda::Tuning().attention_decode_cluster_merge = cluster;
       cuda::Tuning().attention_decode_prefetch = prefetch;
       cuda::Tuning().attention_split_min_ctas = min_ctas;
       Tensor gqkv = Upload(gpu(), qkv, {t, width}, DType::kBF16);
@@ -206,15 +207,19 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
     const std::vector<float> raw = Download(gpu(), Upload(gpu(), qkv, {t, width}, DType::kBF16));
     const int def = DefaultTuning().attention_split_min_ctas;
     for (int min_ctas : {0, def, 1 << 20}) {
-      const Run unfused = run(false, true, min_ctas, false);
-      const double e_unfused = RelError(unfused.out, ref);
+      const Run unfused_plain = run(false, true, min_ctas, false);
+      const double e_unfused = RelError(unfused_plain.out, ref);
       EXPECT_LT(e_unfused, kBf16Tol) << shape << " unfused";
+      // With the cluster merge (Tuning().attention_decode_cluster_merge) on both sides.
+      const Run unfused_cluster = run(false, true, min_ctas, false, true);
+      EXPECT_LT(RelError(unfused_cluster.out, ref), kBf16Tol) << shape << " unfused, cluster merge";
       double worst = 0;
-      for (int variant = 0; variant < 3; ++variant) {  // prefetch on, off, on in a graph
-        const bool prefetch = variant != 1, graph = variant == 2;
-        const Run fused = run(true, prefetch, min_ctas, graph);
+      for (int variant = 0; variant < 4; ++variant) {  // prefetch on, off, on in a graph, + cluster merge
+        const bool prefetch = variant != 1, graph = variant >= 2, cluster = variant == 3;
+        const Run fused = run(true, prefetch, min_ctas, graph, cluster);
+        const Run& unfused = cluster ? unfused_cluster : unfused_plain;
         const std::string name = shape + " min_ctas " + std::to_string(min_ctas) + (prefetch ? "" : " noprefetch") +
-                                 (graph ? " graph" : "");
+                                 (graph ? " graph" : "") + (cluster ? " clustermerge" : "");
         const double e = RelError(fused.out, ref);
         worst = std::max(worst, e);
         EXPECT_LT(e, kBf16Tol) << name;

@@ -196,6 +196,11 @@ struct KernelTuning {
   // merge: 32768 caps Qwen3's 8k-key decode (group 8, D 128) at 32 splits of 256 keys; 65536
   // (64 of 128) took 3.058 vs 2.964 ms a step on an H200. COROLLA_ATTN_DECODE_MERGE_FLOATS.
   int attention_decode_merge_floats = 32768;
+  // That kernel's splits of a (sequence, KV head) run as one thread block cluster (2-16 splits,
+  // groups <= 8) and merge through distributed shared memory instead of global partials, a
+  // fence and an arrival counter. Off until measured (written in session 9, not yet run on a
+  // GPU). COROLLA_ATTN_DECODE_CLUSTER_MERGE sets it.
+  bool attention_decode_cluster_merge = false;
   // That kernel loads its first two passes of cached keys (all but this step's, which the
   // prologue writes) before its dependency wait: earlier forwards wrote them, so they stream in
   // while the kernels before it finish (groups <= 8, D <= 128: registers). On an H200
@@ -284,6 +289,10 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
                          const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
                          const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+
+// attention_decode.cu: how many decode launches so far ran the cluster merge
+// (Tuning().attention_decode_cluster_merge), so tests can tell it from the fallback.
+int64_t AttentionDecodeClusterLaunches();
 
 // attention_wgmma.cu (called by Attention): the prefill kernel for D = Dk = Dv = 128 on wgmma,
 // separate K/V caches, 16-byte aligned q/out rows (Attention checks all of it); one CTA per 128

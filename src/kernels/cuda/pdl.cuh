@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -58,6 +59,36 @@ inline void OptInSharedMemoryOnce(const void* kernel) {
   COROLLA_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
   COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           max_smem - static_cast<int>(attrs.sharedSizeBytes)));
+}
+
+// Whether clusters of `ctas` CTAs of `kernel` (`threads` each, `smem` bytes of dynamic shared
+// memory) can be placed on this device at all (cudaOccupancyMaxActiveClusters > 0); sizes past
+// the portable 8 are allowed first. The answer is kept per (device, kernel, ctas, threads, smem).
+inline bool ClusterFits(const void* kernel, int ctas, int threads, size_t smem) {
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, int, size_t>, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device, kernel, ctas, threads, smem);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  if (ctas > 8) COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(ctas);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+  (void)cudaGetLastError();  // a refused query leaves no sticky error
+  known.emplace(key, fits);
+  return fits;
 }
 
 // kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialisation allowed

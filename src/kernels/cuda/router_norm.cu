@@ -17,9 +17,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_route.cuh"
@@ -122,38 +119,6 @@ __global__ void __launch_bounds__(kMaxThreads) ClusterNormRouterKernel(const __g
   }
 }
 
-// Whether `ctas` CTAs of `threads` and `smem` bytes form a cluster this device can run; the answer
-// per (device, ctas, threads, smem) is kept.
-bool ClusterFits(int ctas, int threads, size_t smem) {
-  int device = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, size_t>, bool> known;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(device, ctas, threads, smem);
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  OptInSharedMemoryOnce(reinterpret_cast<const void*>(ClusterNormRouterKernel));
-  if (ctas > 8)
-    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(ClusterNormRouterKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(ctas);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  int clusters = 0;
-  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, ClusterNormRouterKernel, &config) == cudaSuccess &&
-                    clusters > 0;
-  (void)cudaGetLastError();  // a refused query leaves no sticky error
-  known.emplace(key, fits);
-  return fits;
-}
-
 }  // namespace
 
 // Declared in router.cu (its only caller), which has checked the arguments. False where the
@@ -176,7 +141,9 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   const int rows_per_cta = CeilDiv(experts, ctas);
   const size_t smem = ClusterNormRouterSmem(hidden, rows_per_cta, static_cast<int>(experts), num_groups);
   // (1 KB left for BlockSum's static shared memory)
-  if (smem > static_cast<size_t>(max_smem) - 1024 || !ClusterFits(ctas, threads, smem)) return false;
+  if (smem > static_cast<size_t>(max_smem) - 1024) return false;
+  OptInSharedMemoryOnce(reinterpret_cast<const void*>(ClusterNormRouterKernel));
+  if (!ClusterFits(reinterpret_cast<const void*>(ClusterNormRouterKernel), ctas, threads, smem)) return false;
   ClusterNormRouterParams p{norm,
                             w.ptr<bf16_t>(),
                             static_cast<int>(hidden),
