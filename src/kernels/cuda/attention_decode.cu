@@ -649,18 +649,17 @@ std::atomic<int64_t> cluster_launches{0};  // AttentionDecodeClusterLaunches
 template <int kD, int kRowBlocks>
 bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cudaStream_t s) {
   const dim3 grid(p.num_splits, p.kv_heads, num_seqs);
-  const char* name = prologue ? "AttentionDecode+prologue" : "AttentionDecode";
+  p.timeline = TimelineRecord(prologue ? "AttentionDecode+prologue" : "AttentionDecode",
+                              int64_t{grid.x} * grid.y * grid.z, s);
   if constexpr (kRowBlocks == 1) {
     const auto kernel = prologue ? AttentionDecodeKernel<kD, 1, true, true> : AttentionDecodeKernel<kD, 1, false, true>;
     if (cluster && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits &&
         ClusterFits(reinterpret_cast<const void*>(kernel), p.num_splits, kThreads, 0)) {
-      p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
       LaunchPdl(kernel, grid, dim3(kThreads), 0, s, p.num_splits, p);
       cluster_launches.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
   }
-  p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
   if (prologue) LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, true>, grid, dim3(kThreads), 0, s, 1, p);
   else LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, false>, grid, dim3(kThreads), 0, s, 1, p);
   return false;

@@ -15,7 +15,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_route.cuh"
@@ -315,13 +314,7 @@ bool LaunchStagedRouter(const TensorView& x, const TensorView& w, const RoutePar
   void* scratch = StreamScratch(s, StreamScratchSlot::kStagedRouter, 16 + kStagedRouterMaxExperts * sizeof(float));
   if (scratch == nullptr) return false;
   const auto kernel = norm ? StagedRouterKernel<true> : StagedRouterKernel<false>;
-  // Function attributes are per device: opt in to the device's shared memory once on each.
-  static std::atomic<uint64_t> attrs_set[2] = {0, 0};
-  const uint64_t device_bit = uint64_t{1} << (device % 64);
-  if (!(attrs_set[norm != nullptr].load(std::memory_order_acquire) & device_bit)) {
-    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
-    attrs_set[norm != nullptr].fetch_or(device_bit, std::memory_order_acq_rel);
-  }
+  OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
   StagedRouterParams p{x.ptr<bf16_t>(),
                        w.ptr<bf16_t>(),
                        reinterpret_cast<float*>(static_cast<char*>(scratch) + 16),
