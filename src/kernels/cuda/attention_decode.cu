@@ -643,7 +643,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
 
 std::atomic<int64_t> cluster_launches{0};  // AttentionDecodeClusterLaunches
 
-// Launches the decode kernel; with `cluster` (Tuning().attention_decode_cluster_merge) the splits
+// Launches the decode kernel; with `cluster` (Tuning().attention_decode_cluster_merge_seqs) the splits
 // of each (sequence, KV head) as one cluster where the plan and the device allow it. True when
 // the cluster build ran (no partials to merge after it).
 template <int kD, int kRowBlocks>
@@ -732,7 +732,7 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        Tuning().pdl_early_trigger,
                        Tuning().attention_decode_prefetch,
                        prologue ? *prologue : DecodePrologue{}};
-  const bool fused = prologue != nullptr, cluster = Tuning().attention_decode_cluster_merge;
+  const bool fused = prologue != nullptr, cluster = num_seqs <= Tuning().attention_decode_cluster_merge_seqs;
   const bool wide = group > 8;
   bool clustered = false;
   switch (d) {

@@ -53,7 +53,7 @@ struct AttnVariant {
   bool decode = false;
   int decode_split_keys = 64;
   int decode_merge_floats = 32768;  // Tuning().attention_decode_merge_floats
-  bool decode_cluster = false;      // Tuning().attention_decode_cluster_merge
+  bool decode_cluster = false;      // Tuning().attention_decode_cluster_merge_seqs: all
   int Kernel() const { return decode ? 3 : !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
     return std::string(decode ? "decode" : !mma ? "simt" : wgmma ? "mma" : "mma.sync") +
@@ -254,7 +254,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_decode_kernel = var.decode;
     cuda::Tuning().attention_decode_split_keys = var.decode_split_keys;
     cuda::Tuning().attention_decode_merge_floats = var.decode_merge_floats;
-    cuda::Tuning().attention_decode_cluster_merge = var.decode_cluster;
+    cuda::Tuning().attention_decode_cluster_merge_seqs = var.decode_cluster ? 1 << 20 : 0;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints && !var.decode ? max_q + 5 : max_q,

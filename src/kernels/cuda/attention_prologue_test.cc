@@ -177,7 +177,7 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
     // One run of the op on fresh copies of the inputs; graph: captured once, replayed twice.
     auto run = [&](bool fused, bool prefetch, int min_ctas, bool graph, bool cluster = false) {
       cuda::Tuning().attention_fused_prologue = fused;
-      cuda::Tuning().attention_decode_cluster_merge = cluster;
+      cuda::Tuning().attention_decode_cluster_merge_seqs = cluster ? 1 << 20 : 0;
       cuda::Tuning().attention_decode_prefetch = prefetch;
       cuda::Tuning().attention_split_min_ctas = min_ctas;
       Tensor gqkv = Upload(gpu(), qkv, {t, width}, DType::kBF16);
@@ -210,7 +210,7 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
       const Run unfused_plain = run(false, true, min_ctas, false);
       const double e_unfused = RelError(unfused_plain.out, ref);
       EXPECT_LT(e_unfused, kBf16Tol) << shape << " unfused";
-      // With the cluster merge (Tuning().attention_decode_cluster_merge) on both sides.
+      // With the cluster merge (Tuning().attention_decode_cluster_merge_seqs) on both sides.
       const Run unfused_cluster = run(false, true, min_ctas, false, true);
       EXPECT_LT(RelError(unfused_cluster.out, ref), kBf16Tol) << shape << " unfused, cluster merge";
       double worst = 0;

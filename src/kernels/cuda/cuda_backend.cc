@@ -45,12 +45,14 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER_NORM")) t.staged_router_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER")) t.cluster_norm_router = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER_REGS"))
+      t.cluster_norm_router_regs = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_NORM")) t.gemv_staged_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE")) t.attention_decode_kernel = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_SPLIT_KEYS")) t.attention_decode_split_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_MERGE_FLOATS")) t.attention_decode_merge_floats = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MERGE"))
-      t.attention_decode_cluster_merge = std::atoi(v) != 0;
+      t.attention_decode_cluster_merge_seqs = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;

@@ -100,6 +100,12 @@ struct KernelTuning {
   // 2.941-2.955 vs 2.960-2.962 at 8192; 8: 2.657 (its CTAs hold 64 KB of rows each).
   // COROLLA_CLUSTER_NORM_ROUTER sets it.
   int cluster_norm_router = 16;
+  // That cluster holds its router rows in registers where a warp has at most one row of at most
+  // 2048 (Qwen3-30B-A3B) instead of bulk-copying them to shared memory, so its CTAs (~6 KB of
+  // shared memory) wait beside the o_proj GEMV's (entering 3.1 us before it ends, not 0.8); same
+  // bits. On an H200 (batch 1, graph, one call, two runs each): 2.460 / 2.463 vs 2.458 / 2.468 ms
+  // at ctx 1024, 2.902 / 2.901 vs 2.915 / 2.913 at 8192. COROLLA_CLUSTER_NORM_ROUTER_REGS.
+  bool cluster_norm_router_regs = true;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
   // and x back): one launch instead of two. Off until measured (session 7, not yet run on a GPU).
@@ -196,11 +202,12 @@ struct KernelTuning {
   // merge: 32768 caps Qwen3's 8k-key decode (group 8, D 128) at 32 splits of 256 keys; 65536
   // (64 of 128) took 3.058 vs 2.964 ms a step on an H200. COROLLA_ATTN_DECODE_MERGE_FLOATS.
   int attention_decode_merge_floats = 32768;
-  // That kernel's splits of a (sequence, KV head) run as one thread block cluster (2-16 splits,
-  // groups <= 8) and merge through distributed shared memory instead of global partials, a
-  // fence and an arrival counter. Off until measured (written in session 9, not yet run on a
-  // GPU). COROLLA_ATTN_DECODE_CLUSTER_MERGE sets it.
-  bool attention_decode_cluster_merge = false;
+  // In decode batches of at most this many sequences (0: never), that kernel's splits of a
+  // (sequence, KV head) run as one thread block cluster (2-16 splits, groups <= 8) and merge
+  // through distributed shared memory instead of global partials, a fence and an arrival
+  // counter. On an H200 (Qwen3-30B-A3B, graph, ctx 1024: 16 splits): batch 1 2.489-2.491 vs
+  // 2.546-2.557 ms a step, batch 8 (8 splits) 8.481 vs 8.288. COROLLA_ATTN_DECODE_CLUSTER_MERGE.
+  int attention_decode_cluster_merge_seqs = 1;
   // That kernel loads its first two passes of cached keys (all but this step's, which the
   // prologue writes) before its dependency wait: earlier forwards wrote them, so they stream in
   // while the kernels before it finish (groups <= 8, D <= 128: registers). On an H200
@@ -291,7 +298,7 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 
 // attention_decode.cu: how many decode launches so far ran the cluster merge
-// (Tuning().attention_decode_cluster_merge), so tests can tell it from the fallback.
+// (Tuning().attention_decode_cluster_merge_seqs), so tests can tell it from the fallback.
 int64_t AttentionDecodeClusterLaunches();
 
 // attention_wgmma.cu (called by Attention): the prefill kernel for D = Dk = Dv = 128 on wgmma,
@@ -338,6 +345,9 @@ void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_
 bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                       const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                       const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s);
+// router_norm.cu: how many cluster norm-router launches so far held their rows in registers
+// (Tuning().cluster_norm_router_regs), so tests can tell that build from the shared-memory one.
+int64_t ClusterNormRouterRegLaunches();
 // router.cu: Backend::MoeRouter (router GEMV + MoeRoute) in one launch for x of at most
 // min(8, Tuning().fused_router_max_tokens) rows; false (nothing launched) for more rows or
 // layouts it does not cover (E not a multiple of 16, H not of 8, unaligned rows).

@@ -14,9 +14,15 @@
 //   warp 0 routes (RouteToken), while every CTA writes its share of sum and x back (all CTAs
 //   have read sum by the barrier).
 // No global counters, fences or second kernel: the logits never leave the cluster.
+// With Tuning().cluster_norm_router_regs, where a warp holds at most one row of at most 2048
+// (Qwen3-30B-A3B: 8 rows of 2048 a CTA of 8 warps), the rows go to registers instead (a lane's
+// chunks of its warp's row, loaded before the wait: StagedDot<1>'s layout, so the same bits):
+// the CTAs then need ~6 KB of shared memory and can wait beside the o_proj GEMV's 137 KB ones.
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_route.cuh"
@@ -34,6 +40,9 @@ namespace cg = cooperative_groups;
 constexpr int kMaxThreads = 1024;            // a 16-byte chunk of the row a thread: H <= 8192
 constexpr int kBarBytes = 8 * kMaxThreads / 32;  // an mbarrier a warp
 constexpr int kMaxExperts = 4096;
+constexpr int kRegChunks = 8;  // 16-byte chunks of its row a lane holds in registers: H <= 2048
+
+std::atomic<int64_t> reg_launches{0};  // ClusterNormRouterRegLaunches
 
 struct ClusterNormRouterParams {
   ResidualNorm norm;
@@ -45,15 +54,37 @@ struct ClusterNormRouterParams {
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
-// Dynamic shared memory: mbarriers, x [H], the CTA's rows [R][H] (bf16), then CTA 0's logit row,
-// probs, choice [E] and group scores (floats; RouteToken's scratch).
-size_t ClusterNormRouterSmem(int64_t hidden, int rows_per_cta, int experts, int num_groups) {
+// Dynamic shared memory: mbarriers, x [H], the CTA's rows [R][H] (bf16; none with reg_rows),
+// then CTA 0's logit row, probs, choice [E] and group scores (floats; RouteToken's scratch).
+size_t ClusterNormRouterSmem(int64_t hidden, int staged_rows, int experts, int num_groups) {
   const int64_t x_bytes = (2 * hidden + 127) / 128 * 128;
-  return kBarBytes + x_bytes + static_cast<size_t>(rows_per_cta) * hidden * 2 +
+  return kBarBytes + x_bytes + static_cast<size_t>(staged_rows) * hidden * 2 +
          sizeof(float) * (3 * static_cast<size_t>(experts) + num_groups);
 }
 
-__global__ void __launch_bounds__(kMaxThreads) ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
+// StagedDot<1>'s sum (chunk j of the lane into partial j % 4, the four added in order, then the
+// warp sum) with the lane's chunks of the row in registers: chunk j is row[lane * 8 + 256 j].
+__device__ __forceinline__ float RegDot(const uint4 (&w)[kRegChunks], const bf16_t* xs, int k, int lane) {
+  float acc[4] = {};
+#pragma unroll
+  for (int j = 0; j < kRegChunks; ++j) {
+    const int c = lane * 8 + j * 256;
+    if (c >= k) break;
+    float xf[8], wf[8];
+    LoadShared8(xs + c, xf);
+    Bf16x8 wv;
+    memcpy(&wv, &w[j], sizeof(wv));
+    Unpack8(wv, wf);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[j % 4] = fmaf(wf[i], xf[i], acc[j % 4]);
+  }
+  return WarpSum(acc[0] + acc[1] + acc[2] + acc[3]);
+}
+
+// kRegRows: the rows in registers, at most one a warp, H <= 2048 (so at most 256 threads).
+template <bool kRegRows>
+__global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads)
+    ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   cg::cluster_group cluster = cg::this_cluster();
   TimelineScope tl(p.timeline);
@@ -66,13 +97,20 @@ __global__ void __launch_bounds__(kMaxThreads) ClusterNormRouterKernel(const __g
   const int row0 = warp * per_warp + min(warp, extra), rows = per_warp + (warp < extra ? 1 : 0);
   bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kBarBytes);
   const bf16_t* ws = reinterpret_cast<const bf16_t*>(smem + kBarBytes + p.x_bytes);
-  float* logits = reinterpret_cast<float*>(smem + kBarBytes + p.x_bytes +
-                                           static_cast<int64_t>(p.rows_per_cta) * p.hidden * 2);
+  const int staged_rows = kRegRows ? 0 : p.rows_per_cta;
+  float* logits =
+      reinterpret_cast<float*>(smem + kBarBytes + p.x_bytes + static_cast<int64_t>(staged_rows) * p.hidden * 2);
   float* probs = logits + p.experts;
   float* choice = probs + p.experts;
   float* group_score = choice + p.experts;
   const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
-  if (lane == 0 && rows > 0) {
+  uint4 wr[kRegChunks];
+  if (kRegRows && rows > 0) {  // rows <= 1: the lane's chunks of the warp's row
+    const bf16_t* row = p.w + static_cast<int64_t>(cta_row0 + row0) * p.hidden;
+#pragma unroll
+    for (int j = 0; j < kRegChunks; ++j)
+      if (lane * 8 + j * 256 < p.hidden) wr[j] = __ldcs(reinterpret_cast<const uint4*>(row + lane * 8 + j * 256));
+  } else if (lane == 0 && rows > 0) {
     const uint32_t bytes = static_cast<uint32_t>(rows) * p.hidden * 2;
     wgmma::MbarInit(bar, 1);
     wgmma::MbarInitFence();
@@ -104,8 +142,13 @@ __global__ void __launch_bounds__(kMaxThreads) ClusterNormRouterKernel(const __g
   __syncthreads();  // x staged
   if (rows > 0) {
     float* dst = cluster.map_shared_rank(logits, 0);
-    wgmma::MbarWait(bar, 0);
-    for (int r = 0; r < rows; ++r) {
+    if constexpr (kRegRows) {
+      const float v = RegDot(wr, xs, p.hidden, lane);
+      if (lane == 0) dst[cta_row0 + row0] = v;
+    } else {
+      wgmma::MbarWait(bar, 0);
+    }
+    for (int r = 0; r < (kRegRows ? 0 : rows); ++r) {
       float v[1];
       StagedDot<1>(ws + static_cast<int64_t>(row0 + r) * p.hidden, xs, p.hidden, lane, v);
       if (lane == 0) dst[cta_row0 + row0 + r] = v[0];
@@ -139,11 +182,15 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   // step slower than the three kernels).
   const int ctas = want > 8 ? 16 : 8;
   const int rows_per_cta = CeilDiv(experts, ctas);
-  const size_t smem = ClusterNormRouterSmem(hidden, rows_per_cta, static_cast<int>(experts), num_groups);
+  const bool reg_rows = Tuning().cluster_norm_router_regs && rows_per_cta <= threads / 32 &&
+                        hidden <= int64_t{kRegChunks} * 256;
+  const size_t smem =
+      ClusterNormRouterSmem(hidden, reg_rows ? 0 : rows_per_cta, static_cast<int>(experts), num_groups);
   // (1 KB left for BlockSum's static shared memory)
   if (smem > static_cast<size_t>(max_smem) - 1024) return false;
-  OptInSharedMemoryOnce(reinterpret_cast<const void*>(ClusterNormRouterKernel));
-  if (!ClusterFits(reinterpret_cast<const void*>(ClusterNormRouterKernel), ctas, threads, smem)) return false;
+  const auto kernel = reg_rows ? ClusterNormRouterKernel<true> : ClusterNormRouterKernel<false>;
+  OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
+  if (!ClusterFits(reinterpret_cast<const void*>(kernel), ctas, threads, smem)) return false;
   ClusterNormRouterParams p{norm,
                             w.ptr<bf16_t>(),
                             static_cast<int>(hidden),
@@ -151,9 +198,12 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
                             rows_per_cta,
                             static_cast<int>((2 * hidden + 127) / 128 * 128),
                             route};
-  p.timeline = TimelineRecord("ClusterNormRouter", ctas, s);
-  LaunchPdl(ClusterNormRouterKernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
+  p.timeline = TimelineRecord(reg_rows ? "ClusterNormRouter regs" : "ClusterNormRouter", ctas, s);
+  LaunchPdl(kernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
+  if (reg_rows) reg_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
+
+int64_t ClusterNormRouterRegLaunches() { return reg_launches.load(std::memory_order_relaxed); }
 
 }  // namespace corolla::cuda

@@ -230,7 +230,7 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
 }
 
 // RmsNormMoeRouter of one token, each fused path (the staged router with the norm folded in; the
-// cluster norm-router at 8 and 16 CTAs) against the same GPU's RmsNorm + MoeRouter from the same
+// cluster norm-router at 8 and 16 CTAs, at 16 also with its rows in registers) against the same GPU's RmsNorm + MoeRouter from the same
 // sum and y. sum + y must be equal bits (the same bf16 rounding); x within a bf16 unit for the
 // staged router (1 / rms summed in another order), equal bits for the cluster (RmsNorm's order);
 // ids equal except where two experts' logits (from the unfused x, on the CPU) are within 2e-3;
@@ -266,10 +266,11 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
     Tensor gb = Upload(gpu(), bias, {e}, DType::kF32);
     if (c.bias) r.correction_bias = gb.view();
     struct Out { std::vector<float> sum, x, weights; std::vector<int32_t> ids; };
-    // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router.
+    // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register rows.
     auto run = [&](int mode) {
       cuda::Tuning().staged_router_norm = mode == 1;
-      cuda::Tuning().cluster_norm_router = mode >= 8 ? mode : 0;
+      cuda::Tuning().cluster_norm_router = mode >= 8 ? std::min(mode, 16) : 0;
+      cuda::Tuning().cluster_norm_router_regs = mode == 17;
       Tensor gy = Upload(gpu(), y, {1, h}, DType::kBF16), gsum = Upload(gpu(), sum, {1, h}, DType::kBF16);
       Tensor gx = gpu().Empty(DType::kBF16, {1, h});
       Tensor gids = gpu().Empty(DType::kI32, {1, c.k}), gwt = gpu().Empty(DType::kF32, {1, c.k});
@@ -291,9 +292,14 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
       const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
       return c.bias ? s + bias[id] : s;
     };
-    for (int mode : {1, 8, 16}) {
+    for (int mode : {1, 8, 16, 17}) {
+      const int64_t reg_launches = cuda::ClusterNormRouterRegLaunches();
       const Out got = run(mode), again = run(mode);
-      const std::string shape = std::string(mode == 1 ? "staged" : "cluster" + std::to_string(mode)) + " E" +
+      // Register rows where a warp has at most one row of at most 2048 (RmsNorm's block size: a
+      // thread a 16-byte chunk).
+      const bool regs = mode == 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
+      EXPECT_EQ(cuda::ClusterNormRouterRegLaunches() - reg_launches, regs ? 2 : 0) << "E" << e << " H" << h;
+      const std::string shape = std::string(mode == 1 ? "staged" : mode == 17 ? "cluster16 regs" : "cluster" + std::to_string(mode)) + " E" +
                                 std::to_string(e) + " k" + std::to_string(c.k) + " H" + std::to_string(h) +
                                 (c.norm_f32 ? " f32-norm" : "") + (c.groups > 1 ? " grouped sigmoid bias" : "");
       EXPECT_EQ(got.sum, ref.sum) << shape;
