@@ -54,7 +54,7 @@ struct ClusterNormRouterParams {
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
-// Dynamic shared memory: mbarriers, x [H], the CTA's rows [R][H] (bf16; none with reg_rows),
+// Dynamic shared memory: mbarriers, x [H], the CTA's rows [R][H] (bf16; none with kRegRows),
 // then CTA 0's logit row, probs, choice [E] and group scores (floats; RouteToken's scratch).
 size_t ClusterNormRouterSmem(int64_t hidden, int staged_rows, int experts, int num_groups) {
   const int64_t x_bytes = (2 * hidden + 127) / 128 * 128;
@@ -147,11 +147,11 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads)
       if (lane == 0) dst[cta_row0 + row0] = v;
     } else {
       wgmma::MbarWait(bar, 0);
-    }
-    for (int r = 0; r < (kRegRows ? 0 : rows); ++r) {
-      float v[1];
-      StagedDot<1>(ws + static_cast<int64_t>(row0 + r) * p.hidden, xs, p.hidden, lane, v);
-      if (lane == 0) dst[cta_row0 + row0 + r] = v[0];
+      for (int r = 0; r < rows; ++r) {
+        float v[1];
+        StagedDot<1>(ws + static_cast<int64_t>(row0 + r) * p.hidden, xs, p.hidden, lane, v);
+        if (lane == 0) dst[cta_row0 + row0 + r] = v[0];
+      }
     }
   }
   cluster.sync();  // every logit in CTA 0; every CTA has read sum and y
