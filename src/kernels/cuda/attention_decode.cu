@@ -270,15 +270,18 @@ constexpr int kMaxClusterSplits = 16;  // a cluster of the splits of one (sequen
 // share of the (row, 4 dims) items, reading the peers' o; a second barrier keeps each CTA's
 // partials alive until its peers are done. No partials in global memory, fence or counter.
 template <int kD>
-__device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, ClusterPartials<kD>& cl, int kvh, int q0) {
+__device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, ClusterPartials<kD>& cl, int kvh, int q0,
+                                   const TimelineScope& tl) {
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = p.num_splits, rows = p.group, rank = static_cast<int>(cluster.block_rank());
   cluster.sync();  // every split's partials written, visible to the cluster
+  tl.Mark(1);
   for (int i = threadIdx.x; i < rows * splits; i += kThreads)
     sm.ml[i] = cluster.map_shared_rank(&cl, i % splits)->ml[i / splits];
   __syncthreads();
   MergeWeights(sm, rows, splits);
   __syncthreads();
+  tl.Mark(2);
   const int items = rows * (kD / 4), per = (items + splits - 1) / splits;
   for (int i = threadIdx.x; i < per && rank * per + i < items; i += kThreads) {
     const int idx = rank * per + i, r = idx / (kD / 4), c4 = idx % (kD / 4);
@@ -305,12 +308,15 @@ __device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, Clu
     dst[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
     dst[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
   }
+  tl.Mark(3);
   cluster.sync();  // peers may still read this CTA's partials
 }
 
 // kRowBlocks: 1 for groups <= 8 (query rows = the n of P V), 2 up to 16. kPrologue: the prologue
 // folded in (p.prologue; q holds the raw projection). kCluster: the splits of a (sequence, KV
 // head) form a thread block cluster and merge through shared memory (ClusterMergeDecode).
+// Timeline marks (timeline.h): 0 every pass multiplied; with the cluster 1 after its first
+// barrier, 2 the merge weights formed, 3 merged; else 1 partials written, 3 merged.
 template <int kD, int kRowBlocks, bool kPrologue, bool kCluster = false>
 __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_constant__ DecodeParams p) {
   static_assert(!kCluster || kRowBlocks == 1, "the cluster merge keeps 8 rows a split");
@@ -406,7 +412,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
     if constexpr (kCluster) {
       for (int r = threadIdx.x; r < p.group; r += kThreads) cl.ml[r] = make_float2(-INFINITY, 0.f);
-      ClusterMergeDecode<kD>(p, sm, cl, kvh, q0);
+      ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl);
     } else if (p.num_splits > 1) {
       for (int r = threadIdx.x; r < p.group; r += kThreads) {
         const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + kvh * p.group + r) * p.num_splits + split;
@@ -603,6 +609,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
     }
   }
 
+  tl.Mark(0);  // every pass multiplied
   // Rows 2c, 2c+1 (+ 8 rb) of this lane's accumulators: their max and sum from lanes 8c, 8c + 4.
 #pragma unroll
   for (int rb = 0; rb < kRowBlocks; ++rb) {
@@ -637,8 +644,13 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
     }
   }
-  if constexpr (kCluster) ClusterMergeDecode<kD>(p, sm, cl, kvh, q0);
-  else if (p.num_splits > 1 && p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0);
+  if constexpr (kCluster) {
+    ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl);
+  } else {
+    tl.Mark(1);  // partials (or the output) written
+    if (p.num_splits > 1 && p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0);
+    tl.Mark(3);  // merged (the last CTA of the KV head; the others right away)
+  }
 }
 
 std::atomic<int64_t> cluster_launches{0};  // AttentionDecodeClusterLaunches

@@ -13,7 +13,8 @@
 // - Each warp writes its logits into CTA 0's shared memory (DSMEM); one cluster barrier; CTA 0's
 //   warp 0 routes (RouteToken), while every CTA writes its share of sum and x back (all CTAs
 //   have read sum by the barrier).
-// No global counters, fences or second kernel: the logits never leave the cluster.
+// No global counters, fences or second kernel: the logits never leave the cluster. Timeline
+// marks (timeline.h): 0 the norm's sum, 1 the CTA's logits pushed, 2 after the barrier, 3 routed.
 // With Tuning().cluster_norm_router_regs, where a warp holds at most one row of at most 2048
 // (Qwen3-30B-A3B: 8 rows of 2048 a CTA of 8 warps), the rows go to registers instead (a lane's
 // chunks of its warp's row, loaded before the wait: StagedDot<1>'s layout, so the same bits):
@@ -134,6 +135,7 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads)
 #pragma unroll
   for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
   ss = BlockSum(ss);
+  tl.Mark(0);  // sum + y read, the sum of squares formed
   const float inv = rsqrtf(ss / p.hidden + p.norm.eps);
   if (mine) {
     xv = NormScale8(nw, a, inv);
@@ -154,8 +156,13 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads)
       }
     }
   }
+  tl.Mark(1);  // this CTA's logits pushed
   cluster.sync();  // every logit in CTA 0; every CTA has read sum and y
-  if (rank == 0 && warp == 0) RouteToken(p.route, 0, logits, probs, choice, group_score, lane);
+  tl.Mark(2);
+  if (rank == 0 && warp == 0) {
+    RouteToken(p.route, 0, logits, probs, choice, group_score, lane);
+    tl.Mark(3);  // routed (CTA 0)
+  }
   if (mine && t % ctas == rank) {
     reinterpret_cast<Bf16x8*>(p.norm.sum)[t] = h;
     reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;

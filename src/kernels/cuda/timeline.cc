@@ -23,7 +23,7 @@ struct Launch {
 struct Timeline {
   std::mutex mu;
   int64_t start = -1, window = 0, seen = 0;
-  uint64_t* records = nullptr;  // [window][kMaxCtas][3]
+  uint64_t* records = nullptr;  // [window][kMaxCtas][kTimelineFields]
   std::vector<Launch> launches;
   bool printed = false;
 };
@@ -41,36 +41,42 @@ Timeline& Get() {
 
 void Print(Timeline& t, cudaStream_t s) {
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
-  const size_t per = static_cast<size_t>(kMaxCtas) * 3;
+  constexpr int kF = kTimelineFields;
+  const size_t per = static_cast<size_t>(kMaxCtas) * kF;
   std::vector<uint64_t> host(t.launches.size() * per);
   COROLLA_CUDA_CHECK(cudaMemcpy(host.data(), t.records, host.size() * 8, cudaMemcpyDeviceToHost));
   struct Span {
     double entry_min, entry_max, waited_max, exit_max;
+    double mark_max[kTimelineMarks];  // the latest CTA's mark (0: none)
   };
   std::vector<Span> spans;
   uint64_t origin = ~0ull;
   for (size_t i = 0; i < t.launches.size(); ++i)
     for (int64_t c = 0; c < std::min(t.launches[i].ctas, kMaxCtas); ++c)
-      if (host[i * per + c * 3] != 0) origin = std::min(origin, host[i * per + c * 3]);
+      if (host[i * per + c * kF] != 0) origin = std::min(origin, host[i * per + c * kF]);
   for (size_t i = 0; i < t.launches.size(); ++i) {
-    Span sp{1e30, 0, 0, 0};
+    Span sp{1e30, 0, 0, 0, {}};
     for (int64_t c = 0; c < std::min(t.launches[i].ctas, kMaxCtas); ++c) {
-      const uint64_t* r = &host[i * per + c * 3];
+      const uint64_t* r = &host[i * per + c * kF];
       if (r[0] == 0) continue;  // not traced (too many CTAs)
       sp.entry_min = std::min(sp.entry_min, (r[0] - origin) * 1e-3);
       sp.entry_max = std::max(sp.entry_max, (r[0] - origin) * 1e-3);
       if (r[1] != 0) sp.waited_max = std::max(sp.waited_max, (r[1] - origin) * 1e-3);
       sp.exit_max = std::max(sp.exit_max, (r[2] - origin) * 1e-3);
+      for (int m = 0; m < kTimelineMarks; ++m)
+        if (r[3 + m] != 0) sp.mark_max[m] = std::max(sp.mark_max[m], (r[3 + m] - origin) * 1e-3);
     }
     if (sp.entry_min > 1e29) {  // nothing recorded: a zero-length span at the previous exit
       const double prev = spans.empty() ? 0.0 : spans.back().exit_max;
-      sp = Span{prev, prev, prev, prev};
+      sp = Span{prev, prev, prev, prev, {}};
     }
     spans.push_back(sp);
   }
   struct Sum {
     int n = 0;
     double early = 0, release = 0, run = 0, path = 0;
+    int marked[kTimelineMarks] = {};
+    double mark[kTimelineMarks] = {};  // the latest CTA's mark after the last wait
   };
   std::map<std::string, Sum> sums;
   for (size_t i = 1; i < spans.size(); ++i) {
@@ -81,6 +87,11 @@ void Print(Timeline& t, cudaStream_t s) {
     s2.release += spans[i].waited_max - prev;
     s2.run += spans[i].exit_max - spans[i].waited_max;
     s2.path += spans[i].exit_max - prev;
+    for (int m = 0; m < kTimelineMarks; ++m)
+      if (spans[i].mark_max[m] > 0) {
+        ++s2.marked[m];
+        s2.mark[m] += spans[i].mark_max[m] - spans[i].waited_max;
+      }
   }
   std::printf("timeline: %zu launches over %.1f us (means in us; path adds up to the span)\n", spans.size(),
               spans.back().exit_max - spans.front().entry_min);
@@ -92,6 +103,16 @@ void Print(Timeline& t, cudaStream_t s) {
     std::printf("  #%-3zu %-28s ctas %5lld entry %9.2f..%9.2f waited %9.2f exit %9.2f\n", i, t.launches[i].name.c_str(),
                 static_cast<long long>(t.launches[i].ctas), spans[i].entry_min, spans[i].entry_max, spans[i].waited_max,
                 spans[i].exit_max);
+  bool header = false;
+  for (const auto& [name, s2] : sums) {
+    if (std::none_of(s2.marked, s2.marked + kTimelineMarks, [](int n) { return n > 0; })) continue;
+    if (!header) std::printf("  phases (Mark i: the latest CTA's mark after the last wait, mean over launches, us):\n");
+    header = true;
+    std::printf("  %-28s", name.c_str());
+    for (int m = 0; m < kTimelineMarks; ++m)
+      if (s2.marked[m] > 0) std::printf("  mark%d %6.2f", m, s2.mark[m] / s2.marked[m]);
+    std::printf("  run %6.2f\n", s2.run / s2.n);
+  }
   std::fflush(stdout);
 }
 
@@ -114,13 +135,13 @@ uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) {
     return nullptr;
   }
   if (t.records == nullptr) {
-    const size_t bytes = static_cast<size_t>(t.window) * kMaxCtas * 3 * 8;
+    const size_t bytes = static_cast<size_t>(t.window) * kMaxCtas * kTimelineFields * 8;
     COROLLA_CUDA_CHECK(cudaMalloc(&t.records, bytes));
     COROLLA_CUDA_CHECK(cudaMemsetAsync(t.records, 0, bytes, s));
   }
   t.launches.push_back({std::string(name), ctas});
   if (ctas > kMaxCtas) return nullptr;  // listed with zeros
-  return t.records + static_cast<size_t>(index) * kMaxCtas * 3;
+  return t.records + static_cast<size_t>(index) * kMaxCtas * kTimelineFields;
 }
 
 }  // namespace corolla::cuda

@@ -8,8 +8,10 @@
 //   run     = its last exit after that wait,
 //   path    = its last exit after the previous launch's last exit (the launches' paths add up
 //             to the window's span, untraced kernels counting with the next traced one),
-// then the first 24 launches one by one. Kernels take the record through their parameters and
-// a TimelineScope (timeline.cuh); null when off (one predicated register, no other cost).
+// then the first 24 launches one by one, then, for kernels that mark phases (TimelineScope::Mark),
+// the mean over launches of each mark's latest CTA after the last wait. Kernels take the record
+// through their parameters and a TimelineScope (timeline.cuh); null when off (one predicated
+// register, no other cost).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,11 +21,14 @@
 
 namespace corolla::cuda {
 
+constexpr int kTimelineMarks = 4;
+constexpr int kTimelineFields = 3 + kTimelineMarks;  // entry, waited, exit, the marks
+
 // Whether COROLLA_TIMELINE is set (callers that build a name skip that when it is not).
 bool TimelineOn();
 
-// The record of this launch ([ctas][3] u64, zeroed) or null: off, outside the window, inside a
-// capture, or more than 4096 CTAs.
+// The record of this launch ([ctas][kTimelineFields] u64, zeroed) or null: off, outside the
+// window, inside a capture, or more than 4096 CTAs.
 uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s);
 
 }  // namespace corolla::cuda
