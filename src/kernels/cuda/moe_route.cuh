@@ -203,4 +203,76 @@ __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, cons
   }
 }
 
+// RouteTokenRegs' routing of token t by a whole block (blockDim.x a multiple of 32; every thread
+// calls it): the same ids and weights, bit for bit, without its eight serial rounds of warp
+// reductions. The scores' max and double sum as RouteTokenRegs forms them (the sum on warp 0 in
+// its order); then each thread ranks its experts' keys (the score bits) against all others in
+// shared memory: rank = keys above + equal keys at lower ids (RouteTokenRegs' pick order), and
+// the experts of rank < top_k write their id and score at their rank; warp 0 sums the picked
+// scores in pick order and writes. ex, key: [E] shared scratch. False, having written nothing to
+// global memory (the block's threads agreeing), where RouteTokenRegs' conditions fail or a score
+// is NaN: the caller routes with RouteToken then.
+__device__ __forceinline__ bool RouteTokenBlock(const RouteParams& p, int64_t t, const float* logit, float* ex,
+                                                uint32_t* key) {
+  if (p.sigmoid || p.bias != nullptr || p.num_groups != 1 || p.experts > 512 || p.top_k > p.experts) return false;
+  __shared__ float warp_max[32];
+  __shared__ double total;
+  __shared__ int any_nan;
+  __shared__ int pick_id[kMaxTopK];
+  __shared__ float pick_score[kMaxTopK];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+  float mx = -INFINITY;
+  for (int e = tid; e < p.experts; e += blockDim.x) mx = fmaxf(mx, logit[e]);
+  mx = WarpMax(mx);
+  if (lane == 0) warp_max[warp] = mx;
+  if (tid == 0) any_nan = 0;
+  __syncthreads();
+  mx = warp_max[0];
+  for (int w = 1; w < warps; ++w) mx = fmaxf(mx, warp_max[w]);
+  for (int e = tid; e < p.experts; e += blockDim.x) ex[e] = expf(logit[e] - mx);
+  __syncthreads();
+  if (warp == 0) {  // lane l adds experts l, l + 32, .. in order, then the butterfly: RouteTokenRegs' sum
+    double sum = 0.0;
+    for (int e = lane; e < p.experts; e += 32) sum += ex[e];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) total = sum;
+  }
+  __syncthreads();
+  const double sum = total;
+  bool nan = false;
+  for (int e = tid; e < p.experts; e += blockDim.x) {
+    const float prob = static_cast<float>(ex[e] / sum);
+    nan |= prob != prob;
+    key[e] = __float_as_uint(prob) + 1;  // scores are >= +0: their bits order them
+  }
+  if (nan) any_nan = 1;
+  __syncthreads();
+  if (any_nan) return false;
+  for (int e = tid; e < p.experts; e += blockDim.x) {
+    const uint32_t mine = key[e];
+    int rank = 0;
+    for (int j = 0; j < p.experts; ++j) {
+      const uint32_t other = key[j];
+      rank += other > mine || (other == mine && j < e);
+    }
+    if (rank < p.top_k) {
+      pick_id[rank] = e;
+      pick_score[rank] = __uint_as_float(mine - 1);
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    double norm = 0.0;
+    for (int i = 0; i < p.top_k; ++i) norm += pick_score[i];
+    if (lane < p.top_k) {
+      const float score = pick_score[lane];
+      const float weight = p.renormalize ? static_cast<float>(score / norm) : score;
+      p.topk_ids[t * p.ids_stride + lane] = pick_id[lane];
+      p.topk_weights[t * p.weights_stride + lane] = weight * p.scaling_factor;
+    }
+  }
+  return true;
+}
+
 }  // namespace corolla::cuda
