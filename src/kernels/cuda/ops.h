@@ -83,13 +83,13 @@ struct KernelTuning {
   int fused_router_max_tokens = 0;
   // MoeRouter of one token runs the staged router (router.cu: a warp per router row staged in
   // shared memory before the dependency wait, the last warp to arrive routes) instead of Linear +
-  // MoeRoute: one launch instead of two. Off until measured on a GPU (written in session 7, not
-  // yet run there). COROLLA_STAGED_ROUTER sets it.
+  // MoeRoute: one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
+  // session 7: 3.050 vs 2.783 ms a step; notes/decode_step.md). COROLLA_STAGED_ROUTER sets it.
   bool staged_router = false;
   // Backend::RmsNormMoeRouter of one token folds the norm into the staged router (every warp
   // forms sum + y and its norm itself; the last warp to arrive writes sum and x back): one launch
-  // instead of RmsNorm + router. Off until measured (session 7, not yet run on a GPU).
-  // COROLLA_STAGED_ROUTER_NORM sets it.
+  // instead of RmsNorm + router. Off: slower on an H200 (session 7: 3.121 vs 2.783 ms a step);
+  // the cluster norm-router below took its place. COROLLA_STAGED_ROUTER_NORM sets it.
   bool staged_router_norm = false;
   // Backend::RmsNormMoeRouter of one token runs as one thread block cluster of this many CTAs
   // (16 or 8; router_norm.cu): the post-attention norm, the router logits and the routing in
@@ -113,8 +113,8 @@ struct KernelTuning {
   bool cluster_norm_router_block_topk = false;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
-  // and x back): one launch instead of two. Off until measured (session 7, not yet run on a GPU).
-  // COROLLA_GEMV_STAGED_NORM sets it.
+  // and x back): one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
+  // session 10: 2.492 vs 2.467 ms a step at ctx 1024, 2.926 vs 2.905 at 8192). COROLLA_GEMV_STAGED_NORM.
   bool gemv_staged_norm = false;
   // The pair path's down + combine spreads the top-k slots over 8 warps of a CTA, the first
   // weight loads issued before the dependency wait (PairDownSlotsKernel); off: one warp walks
@@ -184,7 +184,8 @@ struct KernelTuning {
   bool pdl_early_trigger = true;
   // QkNormRopeKvWrite triggers its dependents before its own wait too, so the decode attention
   // (and, through its early trigger, the staged o_proj's weight copies) start one kernel earlier.
-  // COROLLA_PROLOGUE_EARLY_TRIGGER sets it.
+  // Off: no faster on an H200 (session 10: 2.460 vs 2.467 ms at ctx 1024, 2.950 vs 2.905 at
+  // 8192). COROLLA_PROLOGUE_EARLY_TRIGGER sets it.
   bool prologue_early_trigger = false;
   // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
   // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
