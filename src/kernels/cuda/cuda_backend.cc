@@ -47,7 +47,6 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER")) t.cluster_norm_router = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER_REGS"))
       t.cluster_norm_router_regs = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ROUTER_BLOCK_TOPK")) t.cluster_norm_router_block_topk = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_NORM")) t.gemv_staged_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE")) t.attention_decode_kernel = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_SPLIT_KEYS")) t.attention_decode_split_keys = std::atoi(v);

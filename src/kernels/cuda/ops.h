@@ -106,11 +106,6 @@ struct KernelTuning {
   // bits. On an H200 (batch 1, graph, one call, two runs each): 2.460 / 2.463 vs 2.458 / 2.468 ms
   // at ctx 1024, 2.902 / 2.901 vs 2.915 / 2.913 at 8192. COROLLA_CLUSTER_NORM_ROUTER_REGS.
   bool cluster_norm_router_regs = true;
-  // That cluster's CTA 0 routes with all its threads (moe_route.cuh's RouteTokenBlock: each
-  // expert's rank counted in parallel; the same ids and weights) instead of one warp, whose
-  // eight serial picks took 1.9 us of the cluster's 4.4 on an H200 (timeline marks). Off until
-  // measured (session 10, not yet run on a GPU). COROLLA_ROUTER_BLOCK_TOPK.
-  bool cluster_norm_router_block_topk = false;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
   // and x back): one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,

@@ -13,8 +13,6 @@
 // - Each warp writes its logits into CTA 0's shared memory (DSMEM); one cluster barrier; CTA 0's
 //   warp 0 routes (RouteToken), while every CTA writes its share of sum and x back (all CTAs
 //   have read sum by the barrier).
-// With Tuning().cluster_norm_router_block_topk CTA 0 routes with all its threads (RouteTokenBlock:
-// the same bits as RouteToken's one warp, without its serial picks).
 // No global counters, fences or second kernel: the logits never leave the cluster. Timeline
 // marks (timeline.h): 0 the norm's sum, 1 the CTA's logits pushed, 2 after the barrier, 3 routed.
 // With Tuning().cluster_norm_router_regs, where a warp holds at most one row of at most 2048
@@ -54,7 +52,6 @@ struct ClusterNormRouterParams {
   int rows_per_cta;  // R
   int x_bytes;       // the staged x: H bf16 rounded up to 128 bytes
   RouteParams route;  // one token; logits unused
-  bool block_route;   // CTA 0 routes with all its threads (RouteTokenBlock), else with warp 0
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
@@ -162,10 +159,8 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads)
   tl.Mark(1);  // this CTA's logits pushed
   cluster.sync();  // every logit in CTA 0; every CTA has read sum and y
   tl.Mark(2);
-  if (rank == 0) {  // the same ids and weights either way
-    if (!(p.block_route && RouteTokenBlock(p.route, 0, logits, probs, reinterpret_cast<uint32_t*>(choice))) &&
-        warp == 0)
-      RouteToken(p.route, 0, logits, probs, choice, group_score, lane);
+  if (rank == 0 && warp == 0) {
+    RouteToken(p.route, 0, logits, probs, choice, group_score, lane);
     tl.Mark(3);  // routed (CTA 0)
   }
   if (mine && t % ctas == rank) {
@@ -209,8 +204,7 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
                             static_cast<int>(experts),
                             rows_per_cta,
                             static_cast<int>((2 * hidden + 127) / 128 * 128),
-                            route,
-                            Tuning().cluster_norm_router_block_topk};
+                            route};
   p.timeline = TimelineRecord(reg_rows ? "ClusterNormRouter regs" : "ClusterNormRouter", ctas, s);
   LaunchPdl(kernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
   if (reg_rows) reg_launches.fetch_add(1, std::memory_order_relaxed);

@@ -230,15 +230,14 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
 }
 
 // RmsNormMoeRouter of one token, each fused path (the staged router with the norm folded in; the
-// cluster norm-router at 8 and 16 CTAs, at 16 also with its rows in registers, and that routed
-// by CTA 0's whole block) against the same GPU's RmsNorm + MoeRouter from the same sum and y. sum + y must be equal bits (the same bf16 rounding); x within a bf16 unit for the
+// cluster norm-router at 8 and 16 CTAs, at 16 also with its rows in registers) against the same GPU's RmsNorm + MoeRouter from the same
+// sum and y. sum + y must be equal bits (the same bf16 rounding); x within a bf16 unit for the
 // staged router (1 / rms summed in another order), equal bits for the cluster (RmsNorm's order);
 // ids equal except where two experts' logits (from the unfused x, on the CPU) are within 2e-3;
 // weights of equal ids within 2e-3; the cluster's ids and weights equal bits where the unfused
 // router GEMV is staged at one row a CTA (E <= the SMs: the same dot order). Norm weights bf16
 // and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek routing) / 64, H 2048 / 1024 / 512 / 4096 /
-// 136. A second fused launch gives the same bits (the staged router's re-armed counter). The
-// block's routing gives the one warp's ids and weights bit for bit from the same logits (every E).
+// 136. A second fused launch gives the same bits (the staged router's re-armed counter).
 TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
@@ -267,13 +266,11 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
     Tensor gb = Upload(gpu(), bias, {e}, DType::kF32);
     if (c.bias) r.correction_bias = gb.view();
     struct Out { std::vector<float> sum, x, weights; std::vector<int32_t> ids; };
-    // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register
-    // rows; 18: 17 routed by CTA 0's whole block (RouteTokenBlock).
+    // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register rows.
     auto run = [&](int mode) {
       cuda::Tuning().staged_router_norm = mode == 1;
       cuda::Tuning().cluster_norm_router = mode >= 8 ? std::min(mode, 16) : 0;
-      cuda::Tuning().cluster_norm_router_regs = mode >= 17;
-      cuda::Tuning().cluster_norm_router_block_topk = mode == 18;
+      cuda::Tuning().cluster_norm_router_regs = mode == 17;
       Tensor gy = Upload(gpu(), y, {1, h}, DType::kBF16), gsum = Upload(gpu(), sum, {1, h}, DType::kBF16);
       Tensor gx = gpu().Empty(DType::kBF16, {1, h});
       Tensor gids = gpu().Empty(DType::kI32, {1, c.k}), gwt = gpu().Empty(DType::kF32, {1, c.k});
@@ -295,24 +292,14 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
       const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
       return c.bias ? s + bias[id] : s;
     };
-    Out warp_routed;  // mode 17's, for mode 18
-    for (int mode : {1, 8, 16, 17, 18}) {
+    for (int mode : {1, 8, 16, 17}) {
       const int64_t reg_launches = cuda::ClusterNormRouterRegLaunches();
       const Out got = run(mode), again = run(mode);
-      if (mode == 17) warp_routed = got;
-      if (mode == 18) {
-        EXPECT_EQ(got.ids, warp_routed.ids) << "block top-k E" << e << " H" << h;
-        EXPECT_EQ(got.weights, warp_routed.weights) << "block top-k E" << e << " H" << h;
-      }
       // Register rows where a warp has at most one row of at most 2048 (RmsNorm's block size: a
       // thread a 16-byte chunk).
-      const bool regs = mode >= 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
+      const bool regs = mode == 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
       EXPECT_EQ(cuda::ClusterNormRouterRegLaunches() - reg_launches, regs ? 2 : 0) << "E" << e << " H" << h;
-      const std::string shape = std::string(mode == 1    ? "staged"
-                                            : mode == 17 ? "cluster16 regs"
-                                            : mode == 18 ? "cluster16 regs block-topk"
-                                                         : "cluster" + std::to_string(mode)) +
-                                " E" +
+      const std::string shape = std::string(mode == 1 ? "staged" : mode == 17 ? "cluster16 regs" : "cluster" + std::to_string(mode)) + " E" +
                                 std::to_string(e) + " k" + std::to_string(c.k) + " H" + std::to_string(h) +
                                 (c.norm_f32 ? " f32-norm" : "") + (c.groups > 1 ? " grouped sigmoid bias" : "");
       EXPECT_EQ(got.sum, ref.sum) << shape;

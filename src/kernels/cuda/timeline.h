@@ -21,7 +21,7 @@
 
 namespace corolla::cuda {
 
-constexpr int kTimelineMarks = 4;
+constexpr int kTimelineMarks = 6;
 constexpr int kTimelineFields = 3 + kTimelineMarks;  // entry, waited, exit, the marks
 
 // Whether COROLLA_TIMELINE is set (callers that build a name skip that when it is not).
