@@ -103,25 +103,26 @@ void Print(Timeline& t, cudaStream_t s) {
     std::printf("  #%-3zu %-28s ctas %5lld entry %9.2f..%9.2f waited %9.2f exit %9.2f\n", i, t.launches[i].name.c_str(),
                 static_cast<long long>(t.launches[i].ctas), spans[i].entry_min, spans[i].entry_max, spans[i].waited_max,
                 spans[i].exit_max);
-  // How the CTAs of the wider launches spread: their entries and exits at the 10th, 50th and
-  // 90th percentile (CTA waves, a ramp, a tail).
+  // How the CTAs of the wider launches spread: their entries, returns from the wait and exits at
+  // the 10th, 50th and 90th percentile (CTA waves, a ramp, a tail).
   std::printf("  spread of the first launches' CTAs (percentiles 10 / 50 / 90, us):\n");
   for (size_t i = 0; i < std::min<size_t>(spans.size(), 24); ++i) {
     const int64_t n = std::min(t.launches[i].ctas, kMaxCtas);
     if (n < 32) continue;
-    std::vector<double> entry, exit;
+    std::vector<double> entry, waited, exit;
     for (int64_t c = 0; c < n; ++c) {
       const uint64_t* r = &host[i * per + c * kF];
       if (r[0] == 0) continue;
       entry.push_back((r[0] - origin) * 1e-3);
+      waited.push_back(r[1] != 0 ? (r[1] - origin) * 1e-3 : 0.0);
       exit.push_back((r[2] - origin) * 1e-3);
     }
     if (entry.empty()) continue;
-    std::sort(entry.begin(), entry.end());
-    std::sort(exit.begin(), exit.end());
+    for (auto* v : {&entry, &waited, &exit}) std::sort(v->begin(), v->end());
     auto at = [](const std::vector<double>& v, int pct) { return v[(v.size() - 1) * pct / 100]; };
-    std::printf("  #%-3zu %-28s entry %9.2f %9.2f %9.2f  exit %9.2f %9.2f %9.2f\n", i, t.launches[i].name.c_str(),
-                at(entry, 10), at(entry, 50), at(entry, 90), at(exit, 10), at(exit, 50), at(exit, 90));
+    std::printf("  #%-3zu %-24s entry %8.2f %8.2f %8.2f  waited %8.2f %8.2f %8.2f  exit %8.2f %8.2f %8.2f\n", i,
+                t.launches[i].name.c_str(), at(entry, 10), at(entry, 50), at(entry, 90), at(waited, 10),
+                at(waited, 50), at(waited, 90), at(exit, 10), at(exit, 50), at(exit, 90));
   }
   bool header = false;
   for (const auto& [name, s2] : sums) {

@@ -8,8 +8,10 @@
 //   run     = its last exit after that wait,
 //   path    = its last exit after the previous launch's last exit (the launches' paths add up
 //             to the window's span, untraced kernels counting with the next traced one),
-// then the first 24 launches one by one, then, for kernels that mark phases (TimelineScope::Mark),
-// the mean over launches of each mark's latest CTA after the last wait. Kernels take the record
+// then the first 24 launches one by one, then the 10th / 50th / 90th percentile of the entries,
+// wait returns and exits of those with 32 CTAs or more, then, for kernels that mark phases
+// (TimelineScope::Mark), the mean over launches of each mark's latest CTA after the last wait.
+// Kernels take the record
 // through their parameters and a TimelineScope (timeline.cuh); null when off (one predicated
 // register, no other cost).
 #pragma once
