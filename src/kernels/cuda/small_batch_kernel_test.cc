@@ -230,14 +230,15 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
 }
 
 // RmsNormMoeRouter of one token, each fused path (the staged router with the norm folded in; the
-// cluster norm-router at 8 and 16 CTAs, at 16 also with its rows in registers) against the same GPU's RmsNorm + MoeRouter from the same
-// sum and y. sum + y must be equal bits (the same bf16 rounding); x within a bf16 unit for the
-// staged router (1 / rms summed in another order), equal bits for the cluster (RmsNorm's order);
-// ids equal except where two experts' logits (from the unfused x, on the CPU) are within 2e-3;
-// weights of equal ids within 2e-3; the cluster's ids and weights equal bits where the unfused
-// router GEMV is staged at one row a CTA (E <= the SMs: the same dot order). Norm weights bf16
-// and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek routing) / 64, H 2048 / 1024 / 512 / 4096 /
-// 136. A second fused launch gives the same bits (the staged router's re-armed counter).
+// cluster norm-router at 8 and 16 CTAs, at 16 also with its rows in registers) against the same
+// GPU's RmsNorm + MoeRouter from the same sum and y. sum + y must be equal bits (the same bf16
+// rounding); x within a bf16 unit for the staged router (1 / rms summed in another order), equal
+// bits for the cluster (RmsNorm's order); ids equal except where two experts' logits (from the
+// unfused x, on the CPU) are within 2e-3; weights of equal ids within 2e-3; the cluster's ids and
+// weights equal bits where the unfused router GEMV is staged at one row a CTA (E <= the SMs: the
+// same dot order). Norm weights bf16 and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek routing) /
+// 64, H 2048 / 1024 / 512 / 4096 / 136. A second fused launch gives the same bits (the staged
+// router's re-armed counter).
 TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
