@@ -54,12 +54,13 @@ struct AttnVariant {
   int decode_split_keys = 64;
   int decode_merge_floats = 32768;  // Tuning().attention_decode_merge_floats
   bool decode_cluster = false;      // Tuning().attention_decode_cluster_merge_seqs: all
+  bool decode_warm_merge = false;   // Tuning().attention_decode_warm_merge
   int Kernel() const { return decode ? 3 : !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
     return std::string(decode ? "decode" : !mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (decode && decode_split_keys != 64 ? " splitkeys" + std::to_string(decode_split_keys) : "") +
            (decode && decode_merge_floats != 32768 ? " mergefloats" + std::to_string(decode_merge_floats) : "") +
-           (decode && decode_cluster ? " clustermerge" : "") +
+           (decode && decode_cluster ? " clustermerge" : "") + (decode && decode_warm_merge ? " warm" : "") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
            (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "") +
@@ -119,6 +120,8 @@ std::vector<AttnVariant> DecodeVariants() {
     AttnVariant a{true, min_ctas, loose, true};
     a.decode = true;
     a.decode_cluster = true;
+    v.push_back(a);
+    a.decode_warm_merge = true;  // the merge run dry first: the same output
     v.push_back(a);
   }
   for (bool loose : {false, true}) {
@@ -255,6 +258,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_decode_split_keys = var.decode_split_keys;
     cuda::Tuning().attention_decode_merge_floats = var.decode_merge_floats;
     cuda::Tuning().attention_decode_cluster_merge_seqs = var.decode_cluster ? 1 << 20 : 0;
+    cuda::Tuning().attention_decode_warm_merge = var.decode_warm_merge;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints && !var.decode ? max_q + 5 : max_q,

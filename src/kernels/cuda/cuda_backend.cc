@@ -53,6 +53,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_MERGE_FLOATS")) t.attention_decode_merge_floats = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MERGE"))
       t.attention_decode_cluster_merge_seqs = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WARM_MERGE")) t.attention_decode_warm_merge = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;

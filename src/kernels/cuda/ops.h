@@ -209,6 +209,15 @@ struct KernelTuning {
   // counter. On an H200 (Qwen3-30B-A3B, graph, ctx 1024: 16 splits): batch 1 2.489-2.491 vs
   // 2.546-2.557 ms a step, batch 8 (8 splits) 8.481 vs 8.288. COROLLA_ATTN_DECODE_CLUSTER_MERGE.
   int attention_decode_cluster_merge_seqs = 1;
+  // That cluster merge runs once dry (no store) at the kernel's entry, before the early loads, so
+  // that its code is in the instruction cache when the real merge runs (a second, warm run of
+  // the merge took 2.33 us against 3.48). Off: the dry run delays the early loads and the wait
+  // (on an H200, Qwen3-30B-A3B batch 1 ctx 1024, graph: 2.470 / 2.473 ms vs 2.401 / 2.396).
+  // The kernel body sits in the loop that allows it either way, and that build runs the cluster
+  // path faster than the one before it (2.396-2.401 vs 2.456-2.461 ms at ctx 1024 over three
+  // runs in two calls; 8k, batch 8 and 64 unchanged: notes/decode_timeline.md, Session 11).
+  // COROLLA_ATTN_DECODE_WARM_MERGE.
+  bool attention_decode_warm_merge = false;
   // That kernel loads its first two passes of cached keys (all but this step's, which the
   // prologue writes) before its dependency wait: earlier forwards wrote them, so they stream in
   // while the kernels before it finish (groups <= 8, D <= 128: registers). On an H200
