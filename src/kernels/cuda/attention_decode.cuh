@@ -1,0 +1,245 @@
+// The small-batch decode attention kernel's (attention_decode.cu) parameters, shared memory and
+// split-KV merges: the counter merge (the last CTA of a (sequence, KV head) to arrive reads every
+// split's partials from global memory) and the cluster merge (the splits as one thread block
+// cluster, partials in shared memory, read over DSMEM). In an anonymous namespace: included by
+// attention_decode.cu only (as decode_stack.cuh by the decode stack's files).
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/attention_prologue.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/timeline.cuh"
+
+namespace corolla::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kWarpKeys = 16;                   // keys one warp scores a pass
+constexpr int kPassKeys = kWarps * kWarpKeys;   // keys of a pass
+constexpr int kChunkAlign = kWarpKeys;          // a split's keys: a multiple of this
+constexpr int kMaxGroup = 16;
+// The last CTA of a (sequence, KV head) reads group x splits x D f32 partials through one SM:
+// the plan keeps that at most Tuning().attention_decode_merge_floats (128 KB by default) and
+// group x splits at most kMaxMergeRows (its (m, l) pairs in shared memory).
+constexpr int kMaxMergeRows = 512;
+
+struct DecodeParams {
+  const bf16_t* q;  // row (token t, head h) at t * q_token_stride + h * q_head_stride
+  int64_t q_token_stride, q_head_stride;
+  bf16_t* out;
+  int64_t out_token_stride, out_head_stride;
+  bf16_t* k_cache;  // [num_blocks, Hk, block_size, D], < 2^31 rows (host-checked); written with kPrologue
+  bf16_t* v_cache;
+  const int32_t* block_tables;  // [B, table_stride]
+  int64_t table_stride;
+  const int32_t* query_start;  // [B + 1]; every sequence 0 or 1 query tokens
+  const int32_t* seq_lens;     // [B]
+  int kv_heads, group, q_heads, block_size;
+  int block_shift;   // log2(block_size) when a power of two, else -1
+  float scale_log2;  // softmax scale * log2(e)
+  // blockIdx.x = split. num_splits 1: the CTA normalises and writes out; else split s takes keys
+  // [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kChunkAlign), and writes
+  // unnormalised partials (m -inf, l 0 when it has no key).
+  int num_splits;
+  float* part_o;   // [T * Hq, num_splits, D]
+  float* part_ml;  // [T * Hq, num_splits, 2]
+  int* counters;   // [B, Hk] arrival counters (zero between launches), or null: merged after
+  bool early_trigger;  // Tuning().pdl_early_trigger
+  bool prefetch;       // Tuning().attention_decode_prefetch
+  bool warm_merge;     // Tuning().attention_decode_warm_merge
+  DecodePrologue prologue;  // kPrologue only
+  uint64_t* timeline = nullptr;  // timeline.h
+};
+
+// Shared memory: the warps' scaled, masked S (C-fragment order), double-buffered by pass parity,
+// and the merge's per-(row, split) (m, l) then (weight, l).
+template <int kRowBlocks>
+struct DecodeSmem {
+  float4 s[2][kRowBlocks][kWarps][32];
+  union {
+    float2 ml[kMaxMergeRows];
+    uint4 q[kRowBlocks * 8 * 256 * 2 / 16];  // kPrologue: the group's q rows [group][D] bf16, before any pass
+  };
+  float inv_l[kMaxGroup];
+  int last;
+};
+
+// The merge's weights from sm.ml [rows][splits] of (m, l): a warp per row takes the max, turns
+// each split's m into its weight 2^(m - max) (0 for an empty split) and sums the weighted l.
+template <int kRowBlocks>
+__device__ __forceinline__ void MergeWeights(DecodeSmem<kRowBlocks>& sm, int rows, int splits) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < rows; r += kWarps) {
+    float2* rml = sm.ml + r * splits;
+    float mx = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, rml[sp].x);
+    mx = WarpMax(mx);
+    float sum = 0.f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float wt = rml[sp].x == -INFINITY ? 0.f : exp2f(rml[sp].x - mx);
+      rml[sp].x = wt;
+      sum += wt * rml[sp].y;
+    }
+    sum = WarpSum(sum);
+    if (lane == 0) sm.inv_l[r] = 1.f / sum;
+  }
+}
+
+// The last CTA of (sequence b, KV head kvh) to arrive merges the splits' partials of the group's
+// rows into out (as SplitKvMergeKernel), then re-arms the counter. Called by every thread once
+// its partials are written.
+template <int kD, int kRowBlocks>
+__device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlocks>& sm, int b, int kvh, int q0,
+                                     const TimelineScope& tl) {
+  // The CTA barrier orders every thread's partials before thread 0's release (cumulative at GPU
+  // scope); its acquire, passed on by the second barrier, orders the other splits' partials before
+  // this CTA's reads. One acquire-release atomic a CTA, no fence in every thread before and after
+  // it (2.889 vs 2.899 ms a step at ctx 8192 on an H200, batch 1, graph, two runs each).
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* counter = p.counters + static_cast<int64_t>(b) * p.kv_heads + kvh;
+    int old;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+    const bool last = old == p.num_splits - 1;
+    if (last) atomicExch(counter, 0);  // every other split has arrived: nobody else touches it now
+    sm.last = last;
+  }
+  __syncthreads();
+  tl.Mark(2);
+  if (!sm.last) return;
+  const int splits = p.num_splits, rows = p.group;
+  // The group's rows are consecutive flat rows: their partials are one block.
+  const int64_t row0 = static_cast<int64_t>(q0) * p.q_heads + static_cast<int64_t>(kvh) * p.group;
+  const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + row0 * splits;
+  // Thread per (row, 4 dims) item, two items (idx, idx + kThreads) a round, kBatch splits' o of
+  // both loaded together; the first round's loads go out before the (m, l) phases, so the whole
+  // merge of a small plan (group 8, D 128, <= 16 splits: one round) is about one L2 round trip.
+  // An empty split's o was never written: its weight 0 selects it out (never multiplied).
+  constexpr int kBatch = 16;
+  const int items = rows * (kD / 4);
+  const int rounds = (items + 2 * kThreads - 1) / (2 * kThreads);
+  const int batches = (splits + kBatch - 1) / kBatch;
+  for (int round = 0; round < rounds; ++round) {
+    float4 acc[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+    for (int batch = 0; batch < batches; ++batch) {
+      const int s0 = batch * kBatch;
+      float4 ov[2][kBatch];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int idx = threadIdx.x + (2 * round + j) * kThreads;
+        if (idx >= items) continue;
+        const float4* o =
+            reinterpret_cast<const float4*>(p.part_o + (row0 + idx / (kD / 4)) * splits * kD) + idx % (kD / 4);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+          if (s0 + i < splits) ov[j][i] = __ldcg(o + (s0 + i) * (kD / 4));  // L2: other SMs wrote it
+      }
+      if (round == 0 && batch == 0) {  // uniform: every thread passes here once, first
+        for (int i = threadIdx.x; i < rows * splits; i += kThreads) sm.ml[i] = __ldcg(ml + i);
+        __syncthreads();
+        MergeWeights(sm, rows, splits);
+        __syncthreads();
+        tl.Mark(3);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int idx = threadIdx.x + (2 * round + j) * kThreads;
+        if (idx >= items) continue;
+        const float2* rml = sm.ml + (idx / (kD / 4)) * splits;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          if (s0 + i >= splits) break;
+          const float wt = rml[s0 + i].x;
+          const bool seen = wt != 0.f;
+          acc[j].x += seen ? wt * ov[j][i].x : 0.f;
+          acc[j].y += seen ? wt * ov[j][i].y : 0.f;
+          acc[j].z += seen ? wt * ov[j][i].z : 0.f;
+          acc[j].w += seen ? wt * ov[j][i].w : 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int idx = threadIdx.x + (2 * round + j) * kThreads;
+      if (idx >= items) continue;
+      const int r = idx / (kD / 4), c4 = idx % (kD / 4);
+      const float inv = sm.inv_l[r];
+      __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
+          p.out + static_cast<int64_t>(q0) * p.out_token_stride +
+          static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride + 4 * c4);
+      dst[0] = __floats2bfloat162_rn(acc[j].x * inv, acc[j].y * inv);
+      dst[1] = __floats2bfloat162_rn(acc[j].z * inv, acc[j].w * inv);
+    }
+  }
+}
+
+// kCluster: a split's partials in its own shared memory ([8][kD] o and (m, l) of each row).
+template <int kD>
+struct ClusterPartials {
+  float o[8 * kD];
+  float2 ml[8];
+};
+constexpr int kMaxClusterSplits = 16;  // a cluster of the splits of one (sequence, KV head)
+
+// The splits of (sequence, KV head) as one thread block cluster (kCluster, groups <= 8, <= 16
+// splits): after a cluster barrier every CTA reads all splits' (m, l) from its peers' shared
+// memory (DSMEM) and forms the weights as ArriveAndMergeDecode does, then merges its 1 / splits
+// share of the (row, 4 dims) items, reading the peers' o; a second barrier keeps each CTA's
+// partials alive until its peers are done. No partials in global memory, fence or counter.
+// dry: the same instructions without the output's store and the marks (p.warm_merge).
+template <int kD>
+__device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, ClusterPartials<kD>& cl, int kvh, int q0,
+                                   const TimelineScope& tl, bool dry = false) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = p.num_splits, rows = p.group, rank = static_cast<int>(cluster.block_rank());
+  cluster.sync();  // every split's partials written, visible to the cluster
+  if (!dry) tl.Mark(1);
+  for (int i = threadIdx.x; i < rows * splits; i += kThreads)
+    sm.ml[i] = cluster.map_shared_rank(&cl, i % splits)->ml[i / splits];
+  __syncthreads();
+  if (!dry) tl.Mark(2);
+  MergeWeights(sm, rows, splits);
+  __syncthreads();
+  if (!dry) tl.Mark(3);
+  const int items = rows * (kD / 4), per = (items + splits - 1) / splits;
+  for (int i = threadIdx.x; i < per && rank * per + i < items; i += kThreads) {
+    const int idx = rank * per + i, r = idx / (kD / 4), c4 = idx % (kD / 4);
+    const float2* rml = sm.ml + r * splits;
+    float4 ov[kMaxClusterSplits];
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp)
+      if (sp < splits) ov[sp] = reinterpret_cast<const float4*>(cluster.map_shared_rank(&cl, sp)->o + r * kD)[c4];
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
+      if (sp >= splits) break;
+      const float wt = rml[sp].x;
+      const bool seen = wt != 0.f;  // an empty split's o was never written: selected out, never multiplied
+      acc.x += seen ? wt * ov[sp].x : 0.f;
+      acc.y += seen ? wt * ov[sp].y : 0.f;
+      acc.z += seen ? wt * ov[sp].z : 0.f;
+      acc.w += seen ? wt * ov[sp].w : 0.f;
+    }
+    const float inv = sm.inv_l[r];
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
+        p.out + static_cast<int64_t>(q0) * p.out_token_stride + static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride +
+        4 * c4);
+    if (!dry) {
+      dst[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+      dst[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+    }
+  }
+  if (!dry) tl.Mark(4);
+  cluster.sync();  // peers may still read this CTA's partials
+  if (!dry) tl.Mark(5);
+}
+
+}  // namespace
+}  // namespace corolla::cuda
