@@ -114,12 +114,12 @@ void Print(Timeline& t, cudaStream_t s) {
       const uint64_t* r = &host[i * per + c * kF];
       if (r[0] == 0) continue;
       entry.push_back((r[0] - origin) * 1e-3);
-      waited.push_back(r[1] != 0 ? (r[1] - origin) * 1e-3 : 0.0);
+      if (r[1] != 0) waited.push_back((r[1] - origin) * 1e-3);  // a kernel with no wait stamps none
       exit.push_back((r[2] - origin) * 1e-3);
     }
     if (entry.empty()) continue;
     for (auto* v : {&entry, &waited, &exit}) std::sort(v->begin(), v->end());
-    auto at = [](const std::vector<double>& v, int pct) { return v[(v.size() - 1) * pct / 100]; };
+    auto at = [](const std::vector<double>& v, int pct) { return v.empty() ? 0.0 : v[(v.size() - 1) * pct / 100]; };
     std::printf("  #%-3zu %-24s entry %8.2f %8.2f %8.2f  waited %8.2f %8.2f %8.2f  exit %8.2f %8.2f %8.2f\n", i,
                 t.launches[i].name.c_str(), at(entry, 10), at(entry, 50), at(entry, 90), at(waited, 10),
                 at(waited, 50), at(waited, 90), at(exit, 10), at(exit, 50), at(exit, 90));
