@@ -23,5 +23,5 @@ tag=$(basename "$bin")
 for f in $names; do
   out="$OUT/${tag}.$(echo "$f" | md5sum | cut -c1-8).sass"
   cuobjdump --dump-sass --function "$f" "$bin" >"$out"
-  echo "$f: $(grep -cE '^\s+/\*[0-9a-f]{4}\*/' "$out") instructions -> $out"
+  echo "$f: $(grep -cE '^\s+/\*[0-9a-f]{4,}\*/' "$out") instructions -> $out"
 done

@@ -132,6 +132,71 @@ TEST(CudaPerf, MoeDecodePairVsPermute) {
   cuda::Tuning() = defaults;
 }
 
+// The batch-1 MoE experts as a decode step meets them: 48 layers of Qwen3-30B-A3B experts (58 GB),
+// each layer's call with its own random top-8, back to back (PDL overlaps as in the step), against
+// the same calls on one layer's weights (the address range of one layer), on experts 0..7 of each
+// layer (48 MB of contiguous gate/up rows a layer), and a one-row streaming GEMV over the same
+// bytes of each layer (no routing, contiguous, its first loads before its wait): which of the
+// expert kernels' shape, the spread of the experts over the address space, or a launch's fill and
+// drain holds the step's MoE at ~3.6 TB/s.
+TEST(CudaPerf, MoeDecodeAcrossLayers) {
+  Backend* gpu = Gpu();
+  if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
+  const int experts = 128, k = 8, layers = 48;
+  const int64_t h = 2048, inter = 768;
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
+  Tensor block = Upload(*gpu, RandomBf16(int64_t{32} << 20, 0.02f), {int64_t{32} << 20}, DType::kBF16);
+  auto fill = [&](const Tensor& t) {  // the 64 MB random block, tiled
+    const int64_t bytes = t.view().nbytes(), chunk = block.view().nbytes();
+    for (int64_t off = 0; off < bytes; off += chunk)
+      cudaMemcpyAsync(static_cast<char*>(t.view().data) + off, block.view().data, std::min(chunk, bytes - off),
+                      cudaMemcpyDeviceToDevice, stream);
+  };
+  std::vector<Tensor> wgu, wd;
+  for (int l = 0; l < layers; ++l) {
+    wgu.push_back(gpu->Empty(DType::kBF16, {experts, 2 * inter, h}));
+    wd.push_back(gpu->Empty(DType::kBF16, {experts, h, inter}));
+    fill(wgu.back());
+    fill(wd.back());
+  }
+  std::vector<Tensor> ids_random, ids_first;
+  Tensor wts;
+  for (int l = 0; l < layers; ++l) {
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    RandomRouting({1, experts, k, h, inter, 0}, &ids, &w);
+    ids_random.push_back(UploadI32(*gpu, ids, {1, k}));
+    if (l == 0) wts = Upload(*gpu, w, {1, k}, DType::kF32);
+    std::iota(ids.begin(), ids.end(), 0);
+    ids_first.push_back(UploadI32(*gpu, ids, {1, k}));
+  }
+  Tensor x = Upload(*gpu, RandomBf16(h), {1, h}, DType::kBF16);
+  Tensor out = gpu->Empty(DType::kBF16, {1, h});
+  const double layer_bytes = k * 3.0 * inter * h * 2.0;
+  Tensor dense_out = gpu->Empty(DType::kBF16, {1, 3 * k * inter});
+  auto dense = [&](int l) {  // the first 24 experts' gate/up rows as one [3 k I, H] matrix
+    TensorView w(wgu[l].view().data, DType::kBF16, {3 * k * inter, h}, Device::kCuda);
+    gpu->Linear(x, w, dense_out);
+  };
+  const cuda::KernelTuning defaults = cuda::Tuning();
+  auto report = [&](const char* name, const std::function<void(int)>& call) {
+    const double us = TimeUs(stream, [&] { for (int l = 0; l < layers; ++l) call(l); }, 5) / layers;
+    std::printf("moe across layers: %-44s %6.2f us a layer, %.2f TB/s\n", name, us, layer_bytes / (us * 1e-6) / 1e12);
+    Record("Perf.moe_across_layers_us", name, us, 0);
+  };
+  report("48 layers, random experts", [&](int l) { gpu->MoeExperts(x, ids_random[l], wts, wgu[l], wd[l], out); });
+  report("one layer, random experts", [&](int l) { gpu->MoeExperts(x, ids_random[l], wts, wgu[0], wd[0], out); });
+  report("48 layers, experts 0..7", [&](int l) { gpu->MoeExperts(x, ids_first[l], wts, wgu[l], wd[l], out); });
+  cuda::Tuning().moe_pair_gate_up_rows = 4;  // 384 CTAs: one wave
+  report("48 layers, random, gate/up 4 outputs a warp",
+         [&](int l) { gpu->MoeExperts(x, ids_random[l], wts, wgu[l], wd[l], out); });
+  cuda::Tuning() = defaults;
+  report("48 layers, streaming GEMV of the same bytes", dense);
+  const double copy_us = TimeUs(stream, [&] { gpu->Copy(wgu[1], wgu[2]); }, 3);
+  std::printf("moe across layers: copy of one layer's gate/up (805 MB): %.2f TB/s (read + write)\n",
+              2.0 * wgu[1].view().nbytes() / (copy_us * 1e-6) / 1e12);
+}
+
 // The first `cols` columns of a [rows, C] view (rows keep their stride).
 TensorView FirstCols(const TensorView& v, int64_t cols) {
   TensorView r = v;
