@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool's `run`, from the repository root): an A/B of the
+# decode step (`corolla bench decode`, graph replay) across builds and environment variants.
+# Every (build, variant) runs once a round and the rounds are interleaved, so that each figure's
+# baseline ran on the same machine minutes apart (machines differ by ~0.03 ms a step: only
+# same-call pairs compare). Logs under $OUT/ab/; a summary of the graph lines at the end.
+#   AB_BINS      builds to compare (default gpu-bundle/corolla), e.g. "gpu-bundle/corolla
+#                gpu-bundle/base_corolla" with the previous build carried beside the new one
+#   AB_VARIANTS  NAME:ENV[,ENV...] each (default "default:"), e.g.
+#                "default: split128:COROLLA_ATTN_DECODE_SPLIT_KEYS=128"
+#   AB_ARGS      bench flags (default "--batch 1 --context 1024,8192")
+#   AB_ROUNDS    (default 2); AB_CONFIG (default tests/data/configs/qwen3-30b-a3b.json)
+#   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000, batch 1, ctx 1024) per
+#                build and variant (src/kernels/cuda/notes/decode_timeline.md)
+# Two builds and the test binary exceed the 64 MiB a call carries: pack them here with
+# `mkdir -p mgpu-bundle && tar cJf mgpu-bundle/b.tar.xz -C gpu-bundle .` and carry
+# ["mgpu-bundle"]; this script unpacks that into gpu-bundle/ first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+OUT=${OUT:-/tmp/corolla-gpu-out}
+logs=$OUT/ab
+mkdir -p "$logs" gpu-bundle
+if [ -f mgpu-bundle/b.tar.xz ]; then tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi
+bins=${AB_BINS:-gpu-bundle/corolla}
+variants=${AB_VARIANTS:-default:}
+args=${AB_ARGS:---batch 1 --context 1024,8192}
+rounds=${AB_ROUNDS:-2}
+config=${AB_CONFIG:-tests/data/configs/qwen3-30b-a3b.json}
+for bin in $bins; do
+  if [ ! -x "$bin" ]; then echo "gpu_decode_ab.sh: $bin missing" >&2; exit 1; fi
+done
+
+# bench LOG BIN VARIANT_ENV [ARGS...]: one run, its output in LOG.
+bench() {
+  local log=$1 bin=$2 envs=$3
+  shift 3
+  local -a env_args=()
+  IFS=',' read -r -a env_args <<<"$envs"
+  timeout 300 env "${env_args[@]}" "$bin" bench decode --config "$config" --random-weights --device cuda \
+    --steps 10 "$@" >"$log" 2>&1
+}
+
+summary=()
+for r in $(seq 1 "$rounds"); do
+  for v in $variants; do
+    name=${v%%:*} envs=${v#*:}
+    for bin in $bins; do
+      tag="$(basename "$bin").$name.r$r"
+      # shellcheck disable=SC2086  # args holds several flags
+      bench "$logs/$tag.log" "$bin" "$envs" $args
+      rc=$?
+      line="$tag (rc $rc):$(grep -E '^ +graph' "$logs/$tag.log" | sed -E 's/ +graph +/ | /; s/, [0-9.]+ tokens\/s//' | tr -d '\n')"
+      echo "$line"
+      summary+=("$line")
+    done
+  done
+done
+if [ "${AB_TIMELINE:-0}" = 1 ]; then
+  for v in $variants; do
+    name=${v%%:*} envs=${v#*:}
+    for bin in $bins; do
+      tag="$(basename "$bin").$name.timeline"
+      bench "$logs/$tag.log" "$bin" "COROLLA_TIMELINE=3000${envs:+,$envs}" --batch 1 --context 1024
+      echo "=== $tag: $logs/$tag.log"
+      sed -n '/^timeline:/,/^  spread/p' "$logs/$tag.log" | grep -v "^  spread"
+      sed -n '/^  phases/,/^decode:/p' "$logs/$tag.log" | grep -v "^decode:"
+    done
+  done
+fi
+echo "=== summary (ms a step, % of the copy bandwidth measured in the same run)"
+printf '%s\n' "${summary[@]}"
