@@ -16,7 +16,7 @@
 # `mkdir -p mgpu-bundle && tar cJf mgpu-bundle/b.tar.xz -C gpu-bundle .` and carry
 # ["mgpu-bundle"]; this script unpacks that into gpu-bundle/ first.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
 OUT=${OUT:-/tmp/corolla-gpu-out}
