@@ -38,6 +38,7 @@ struct PrologueParams {
   int64_t tokens;
   int hq, hk;
   bool early_trigger = false;    // Tuning().prologue_early_trigger
+  bool early_loads = false;      // Tuning().prologue_early_loads
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
@@ -50,23 +51,32 @@ template <int kD, int kHeads>
 __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p) {
   TimelineScope tl(p.timeline);
   if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
-  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
-  tl.Waited();
-  if (!p.early_trigger) TriggerDependents();
   constexpr int kPer = kD / 32;
   using Vec = BfVec<kPer>;
   const int heads = p.hq + 2 * p.hk, warps_per_token = (heads + kHeads - 1) / kHeads;
   const int64_t g = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (g >= p.tokens * warps_per_token) return;  // whole warps
-  const int64_t t = g / warps_per_token;
+  const bool active = g < p.tokens * warps_per_token;  // whole warps
+  const int64_t t = active ? g / warps_per_token : 0;
   const int h0 = static_cast<int>(g % warps_per_token) * kHeads, e0 = lane * kPer;
-  const int slot = p.slots[t];
-  const bool to_cache = slot >= 0 && slot < p.num_slots;  // padding tokens have no slot
-  const int64_t block = to_cache ? slot / p.block_size : 0, offset = to_cache ? slot % p.block_size : 0;
-  auto cache_at = [&](bf16_t* cache, int kv_head) {
-    return cache + ((block * p.hk + kv_head) * p.block_size + offset) * kD + e0;
+  // The slot, the rotation and the norm weights: before the dependency wait with p.early_loads.
+  // Safe there: the step's metadata (positions, slots: copied from the host), inv_freq and the
+  // norm weights are written by no kernel of the forward (the decode attention reads its
+  // metadata before its wait on the same ground). After the wait only the step's q / k / v.
+  int slot = 0;
+  LaneRope<kD> rope;
+  float qw[kPer], kw[kPer];
+  auto setup = [&] {
+    slot = p.slots[t];
+    if (h0 < p.hq + p.hk) rope = MakeLaneRope<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
+    LaneNormWeights<kD>(p.q_w, p.q_w_f32, lane, qw);
+    LaneNormWeights<kD>(p.k_w, p.k_w_f32, lane, kw);
   };
+  if (p.early_loads && active) setup();
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
+  tl.Waited();
+  if (!p.early_trigger) TriggerDependents();
+  if (!active) return;
   auto head_ptr = [&](int h) -> const bf16_t* {
     if (h < p.hq) return p.q + t * p.q_token_stride + h * p.q_head_stride;
     if (h < p.hq + p.hk) return p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
@@ -76,9 +86,13 @@ __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p
 #pragma unroll
   for (int j = 0; j < kHeads; ++j)
     if (h0 + j < heads) in[j] = *reinterpret_cast<const Vec*>(head_ptr(h0 + j) + e0);
+  if (!p.early_loads) setup();
+  const bool to_cache = slot >= 0 && slot < p.num_slots;  // padding tokens have no slot
+  const int64_t block = to_cache ? slot / p.block_size : 0, offset = to_cache ? slot % p.block_size : 0;
+  auto cache_at = [&](bf16_t* cache, int kv_head) {
+    return cache + ((block * p.hk + kv_head) * p.block_size + offset) * kD + e0;
+  };
   // Neox pairs (i, i + D/2): lanes 0-15 hold the first halves, lanes 16-31 their partners.
-  LaneRope<kD> rope;
-  if (h0 < p.hq + p.hk) rope = MakeLaneRope<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
 #pragma unroll
   for (int j = 0; j < kHeads; ++j) {
     const int h = h0 + j;
@@ -88,7 +102,7 @@ __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p
       continue;
     }
     const bool is_q = h < p.hq;
-    const Vec out = NormRopeHead<kD>(in[j], is_q ? p.q_w : p.k_w, is_q ? p.q_w_f32 : p.k_w_f32, p.eps, rope, lane);
+    const Vec out = NormRopeHead<kD>(in[j], is_q ? qw : kw, p.eps, rope);
     bf16_t* x = is_q ? p.q + t * p.q_token_stride + h * p.q_head_stride
                      : p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
     *reinterpret_cast<Vec*>(x + e0) = out;
@@ -145,6 +159,7 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
   const int64_t warps = tokens * (many ? CeilDiv(heads, kHeadsPerWarp) : heads);
   const dim3 grid(CeilDiv(warps * 32, 128));
   p.early_trigger = Tuning().prologue_early_trigger;
+  p.early_loads = Tuning().prologue_early_loads;
   p.timeline = TimelineRecord("QkNormRopeKvWrite", grid.x, s);
   auto launch = [&](auto d_tag) {
     constexpr int kD = decltype(d_tag)::value;

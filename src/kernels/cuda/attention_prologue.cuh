@@ -58,11 +58,19 @@ __device__ __forceinline__ LaneRope<kD> MakeLaneRope(float pos, const float* inv
   return r;
 }
 
-// rope(rmsnorm(in) * w) of one head: every lane of the warp calls it (warp sum, partner shuffle).
-// The multiply-adds are spelled out, so every kernel that inlines it rounds the same way.
+// The lane's D/32 norm weights (elements [lane D/32, (lane + 1) D/32)) as floats.
 template <int kD>
-__device__ __forceinline__ BfVec<kD / 32> NormRopeHead(const BfVec<kD / 32>& in, const void* w, bool w_f32, float eps,
-                                                       const LaneRope<kD>& rope, int lane) {
+__device__ __forceinline__ void LaneNormWeights(const void* w, bool w_f32, int lane, float (&out)[kD / 32]) {
+#pragma unroll
+  for (int i = 0; i < kD / 32; ++i) out[i] = WeightAt(w, w_f32, lane * (kD / 32) + i);
+}
+
+// rope(rmsnorm(in) * w) of one head, w the lane's norm weights (LaneNormWeights): every lane of
+// the warp calls it (warp sum, partner shuffle). The multiply-adds are spelled out, so every
+// kernel that inlines it rounds the same way.
+template <int kD>
+__device__ __forceinline__ BfVec<kD / 32> NormRopeHead(const BfVec<kD / 32>& in, const float (&w)[kD / 32], float eps,
+                                                       const LaneRope<kD>& rope) {
   constexpr int kPer = kD / 32;
   float a[kPer];
   float ss = 0.f;
@@ -74,7 +82,7 @@ __device__ __forceinline__ BfVec<kD / 32> NormRopeHead(const BfVec<kD / 32>& in,
   ss = WarpSum(ss);
   const float inv = rsqrtf(ss / kD + eps);
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) a[i] = WeightAt(w, w_f32, lane * kPer + i) * (a[i] * inv);
+  for (int i = 0; i < kPer; ++i) a[i] = w[i] * (a[i] * inv);
   BfVec<kPer> out;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -82,6 +90,14 @@ __device__ __forceinline__ BfVec<kD / 32> NormRopeHead(const BfVec<kD / 32>& in,
     out.v[i] = __float2bfloat16(__fmaf_rn(a[i], rope.cs[i], __fmul_rn(partner, rope.sn[i])));
   }
   return out;
+}
+// The same with the weights read from w (bf16, or f32 with w_f32).
+template <int kD>
+__device__ __forceinline__ BfVec<kD / 32> NormRopeHead(const BfVec<kD / 32>& in, const void* w, bool w_f32, float eps,
+                                                       const LaneRope<kD>& rope, int lane) {
+  float wl[kD / 32];
+  LaneNormWeights<kD>(w, w_f32, lane, wl);
+  return NormRopeHead<kD>(in, wl, eps, rope);
 }
 
 }  // namespace corolla::cuda

@@ -35,7 +35,8 @@ std::array<TensorView, 3> QkvViews(const Tensor& row, int64_t t, int64_t hq, int
 
 // The fused prologue (attention_prologue.cu) against the CPU backend's four ops, on q/k/v laid
 // out as Qwen3's forward has them: strided views into one [T, q | k | v] row (q heads 2D apart
-// when an output gate sits between them), norm weights in f32 and bf16, scattered cache slots.
+// when an output gate sits between them), norm weights in f32 and bf16, scattered cache slots;
+// with Tuning().prologue_early_loads the same bits.
 TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   struct Case { int64_t tokens, hq, hk, d; bool gate; DType w; };
@@ -68,18 +69,26 @@ TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
     AttentionBatch cb{Tensor(), Tensor(), Tensor(), cslots, 1, 1};
     auto [cq, ck, cv] = views(cqkv);
     cpu->QkNormRopeKvWrite(cq, ck, cv, cqw, ckw, 1e-6f, cpos, rope, KvCacheView{ckc, cvc}, cb);
-    // GPU: the fused kernel.
-    Tensor gqkv = Upload(gpu(), qkv, {t, width}, DType::kBF16), gkc = Upload(gpu(), kc, cshape, DType::kBF16);
-    Tensor gvc = Upload(gpu(), vc, cshape, DType::kBF16);
+    // GPU: the fused kernel, its slot, rotation and weights read after the wait and (Tuning().
+    // prologue_early_loads) before it: the same bits either way.
     Tensor gqw = Upload(gpu(), qw, {d}, c.w), gkw = Upload(gpu(), kw, {d}, c.w);
     Tensor gpos = UploadI32(gpu(), pos, {t}), gslots = UploadI32(gpu(), slots, {t});
     AttentionBatch gb{Tensor(), Tensor(), Tensor(), gslots, 1, 1};
-    auto [gq, gk, gv] = views(gqkv);
-    gpu().QkNormRopeKvWrite(gq, gk, gv, gqw, gkw, 1e-6f, gpos, rope, KvCacheView{gkc, gvc}, gb);
-    const double e_qkv = RelError(Download(gpu(), gqkv), std::vector<float>(cqkv.ptr<float>(), cqkv.ptr<float>() + t * width));
+    auto run = [&](bool early_loads) {
+      cuda::Tuning().prologue_early_loads = early_loads;
+      Tensor gqkv = Upload(gpu(), qkv, {t, width}, DType::kBF16), gkc = Upload(gpu(), kc, cshape, DType::kBF16);
+      Tensor gvc = Upload(gpu(), vc, cshape, DType::kBF16);
+      auto [gq, gk, gv] = views(gqkv);
+      gpu().QkNormRopeKvWrite(gq, gk, gv, gqw, gkw, 1e-6f, gpos, rope, KvCacheView{gkc, gvc}, gb);
+      cuda::Tuning() = DefaultTuning();
+      return std::array<std::vector<float>, 3>{Download(gpu(), gqkv), Download(gpu(), gkc), Download(gpu(), gvc)};
+    };
+    const auto got = run(false), early = run(true);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(early[i], got[i]) << shape << " early loads, output " << i;
+    const double e_qkv = RelError(got[0], std::vector<float>(cqkv.ptr<float>(), cqkv.ptr<float>() + t * width));
     const int64_t cn = int64_t{blocks} * c.hk * bs * d;
-    const double e_k = RelError(Download(gpu(), gkc), std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cn));
-    const double e_v = RelError(Download(gpu(), gvc), std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + cn));
+    const double e_k = RelError(got[1], std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cn));
+    const double e_v = RelError(got[2], std::vector<float>(cvc.ptr<float>(), cvc.ptr<float>() + cn));
     Record("QkNormRopeKvWrite.qkv", shape, e_qkv, kBf16Tol);
     Record("QkNormRopeKvWrite.k_cache", shape, e_k, kBf16Tol);
     Record("QkNormRopeKvWrite.v_cache", shape, e_v, 0);

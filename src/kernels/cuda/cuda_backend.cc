@@ -40,6 +40,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED")) t.gemv_staged = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_TRIGGER")) t.prologue_early_trigger = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_LOADS")) t.prologue_early_loads = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ROWS")) t.moe_pair_gate_up_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_ROWS")) t.moe_pair_down_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;

@@ -182,6 +182,11 @@ struct KernelTuning {
   // Off: no faster on an H200 (session 10: 2.460 vs 2.467 ms at ctx 1024, 2.950 vs 2.905 at
   // 8192). COROLLA_PROLOGUE_EARLY_TRIGGER sets it.
   bool prologue_early_trigger = false;
+  // QkNormRopeKvWrite reads its slot and position, forms the rotation and loads the norm weights
+  // before its dependency wait (what no kernel of the forward writes), leaving the step's q / k /
+  // v and the math after it. Not yet measured (session 12 wrote it after the device budget was
+  // spent): off. COROLLA_PROLOGUE_EARLY_LOADS sets it.
+  bool prologue_early_loads = false;
   // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
   // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
   // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
