@@ -187,7 +187,9 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   // cache when the second trip's real merge runs it: one call site, one copy of the code. Off by
   // default (slower); the loop stays: this build of the cluster kernel (255 registers, 60 bytes
   // of spill, against 225 and none without the loop) ran the batch-1 step 0.06 ms faster on an
-  // H200, for a reason not yet isolated (Tuning().attention_decode_warm_merge).
+  // H200. Its SASS does the index arithmetic on the uniform datapath (UIMAD / UMOV / UISETP),
+  // 5480 instructions against 5656, and the merge's steps run ~1.2 us faster (notes/
+  // decode_sessions.md, Session 12; Tuning().attention_decode_warm_merge).
   for (bool dry = kCluster && p.warm_merge;; dry = false) {
     if (!dry) {
       // The first passes of cached keys, before the wait (p.prefetch); the step's key patched in after.

@@ -220,7 +220,8 @@ struct KernelTuning {
   // (on an H200, Qwen3-30B-A3B batch 1 ctx 1024, graph: 2.470 / 2.473 ms vs 2.401 / 2.396).
   // The kernel body sits in the loop that allows it either way, and that build runs the cluster
   // path faster than the one before it (2.396-2.401 vs 2.456-2.461 ms at ctx 1024 over three
-  // runs in two calls; 8k, batch 8 and 64 unchanged: notes/decode_sessions.md, Session 11).
+  // runs in two calls; 8k, batch 8 and 64 unchanged: notes/decode_sessions.md, Session 11; its
+  // SASS keeps the index arithmetic on the uniform datapath: Session 12).
   // COROLLA_ATTN_DECODE_WARM_MERGE.
   bool attention_decode_warm_merge = false;
   // That kernel loads its first two passes of cached keys (all but this step's, which the
