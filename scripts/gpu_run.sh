@@ -13,7 +13,7 @@
 # through as they are; COROLLA_TIMELINE=3000 prints a kernel timeline of one eager step:
 # src/kernels/cuda/notes/decode_timeline.md).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 # NCCL from python's wheel first (2.28.9, matching our headers), then CUDA 13 / cuBLAS 13.
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
@@ -21,6 +21,8 @@ OUT=${OUT:-/tmp/corolla-gpu-out}
 mkdir -p "$OUT"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+# A bundle over the 64 MiB a call carries travels packed (scripts/gpu_decode_ab.sh says how).
+if [ -f mgpu-bundle/b.tar.xz ]; then mkdir -p gpu-bundle && tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi
 bin=gpu-bundle/cuda_kernels_test
 if [ ! -x "$bin" ]; then
   echo "gpu_run.sh: $bin missing: run scripts/build_gpu.sh and carry gpu-bundle" >&2
