@@ -68,9 +68,11 @@ __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p
   float qw[kPer], kw[kPer];
   auto setup = [&] {
     slot = p.slots[t];
-    if (h0 < p.hq + p.hk) rope = MakeLaneRope<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
-    LaneNormWeights<kD>(p.q_w, p.q_w_f32, lane, qw);
-    LaneNormWeights<kD>(p.k_w, p.k_w_f32, lane, kw);
+    if (h0 < p.hq + p.hk)
+      rope = MakeLaneRope<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
+    // Only the weights of the warp's heads: q heads come first, then k, then v.
+    if (h0 < p.hq) LaneNormWeights<kD>(p.q_w, p.q_w_f32, lane, qw);
+    if (h0 < p.hq + p.hk && h0 + kHeads > p.hq) LaneNormWeights<kD>(p.k_w, p.k_w_f32, lane, kw);
   };
   if (p.early_loads && active) setup();
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)

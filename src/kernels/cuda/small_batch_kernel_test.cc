@@ -144,6 +144,11 @@ TEST(CudaPerf, MoeDecodeAcrossLayers) {
   if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
   const int experts = 128, k = 8, layers = 48;
   const int64_t h = 2048, inter = 768;
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  const double need = layers * experts * 3.0 * inter * h * 2 + (1 << 30);
+  if (free_bytes < need)
+    GTEST_SKIP() << "needs " << need / 1e9 << " GB of device memory, " << free_bytes / 1e9 << " free";
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
   Tensor block = Upload(*gpu, RandomBf16(int64_t{32} << 20, 0.02f), {int64_t{32} << 20}, DType::kBF16);
   auto fill = [&](const Tensor& t) {  // the 64 MB random block, tiled
