@@ -3,7 +3,8 @@
 # decode step (`corolla bench decode`, graph replay) across builds and environment variants.
 # Every (build, variant) runs once a round and the rounds are interleaved, so that each figure's
 # baseline ran on the same machine minutes apart (machines differ by ~0.03 ms a step: only
-# same-call pairs compare). Logs under $OUT/ab/; a summary of the graph lines at the end.
+# same-call pairs compare). Logs in $OUT/ab.tar.gz (ab/*.log, ab/summary.txt); a summary of the
+# graph lines at the end.
 #   AB_BINS      builds to compare (default gpu-bundle/corolla), e.g. "gpu-bundle/corolla
 #                gpu-bundle/base_corolla" with the previous build carried beside the new one
 #   AB_VARIANTS  NAME:ENV[,ENV...] each (default "default:"), e.g.
@@ -70,4 +71,6 @@ if [ "${AB_TIMELINE:-0}" = 1 ]; then
   done
 fi
 echo "=== summary (ms a step, % of the copy bandwidth measured in the same run)"
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
+# The device tool returns at most 8 files from $OUT: the logs travel as one archive.
+tar czf "$OUT/ab.tar.gz" -C "$OUT" ab && rm -rf "$logs"
