@@ -473,13 +473,15 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
     const auto kernel = prologue ? AttentionDecodeKernel<kD, 1, true, true> : AttentionDecodeKernel<kD, 1, false, true>;
     if (cluster && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits &&
         ClusterFits(reinterpret_cast<const void*>(kernel), p.num_splits, kThreads, 0)) {
+      SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
       LaunchPdl(kernel, grid, dim3(kThreads), 0, s, p.num_splits, p);
       cluster_launches.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
   }
-  if (prologue) LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, true>, grid, dim3(kThreads), 0, s, 1, p);
-  else LaunchPdl(AttentionDecodeKernel<kD, kRowBlocks, false>, grid, dim3(kThreads), 0, s, 1, p);
+  const auto kernel = prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
+  LaunchPdl(kernel, grid, dim3(kThreads), 0, s, 1, p);
   return false;
 }
 

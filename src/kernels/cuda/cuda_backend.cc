@@ -14,57 +14,6 @@
 namespace corolla {
 namespace cuda {
 
-KernelTuning& Tuning() {
-  static KernelTuning tuning = [] {
-    KernelTuning t;
-    if (const char* v = std::getenv("COROLLA_MOE_DECODE_MAX_PAIRS")) t.moe_decode_max_pairs = std::atoll(v);
-    if (const char* v = std::getenv("COROLLA_MOE_PAIR_GEMV_MAX_PAIRS")) t.moe_pair_gemv_max_pairs = std::atoll(v);
-    if (const char* v = std::getenv("COROLLA_LINEAR_GEMV_MAX_ROWS")) t.linear_gemv_max_rows = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_SPLIT_MIN_CTAS")) t.attention_split_min_ctas = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_MMA")) t.attention_mma = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_GDN_CHUNKED_MIN_TOKENS")) t.gated_delta_chunked_min_tokens = std::atoll(v);
-    if (const char* v = std::getenv("COROLLA_MLA_DECODE_SPLITS")) t.mla_decode_splits = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_FUSED_MERGE")) t.attention_fused_merge = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_PDL")) t.pdl = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_FUSED_ROUTER_MAX_TOKENS")) t.fused_router_max_tokens = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_SLOTS")) t.moe_pair_down_slots = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA")) t.moe_gemm_wgmma = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ATTN_WGMMA")) t.attention_wgmma = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_LINEAR_FP8_GEMV_MAX_ROWS")) t.linear_fp8_gemv_max_rows = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_MOE_FP8_WGMMA")) t.moe_fp8_wgmma = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_MOE_FP8_WGMMA_TILE_N")) t.moe_fp8_wgmma_tile_n = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_WGMMA_VARIANT")) t.attention_wgmma_variant = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_TMA")) t.attention_wgmma_tma = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_PDL_CARVEOUT")) t.pdl_carveout = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_GEMV_STAGED")) t.gemv_staged = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_TRIGGER")) t.prologue_early_trigger = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_LOADS")) t.prologue_early_loads = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ROWS")) t.moe_pair_gate_up_rows = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_ROWS")) t.moe_pair_down_rows = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_STAGED_ROUTER_NORM")) t.staged_router_norm = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER")) t.cluster_norm_router = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER_REGS"))
-      t.cluster_norm_router_regs = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_GEMV_STAGED_NORM")) t.gemv_staged_norm = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE")) t.attention_decode_kernel = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_SPLIT_KEYS")) t.attention_decode_split_keys = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_MERGE_FLOATS")) t.attention_decode_merge_floats = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MERGE"))
-      t.attention_decode_cluster_merge_seqs = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WARM_MERGE")) t.attention_decode_warm_merge = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_DECODE_STACK_SPLIT_KEYS")) t.decode_stack_split_keys = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_DECODE_STACK_STAGES_A")) t.decode_stack_stages_a = std::atoi(v);
-    return t;
-  }();
-  return tuning;
-}
-
 namespace {
 // Debugging: COROLLA_CUDA_POISON_EMPTY=1 fills every new tensor with 0xff bytes (NaN in bf16 and
 // f32, -1 in integers), so a kernel that reads what nothing wrote shows in the output.

@@ -160,6 +160,7 @@ struct StagedGemvParams {
   ResidualNorm norm;
   unsigned* arrivals;
   uint64_t* timeline = nullptr;  // timeline.h
+  int spread_ns = 0;             // Tuning().gemv_staged_spread_ns
 };
 
 // The norm variant's staging of x: thread t forms chunk t of h = bf16(sum + y), the CTA sums h^2
@@ -225,6 +226,10 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
     const uint32_t bytes = static_cast<uint32_t>(rows) * p.k * 2;
     wgmma::MbarInit(bar, 1);
     wgmma::MbarInitFence();
+    if (p.spread_ns > 0 && warp > 0) {  // the CTA's barrier after the wait waits for this lane too
+      const uint64_t until = wgmma::GlobalTimerNs() + static_cast<uint64_t>(p.spread_ns) * warp / kStagedWarps;
+      while (wgmma::GlobalTimerNs() < until) __nanosleep(100);
+    }
     wgmma::MbarArriveExpectTx(bar, bytes);
     wgmma::BulkCopy(wgmma::SmemAddr(ws), p.w + static_cast<int64_t>(cta_row0 + row0) * p.k, bytes, bar,
                     wgmma::EvictFirst());
@@ -327,6 +332,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
   StagedGemvParams p{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
                      static_cast<int>(rows_per_cta), static_cast<int>(x_bytes), out.dtype == DType::kF32, nullptr,
                      norm ? *norm : ResidualNorm{}, arrivals};
+  p.spread_ns = Tuning().gemv_staged_spread_ns;
   const int ctas = CeilDiv(n, rows_per_cta);
   static const char* trace_env = std::getenv("COROLLA_GEMV_STAGED_TRACE");
   bool traced = false;
@@ -349,6 +355,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     p.timeline = TimelineRecord(std::string(norm ? "RmsNormLinear staged " : "Gemv staged ") + std::to_string(k) +
                                     "->" + std::to_string(n),
                                 ctas, s);
+  SetCarveoutOnce(reinterpret_cast<const void*>(GemvStagedKernel), Tuning().gemv_staged_carveout);
   LaunchPdl(GemvStagedKernel, dim3(ctas), dim3(kStagedWarps * 32), static_cast<size_t>(smem), s, 1, p);
   if (traced) TraceStaged(p, ctas, s);
   return true;

@@ -458,7 +458,7 @@ TEST_F(CudaKernelTest, MoeRouterFused) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
   } restore;
-  cuda::Tuning().fused_router_max_tokens = 8;  // off by default (ops.h)
+  cuda::Tuning().fused_router_max_tokens = 8;  // off by default (tuning.h)
   struct Case { int experts, k; int64_t hidden; int groups, topk_groups; bool sigmoid, bias, renorm; };
   for (Case c : {Case{128, 8, 2048, 1, 1, false, false, true}, Case{512, 10, 1024, 1, 1, false, false, true},
                  Case{256, 8, 512, 8, 4, true, true, true}, Case{64, 4, 136, 1, 1, false, false, false},

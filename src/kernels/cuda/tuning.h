@@ -1,0 +1,253 @@
+// The CUDA backend's process-wide kernel choices (KernelTuning) and their COROLLA_* environment
+// overrides (tuning.cc): every knob with what was measured for and against it.
+#pragma once
+
+#include <cstdint>
+
+namespace corolla::cuda {
+
+// Process-wide choices between kernel variants, read at each launch (tests and benchmarks set
+// them to sweep both sides). Each field's default can be set by the COROLLA_* environment
+// variable that Tuning() (tuning.cc) reads for it. Not synchronised: set them before
+// launching work.
+struct KernelTuning {
+  // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
+  // mma GEMMs (grouped_gemm.cu) above it (at most moe_pair_gemv_max_pairs take the pair GEMVs
+  // first). 64: on an H200 (Qwen3-30B-A3B decode, ctx 1024) the grouped GEMMs' small tiles beat
+  // the GEMV at 128 and 256 pairs: batch 16 13.69 vs 14.95 ms a step, batch 32 17.36 vs 21.44.
+  // COROLLA_MOE_DECODE_MAX_PAIRS sets it.
+  int64_t moe_decode_max_pairs = 64;
+  // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
+  // forces one (tests and benchmarks sweep them).
+  int moe_gemm_tile_rows = 0;
+  // The 128-row tiles run on the wgmma + TMA kernels (grouped_gemm_wgmma.cu) where the shapes
+  // fit (N % 128, K % 64), else on mma.sync. COROLLA_MOE_GEMM_WGMMA sets it.
+  bool moe_gemm_wgmma = true;
+  // MoeExperts counts, scans and permutes in one CTA when the batch is small enough.
+  bool moe_fused_permute = true;
+  // MoeExperts skips the permutation and runs one GEMV per (token, expert) pair, the down
+  // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. 64: on an
+  // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV.
+  int64_t moe_pair_gemv_max_pairs = 64;
+  // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else cuBLASLt.
+  int linear_gemv_max_rows = 2;
+  // Decode attention splits each sequence's keys across CTAs until the grid has at least this
+  // many CTAs (0: never split).
+  int attention_split_min_ctas = 264;
+  // Attention runs on the tensor-core kernels (attention_mma.cu; mla_decode.cu for MLA decode)
+  // for the shapes they support, else on the SIMT one.
+  bool attention_mma = true;
+  // GatedDeltaRule runs a sequence's chunk of at least this many new tokens on the chunked
+  // tensor-core kernel (gated_delta_chunked.cu), shorter ones (decode) on the recurrent one.
+  // 64: one full chunk, as the CPU twin's kGatedDeltaChunkedMinTokens. 1 forces every sequence
+  // onto the chunked kernel; a huge value keeps all on the recurrent one.
+  int64_t gated_delta_chunked_min_tokens = 64;
+  // MLA decode's KV splits per sequence: 0 plans them (mla_decode.cu), n > 0 forces n (capped
+  // by the key tiles of max_seq_len; tests sweep it). COROLLA_MLA_DECODE_SPLITS sets it.
+  int mla_decode_splits = 0;
+  // Split-KV decode on the tensor-core kernel merges the splits in the last CTA of each (row
+  // tile, KV head, sequence) to finish, instead of a separate merge launch.
+  bool attention_fused_merge = true;
+  // Decode kernels (GEMV, norms, attention prologue/attention, router, pair MoE) are launched
+  // with programmatic dependent launch (pdl.cuh).
+  bool pdl = true;
+  // MoeRouter (router GEMV + routing in one launch, router.cu) for up to this many tokens
+  // (<= 8); more take Linear + MoeRoute. 0 (off): on an H200 the fused kernel took 9.8 us at
+  // 1 token against 8.3 for the GEMV + MoeRoute pair (22 vs 12 at 8): its 8-CTA cluster is
+  // bound by what 8 SMs pull from L2. Tests and benchmarks set it.
+  int fused_router_max_tokens = 0;
+  // MoeRouter of one token runs the staged router (router.cu: a warp per router row staged in
+  // shared memory before the dependency wait, the last warp to arrive routes) instead of Linear +
+  // MoeRoute: one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
+  // session 7: 3.050 vs 2.783 ms a step; notes/decode_step.md). COROLLA_STAGED_ROUTER sets it.
+  bool staged_router = false;
+  // Backend::RmsNormMoeRouter of one token folds the norm into the staged router (every warp
+  // forms sum + y and its norm itself; the last warp to arrive writes sum and x back): one launch
+  // instead of RmsNorm + router. Off: slower on an H200 (session 7: 3.121 vs 2.783 ms a step);
+  // the cluster norm-router below took its place. COROLLA_STAGED_ROUTER_NORM sets it.
+  bool staged_router_norm = false;
+  // Backend::RmsNormMoeRouter of one token runs as one thread block cluster of this many CTAs
+  // (16 or 8; router_norm.cu): the post-attention norm, the router logits and the routing in
+  // one launch, the logits exchanged through distributed shared memory; the same bits as the
+  // three kernels where the router GEMV takes a row a CTA. 0 (or a cluster the device cannot
+  // place): RmsNorm, the router GEMV and MoeRoute, or the staged router above. On an H200
+  // (Qwen3-30B-A3B, batch 1, graph, four calls) 16: 2.540-2.554 vs 2.557-2.568 ms at ctx 1024,
+  // 2.941-2.955 vs 2.960-2.962 at 8192; 8: 2.657 (its CTAs hold 64 KB of rows each).
+  // COROLLA_CLUSTER_NORM_ROUTER sets it.
+  int cluster_norm_router = 16;
+  // That cluster holds its router rows in registers where a warp has at most one row of at most
+  // 2048 (Qwen3-30B-A3B) instead of bulk-copying them to shared memory, so its CTAs (~6 KB of
+  // shared memory) wait beside the o_proj GEMV's (entering 3.1 us before it ends, not 0.8); same
+  // bits. On an H200 (batch 1, graph, one call, two runs each): 2.460 / 2.463 vs 2.458 / 2.468 ms
+  // at ctx 1024, 2.902 / 2.901 vs 2.915 / 2.913 at 8192. COROLLA_CLUSTER_NORM_ROUTER_REGS.
+  bool cluster_norm_router_regs = true;
+  // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
+  // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
+  // and x back): one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
+  // session 10: 2.492 vs 2.467 ms a step at ctx 1024, 2.926 vs 2.905 at 8192). COROLLA_GEMV_STAGED_NORM.
+  bool gemv_staged_norm = false;
+  // The pair path's down + combine spreads the top-k slots over 8 warps of a CTA, the first
+  // weight loads issued before the dependency wait (PairDownSlotsKernel); off: one warp walks
+  // all slots of its rows (PairDownCombineKernel). On an H200 (Qwen3-30B-A3B experts, one
+  // token) 22.3 against 26.2 us; the B1 decode step 3.166 -> 3.046 ms. (An L2 prefetch of the
+  // pairs' W_down from the gate/up CTAs was tried too: slower, 3.38 ms.)
+  bool moe_pair_down_slots = true;
+  // Prefill attention at D 128 (a sequence with more than 16 query tokens: no split-KV) runs on
+  // the wgmma kernel (attention_wgmma.cu) on sm_90 when Tuning().attention_mma is on too; off:
+  // the mma.sync kernel (attention_mma.cu). COROLLA_ATTN_WGMMA sets it.
+  bool attention_wgmma = true;
+  // LinearFp8 with at most this many rows of x (<= 8) runs the FP8 GEMV of fp8_gemv.cu (the
+  // activation quantisation fused in, one launch), else quantise + cuBLASLt (3 launches). 1: on
+  // an H200 (CudaPerf.Fp8Gemv, DeepSeek-V3 decode shapes) the GEMV beats quantise + cuBLASLt at
+  // one row on the small weights (1.2-1.9x) and ties on the large ones, but loses from 4 rows on
+  // (0.3-0.9x): it is instruction-bound (33-69% of the copy rate at one row).
+  // COROLLA_LINEAR_FP8_GEMV_MAX_ROWS sets it.
+  int linear_fp8_gemv_max_rows = 1;
+  // MoeExpertsFp8's grouped GEMMs at 128-row tiles (prefill) run on the wgmma + TMA kernels
+  // (moe_fp8_wgmma.cu) on sm_90 where the shapes fit (N % 64, K % 16), else on mma.sync
+  // (moe_fp8.cu). COROLLA_MOE_FP8_WGMMA sets it.
+  bool moe_fp8_wgmma = true;
+  // Width of moe_fp8_wgmma.cu's tile: 256 (GateUp 128 gate + 128 up rows; setmaxnreg 232 for
+  // the consumers; 3/4 of the smem traffic per MAC of 128) or 128 (64 + 64; no setmaxnreg).
+  // COROLLA_MOE_FP8_WGMMA_TILE_N sets it.
+  int moe_fp8_wgmma_tile_n = 256;
+  // Which build of the wgmma prefill kernel (attention_wgmma.cu) runs: 0 the base one; 1 the
+  // grid walks (row tile, KV head) with KV heads fastest (the heaviest causal row tiles of every
+  // head first); 2 as 1 plus FlashAttention-3's intra-warpgroup overlap (S of tile j + 1 and
+  // P V of tile j in flight together, softmax under the P V); 3 as 2 plus the ping-pong of the
+  // two consumer warpgroups (named barriers); 4 and 5 as 2 and 3 with a leaner softmax
+  // (ex2.approx.ftz, the scale folded into one FFMA). Out-of-range values clamp. Tests and
+  // CudaPerf sweep them. Measured on an H200 (Hq 32 / Hk 4, causal, 1k / 4k / 8k tokens) with
+  // the TMA producer: 0 169 / 391 / 445 TFLOP/s, 1 195 / 397 / 457, 2 190 / 388 / 438, 3 193 /
+  // 386 / 426, 4 204 / 440 / 505, 5 216 / 457 / 524 (Qwen3-30B-A3B prefill at 8k: 59.6% of the
+  // matmul peak with 5, 58.1% with 0), so 5. With the cp.async producer the overlap builds
+  // starve (2-5 at 0.65-0.72x of 0). COROLLA_ATTN_WGMMA_VARIANT sets it.
+  int attention_wgmma_variant = 5;
+  // The wgmma prefill kernel's K/V tiles come by TMA (cp.async.bulk.tensor: one warp issues a
+  // box per cache block, completion by transaction count; the last, partial tile of a CTA
+  // still by the cp.async zero fill) where the cache allows it (block_size a power of two >= 8,
+  // dense, aligned); off, or other block sizes: the 128-thread cp.async gather through the block
+  // table. COROLLA_ATTN_TMA sets it.
+  bool attention_wgmma_tma = true;
+  // Preferred shared-memory carveout (percent of the unified L1 / shared memory) that LaunchPdl
+  // sets on each kernel it launches; -1 leaves the driver's choice. A kernel whose shared memory
+  // needs another carveout than the kernel still running on an SM cannot start there until it
+  // drains, which defeats programmatic dependent launch. Off: 100 on an H200 made the
+  // Qwen3-30B-A3B batch-1 step faster (3.068 vs 3.145 ms) but batch 8 slower (10.33 vs 9.38: the
+  // GEMVs lose L1). COROLLA_PDL_CARVEOUT sets it.
+  int pdl_carveout = -1;
+  // The same for the staged GEMV alone (gemv_staged_carveout) and the small-batch decode
+  // attention alone (attention_decode_carveout); pdl_carveout, where set, wins. The driver picks
+  // the smallest carveout that holds a kernel's shared memory: the staged qkv's 161 KB take the
+  // 164 KB one, leaving no room beside it for the attention's ~13 KB. Off: slower on an H200
+  // (Qwen3-30B-A3B batch 1, graph, ctx 1024, session 13, same call: default 2.408-2.410 ms):
+  // 100 for the staged GEMV 2.535-2.541 (the MoE's gate/up then lands on SMs left at the 228 KB
+  // carveout, small L1: its run 8.6 vs 6.2 us), with the fused prologue 2.619-2.630 (its CTAs
+  // enter beside qkv, but their wait returns ~5 us after qkv's exit); 100 for the attention
+  // 2.446-2.477 (all of o_proj's CTAs enter beside it, o_proj's run 3.7 vs 4.7 us, but the
+  // attention's wait returns ~3.4 us after the prologue's exit, once o_proj's 16.8 MB of copies
+  // have landed, against 1.1-1.9). COROLLA_GEMV_STAGED_CARVEOUT, COROLLA_ATTN_DECODE_CARVEOUT.
+  int gemv_staged_carveout = -1;
+  int attention_decode_carveout = -1;
+  // The staged GEMV's warps issue their bulk copies spread over this many nanoseconds after the
+  // CTA's entry (warp w after w / 16 of it) instead of all at once (0), so that the kernels on
+  // the critical path do not wait behind copies at the full HBM rate. Off: slower on an H200
+  // (as above, another call: default 2.409-2.413 ms): 3000 ns 2.465-2.466, 6000 2.552-2.554;
+  // with the attention at the 100 carveout 2.495-2.499 (3000 and 6000), 2.627-2.629 (9000).
+  // At 3000 the RmsNorm after the MoE returns from its wait 0.8 us after the down kernel's exit
+  // and runs 1.3 (against 2.8 and 2.1), but qkv's copies land late: its run 6.8 vs 3.1 us.
+  // COROLLA_GEMV_STAGED_SPREAD_NS sets it.
+  int gemv_staged_spread_ns = 0;
+  // The one-row GEMV with two rows a warp (gemv.cu) is built for 5 CTAs an SM (registers capped
+  // at 96, no spills) so that 4224 <= N < 8448 runs in one wave; off: 4 an SM, two waves.
+  // COROLLA_GEMV_ONE_WAVE sets it.
+  bool gemv_one_wave = true;
+  // Linear with one row of x runs the staged GEMV (gemv.cu: one CTA an SM, its whole slice of W
+  // bulk-copied to shared memory before the dependency wait) where a slice fits; off: GemvKernel.
+  // Alone it is no faster (qkv 5.5 vs 5.1 us, o_proj 5.1 vs 5.6); in the decode step its copies
+  // overlap the kernels before it: on an H200 (Qwen3-30B-A3B, batch 1, graph) with
+  // pdl_early_trigger 2.774-2.779 vs 2.892 ms at ctx 1024, 3.105-3.114 vs 3.224 at 8192.
+  // COROLLA_GEMV_STAGED sets it.
+  bool gemv_staged = true;
+  // RmsNorm and the decode attention let the next kernel launch before their own dependency wait
+  // (pdl.cuh: safe, the next kernel still waits for this one), so that a staged GEMV after them
+  // starts its weight copies earlier (batch-1 step 2.805 -> 2.779 ms, 2.788 -> 2.774 in two
+  // runs). COROLLA_PDL_EARLY_TRIGGER sets it.
+  bool pdl_early_trigger = true;
+  // QkNormRopeKvWrite triggers its dependents before its own wait too, so the decode attention
+  // (and, through its early trigger, the staged o_proj's weight copies) start one kernel earlier.
+  // Off: no faster on an H200 (session 10: 2.460 vs 2.467 ms at ctx 1024, 2.950 vs 2.905 at
+  // 8192). COROLLA_PROLOGUE_EARLY_TRIGGER sets it.
+  bool prologue_early_trigger = false;
+  // QkNormRopeKvWrite reads its slot and position, forms the rotation and loads the norm weights
+  // before its dependency wait (what no kernel of the forward writes), leaving the step's q / k /
+  // v and the math after it. Not yet measured (session 12 wrote it after the device budget was
+  // spent): off. COROLLA_PROLOGUE_EARLY_LOADS sets it.
+  bool prologue_early_loads = false;
+  // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
+  // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
+  // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
+  // 8: batch 1 2.553 vs 2.652 ms, batch 8 8.369 vs 8.599; gate/up 4: 2.657 and 8.677 (not kept).
+  // COROLLA_MOE_PAIR_GATE_UP_ROWS and COROLLA_MOE_PAIR_DOWN_ROWS set them.
+  int moe_pair_gate_up_rows = 2;
+  int moe_pair_down_rows = 8;
+  // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
+  // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
+  // loads issued at once into registers, mma.sync straight from them, ~12 KB of static shared
+  // memory) instead of attention_mma.cu's. On an H200 (Hq 32 / Hk 4 / D 128, graph): batch 1
+  // ctx 1024 6.92 vs 9.79 us, ctx 8192 12.4 vs 23.2, batch 64 49.7 vs 54.2. COROLLA_ATTN_DECODE
+  // sets it.
+  bool attention_decode_kernel = true;
+  // That kernel's split-KV plan: at least this many keys a split (16..; rounded to 16). Fewer
+  // keys mean more CTAs but more partials for the last CTA to merge. COROLLA_ATTN_DECODE_SPLIT_KEYS.
+  int attention_decode_split_keys = 64;
+  // And at most this many f32 partials (group x splits x D) for the last CTA of a KV head to
+  // merge: 32768 caps Qwen3's 8k-key decode (group 8, D 128) at 32 splits of 256 keys; 65536
+  // (64 of 128) took 3.058 vs 2.964 ms a step on an H200. COROLLA_ATTN_DECODE_MERGE_FLOATS.
+  int attention_decode_merge_floats = 32768;
+  // In decode batches of at most this many sequences (0: never), that kernel's splits of a
+  // (sequence, KV head) run as one thread block cluster (2-16 splits, groups <= 8) and merge
+  // through distributed shared memory instead of global partials, a fence and an arrival
+  // counter. On an H200 (Qwen3-30B-A3B, graph, ctx 1024: 16 splits): batch 1 2.489-2.491 vs
+  // 2.546-2.557 ms a step, batch 8 (8 splits) 8.481 vs 8.288. COROLLA_ATTN_DECODE_CLUSTER_MERGE.
+  int attention_decode_cluster_merge_seqs = 1;
+  // That cluster merge runs once dry (no store) at the kernel's entry, before the early loads, so
+  // that its code is in the instruction cache when the real merge runs (a second, warm run of
+  // the merge took 2.33 us against 3.48). Off: the dry run delays the early loads and the wait
+  // (on an H200, Qwen3-30B-A3B batch 1 ctx 1024, graph: 2.470 / 2.473 ms vs 2.401 / 2.396).
+  // The kernel body sits in the loop that allows it either way, and that build runs the cluster
+  // path faster than the one before it (2.396-2.401 vs 2.456-2.461 ms at ctx 1024 over three
+  // runs in two calls; 8k, batch 8 and 64 unchanged: notes/decode_sessions.md, Session 11; its
+  // SASS keeps the index arithmetic on the uniform datapath: Session 12).
+  // COROLLA_ATTN_DECODE_WARM_MERGE.
+  bool attention_decode_warm_merge = false;
+  // That kernel loads its first two passes of cached keys (all but this step's, which the
+  // prologue writes) before its dependency wait: earlier forwards wrote them, so they stream in
+  // while the kernels before it finish (groups <= 8, D <= 128: registers). On an H200
+  // (Qwen3-30B-A3B, batch 1, graph) 2.759 vs 2.781 ms at ctx 1024, 3.157 vs 3.190 at 8192.
+  // COROLLA_ATTN_DECODE_PREFETCH sets it.
+  bool attention_decode_prefetch = true;
+  // Backend::QkNormRopeAttention folds the prologue (QK norm, RoPE, KV write) into that kernel:
+  // every CTA normalises and rotates its group's q heads, the CTA whose split holds the new key
+  // writes its k and v to the cache. Off: one launch fewer but no faster (same H200 run, with
+  // the prefetch: 2.769 vs 2.759 ms at ctx 1024, 3.235 vs 3.157 at 8192).
+  // COROLLA_ATTN_FUSED_PROLOGUE=1 turns it on.
+  bool attention_fused_prologue = false;
+  // Backend::DecodeMoeStack runs the persistent decode kernel (decode_stack.cu: every layer of a
+  // Qwen3-MoE batch-1 decode step in one launch) where it covers the model; off: the caller's
+  // op-by-op path. Off by default: on an H200 (Qwen3-30B-A3B, batch 1, ctx 1024, graph) it takes
+  // 3.53 ms a step against 2.88 for the ops (notes/decode_step.md "Persistent decode kernel").
+  // COROLLA_DECODE_STACK=1 turns it on.
+  bool decode_stack = false;
+  // Its attention: at least this many cached keys per (KV head, split) task. Fewer keys mean
+  // more CTAs share a head's keys but more partials for the last one to merge (32: 3.67 ms, 64:
+  // 3.67, 128: 3.84 at ctx 1024). COROLLA_DECODE_STACK_SPLIT_KEYS sets it.
+  int decode_stack_split_keys = 64;
+  // Its weight stream: 12 shared-memory stages of 16 KB, this many for ring A (qkv, KV, o, router:
+  // known before the step) and the rest for ring B (the routed experts): 3 / 4 / 5 / 6 gave 3.75
+  // / 3.57 / 3.63 / 3.68 ms. COROLLA_DECODE_STACK_STAGES_A sets it.
+  int decode_stack_stages_a = 4;
+};
+KernelTuning& Tuning();
+
+}  // namespace corolla::cuda
