@@ -1,0 +1,60 @@
+// CudaPerf.HandoverUnderCopies: the decode step's handovers (a programmatic dependent launch's
+// release, a flag between CTAs, an L2 round trip) alone and with bulk copies in flight on other
+// SMs (handover_probe.h). A benchmark: it prints the figures and checks only that every probe
+// ran (no peer missing, the copier moving data).
+#include "kernels/cuda/handover_probe.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/test_util.h"
+
+namespace corolla::cuda_test {
+namespace {
+
+TEST(CudaPerf, HandoverUnderCopies) {
+  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+  int device = 0, sms = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (sms < 72) GTEST_SKIP() << "sized for an H100/H200 (" << sms << " SMs)";
+  const int64_t bytes = int64_t{1} << 30;  // far past L2: the copies come from HBM
+  void* src = nullptr;
+  COROLLA_CUDA_CHECK(cudaMalloc(&src, bytes));
+  COROLLA_CUDA_CHECK(cudaMemset(src, 1, bytes));
+  cudaStream_t s = nullptr, side = nullptr;
+  COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  struct Case {
+    int ctas, chunk;  // copier CTAs (0: none) and bytes a copy (4 in flight a CTA)
+    int64_t from;     // bytes of src the copier walks: 1 GB from HBM, 24 MB from L2
+  };
+  // o_proj's staged copies come from 64-128 CTAs at once; the small chunks pull less; session 12
+  // saw the chain held back by copies of rows already in L2 as by copies from HBM.
+  const int64_t l2 = int64_t{24} << 20;
+  const Case cases[] = {{0, 32768, bytes},       {64, 32768, bytes},      {sms - 4, 8192, bytes},
+                        {sms - 4, 32768, bytes}, {sms - 4, 32768, l2},     {0, 32768, bytes}};
+  for (const Case& c : cases) {
+    const cuda::HandoverProbe r = cuda::RunHandoverProbe(src, c.from, c.ctas, c.chunk, 50, s, side);
+    std::printf(
+        "handover: copier %3d CTAs x 4 x %2d KB from %4lld MB: pdl release %5.2f us, flag %5.2f us, "
+        "L2 trip %5.2f us, copies %5.0f GB/s%s\n",
+        c.ctas, c.chunk / 1024, static_cast<long long>(c.from >> 20), r.pdl_release_us, r.flag_us, r.l2_trip_us,
+        r.copy_gbs, r.timed_out ? " (timed out)" : "");
+    EXPECT_FALSE(r.timed_out) << c.ctas << " copier CTAs";
+    EXPECT_GT(r.pdl_release_us, 0.0);
+    EXPECT_GT(r.flag_us, 0.0);
+    EXPECT_GT(r.l2_trip_us, 0.0);
+    if (c.ctas > 0) {
+      EXPECT_GT(r.copy_gbs, 100.0) << "the copier moved next to nothing";
+    }
+  }
+  COROLLA_CUDA_CHECK(cudaStreamDestroy(s));
+  COROLLA_CUDA_CHECK(cudaStreamDestroy(side));
+  COROLLA_CUDA_CHECK(cudaFree(src));
+}
+
+}  // namespace
+}  // namespace corolla::cuda_test
