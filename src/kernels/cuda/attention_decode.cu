@@ -549,7 +549,7 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        part_o,
                        part_ml,
                        counters,
-                       Tuning().pdl_early_trigger,
+                       Tuning().pdl_early_trigger && Tuning().attention_decode_early_trigger,
                        Tuning().attention_decode_prefetch,
                        Tuning().attention_decode_warm_merge,
                        prologue ? *prologue : DecodePrologue{}};

@@ -51,7 +51,7 @@ struct DecodeParams {
   float* part_o;   // [T * Hq, num_splits, D]
   float* part_ml;  // [T * Hq, num_splits, 2]
   int* counters;   // [B, Hk] arrival counters (zero between launches), or null: merged after
-  bool early_trigger;  // Tuning().pdl_early_trigger
+  bool early_trigger;  // Tuning().pdl_early_trigger && attention_decode_early_trigger
   bool prefetch;       // Tuning().attention_decode_prefetch
   bool warm_merge;     // Tuning().attention_decode_warm_merge
   DecodePrologue prologue;  // kPrologue only

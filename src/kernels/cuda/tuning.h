@@ -174,6 +174,12 @@ struct KernelTuning {
   // starts its weight copies earlier (batch-1 step 2.805 -> 2.779 ms, 2.788 -> 2.774 in two
   // runs). COROLLA_PDL_EARLY_TRIGGER sets it.
   bool pdl_early_trigger = true;
+  // The decode attention's share of it (both must be on): off, the attention triggers after its
+  // wait, so that the staged o_proj's copies (launched by the trigger) land during its passes
+  // rather than while it waits for the prologue; session 13 saw that wait return ~2.5 us after
+  // the prologue's exit with o_proj's early CTAs copying. Not yet measured.
+  // COROLLA_ATTN_DECODE_EARLY_TRIGGER sets it.
+  bool attention_decode_early_trigger = true;
   // QkNormRopeKvWrite triggers its dependents before its own wait too, so the decode attention
   // (and, through its early trigger, the staged o_proj's weight copies) start one kernel earlier.
   // Off: no faster on an H200 (session 10: 2.460 vs 2.467 ms at ctx 1024, 2.950 vs 2.905 at
