@@ -344,6 +344,18 @@ class Backend {
     QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
     Attention(q, cache, batch, scale, out);
   }
+  // QkNormRopeAttention(..., attn), then Linear(attn [T, Hq D], w_o, out): Qwen3's attention and
+  // its output projection (no output gate). The default runs the two; CUDA folds the projection
+  // into the decode attention for one token (Tuning().attention_region: one launch for the
+  // prologue, the attention and o_proj).
+  virtual void QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                       const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
+                                       const AttentionBatch& batch, float scale, const TensorView& attn,
+                                       const TensorView& w_o, const TensorView& out) {
+    QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale, attn);
+    Linear(attn.Reshape({attn.dim(0), attn.dim(1) * attn.dim(2)}), w_o, out);
+  }
   // Whether QkNormRopeAttention may run as one fused op for this batch (profilers then time it as
   // one; otherwise as its two ops).
   virtual bool fuses_qk_norm_rope_attention(const AttentionBatch& batch) const {

@@ -274,15 +274,20 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   const int64_t q_stride = c.attention_output_gate ? 2 * d : d;
   TensorView q = heads(0, hq, q_stride), k = heads(q_cols, hk, d), v = heads(q_cols + hk * d, hk, d);
   Tensor attn = backend_.Empty(act, {tokens, hq, d});  // [T, Hq, D]
-  backend_.QkNormRopeAttention(q, k, v, w.q_norm, w.k_norm, static_cast<float>(c.rms_norm_eps), batch.positions,
-                               {c.rotary_dim(), static_cast<float>(c.rope.theta)}, cache, batch.attention,
-                               1.0f / std::sqrt(static_cast<float>(d)), attn);
-  TensorView attn2d = attn.view().Reshape({tokens, hq * d});
-  if (c.attention_output_gate) {
-    Tensor gate = backend_.Empty(act, {tokens, hq, d});
-    backend_.Copy(heads(d, hq, q_stride), gate);
-    backend_.SigmoidMul(attn2d, gate.view().Reshape({tokens, hq * d}));
+  const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const RopeParams rope{c.rotary_dim(), static_cast<float>(c.rope.theta)};
+  if (!c.attention_output_gate) {  // the attention and o_proj: one op the backend may fuse
+    backend_.QkNormRopeAttentionProj(q, k, v, w.q_norm, w.k_norm, eps, batch.positions, rope, cache, batch.attention,
+                                     scale, attn, w.o, out);  // out: [T, H], this rank's partial sum
+    AllReduce(shard_.tp, out);
+    return;
   }
+  backend_.QkNormRopeAttention(q, k, v, w.q_norm, w.k_norm, eps, batch.positions, rope, cache, batch.attention, scale,
+                               attn);
+  TensorView attn2d = attn.view().Reshape({tokens, hq * d});
+  Tensor gate = backend_.Empty(act, {tokens, hq, d});  // the output gate between the attention and o_proj
+  backend_.Copy(heads(d, hq, q_stride), gate);
+  backend_.SigmoidMul(attn2d, gate.view().Reshape({tokens, hq * d}));
   backend_.Linear(attn2d, w.o, out);  // [T, H], this rank's partial sum
   AllReduce(shard_.tp, out);
 }

@@ -294,10 +294,13 @@ bool AttentionMma(const TensorView& q, const KvCacheView& cache, const Attention
 // one query token per sequence (max_q_len 1), Dk = Dv in {64, 128, 256}, separate K/V, group
 // <= 16, Tuning().attention_decode_kernel on; it plans its own split-KV and merges.
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len);
-// prologue: QkNormRopeAttention's, folded in (q holds the raw projection), or null.
-void AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+// prologue: QkNormRopeAttention's, folded in (q holds the raw projection), or null. proj_w /
+// proj_out (with the prologue): QkNormRopeAttentionProj's o projection folded in too, where the
+// plan allows (one token, the cluster merge): true when that kernel ran, false when nothing did.
+bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                      const TensorView& out, CachingAllocator& alloc, cudaStream_t s,
-                     const DecodePrologue* prologue = nullptr);
+                     const DecodePrologue* prologue = nullptr, const TensorView* proj_w = nullptr,
+                     const TensorView* proj_out = nullptr);
 
 namespace {
 
@@ -349,8 +352,10 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
   if (use_mma && dk == 128 && dv == 128 && max_q_len > 16 && Tuning().attention_wgmma && AttentionWgmmaSupported())
     return AttentionWgmma(q, cache, batch, scale * 1.4426950408889634f, out, s);
   // Decode (one token a sequence) on the small-batch decode kernel (attention_decode.cu).
-  if (use_mma && dk == dv && AttentionDecodeServes(q, cache, max_q_len))
-    return AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s);
+  if (use_mma && dk == dv && AttentionDecodeServes(q, cache, max_q_len)) {
+    AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s);
+    return;
+  }
   const int64_t max_rows = static_cast<int64_t>(max_q_len) * group;
   const int rows_per_cta = !use_mma ? kBlockM : max_rows <= kMmaDecodeRows ? kMmaDecodeRows : kMmaPrefillRows;
   const int row_tiles = CeilDiv(max_rows, rows_per_cta);
@@ -407,17 +412,27 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
   });
 }
 
-bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
-                         const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
-                         const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
-                         const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
+namespace {
+
+// QkNormRopeAttention in one launch (Tuning().attention_fused_prologue); with proj_w the o
+// projection folded in as well, or nothing (whatever that knob says). AttentionResult: what ran.
+enum class AttentionResult { kNone, kAttention, kProjected };
+AttentionResult FusedDecodeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                     const TensorView& positions, const RopeParams& rope, const float* inv_freq,
+                                     const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                                     const TensorView& out, const TensorView* proj_w, const TensorView* proj_out,
+                                     CachingAllocator& alloc, cudaStream_t s) {
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
-  if (!Tuning().attention_fused_prologue || max_q_len != 1 || q.rank() != 3 || out.rank() != 3 ||
+  if (!(Tuning().attention_fused_prologue || proj_w != nullptr) || max_q_len != 1 || q.rank() != 3 ||
+      out.rank() != 3 ||
       out.dim(2) != q.dim(2) ||
       !QkNormRopeKvWriteServes(q, k, v, q_norm_w, k_norm_w, positions, rope, cache, batch))
-    return false;
-  if (!CheckAttention(q, cache, batch, out) || !AttentionDecodeServes(q, cache, max_q_len)) return false;
-  if (q.dim(0) == 0 || batch.seq_lens.numel() == 0) return true;  // nothing to write, nothing to attend
+    return AttentionResult::kNone;
+  if (!CheckAttention(q, cache, batch, out) || !AttentionDecodeServes(q, cache, max_q_len))
+    return AttentionResult::kNone;
+  if (q.dim(0) == 0 || batch.seq_lens.numel() == 0)  // nothing to write or attend: the plain path
+    return proj_w != nullptr ? AttentionResult::kNone : AttentionResult::kAttention;
   const DecodePrologue prologue{k.ptr<bf16_t>(),
                                 k.strides[0],
                                 k.strides[1],
@@ -434,8 +449,35 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                                 rope.attention_factor,
                                 batch.slot_mapping.ptr<int32_t>(),
                                 cache.k.dim(0) * cache.block_size()};
-  AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s, &prologue);
-  return true;
+  const bool ran =
+      AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s, &prologue, proj_w, proj_out);
+  if (proj_w == nullptr) return AttentionResult::kAttention;
+  return ran ? AttentionResult::kProjected : AttentionResult::kNone;
+}
+
+}  // namespace
+
+bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                         const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                         const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                         const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
+  return FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
+                              nullptr, nullptr, alloc, s) != AttentionResult::kNone;
+}
+
+int QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                            const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                            const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                            const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
+                            CachingAllocator& alloc, cudaStream_t s) {
+  if (Tuning().attention_region && FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq,
+                                                        cache, batch, scale, out, &w_o, &proj_out, alloc,
+                                                        s) == AttentionResult::kProjected)
+    return 2;
+  return QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
+                             alloc, s)
+             ? 1
+             : 0;
 }
 
 }  // namespace corolla::cuda

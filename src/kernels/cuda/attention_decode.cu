@@ -42,6 +42,7 @@
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/timeline.h"
 #include "kernels/cuda/split_kv_merge.cuh"
+#include "kernels/cuda/stream_scratch.h"
 
 namespace corolla::cuda {
 namespace {
@@ -109,9 +110,12 @@ struct PassRegs {
 // barrier, 2 the peers' (m, l) read, 3 the merge weights formed, 4 merged, 5 after the last
 // barrier; else 1 partials written, 2 arrived (counted in), 3 the merging CTA's weights formed,
 // 4 merged.
-template <int kD, int kRowBlocks, bool kPrologue, bool kCluster = false>
+// kOutProj: the o projection folded in (DecodeOutProj: the CTAs with blockIdx.y >= kv_heads only
+// project; one sequence).
+template <int kD, int kRowBlocks, bool kPrologue, bool kCluster = false, bool kOutProj = false>
 __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_constant__ DecodeParams p) {
   static_assert(!kCluster || kRowBlocks == 1, "the cluster merge keeps 8 rows a split");
+  static_assert(!kOutProj || (kCluster && kPrologue), "the folded projection follows the cluster merge");
   using Regs = PassRegs<kD>;
   constexpr int kQChunks = Regs::kQChunks, kVWords = Regs::kVWords;
   constexpr int kLaneDims = kD / 32;    // V / O dims a lane owns (2 per m-tile)
@@ -123,6 +127,17 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   TimelineScope tl(p.timeline);
 
   if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
+  extern __shared__ __align__(128) unsigned char proj_smem[];  // kOutProj only
+  if constexpr (kOutProj) {
+    OutProjStage(p.proj, proj_smem);
+    if (blockIdx.y >= p.kv_heads) {  // a projecting CTA only
+      GridDependencyWait();
+      tl.Waited();
+      if (!p.early_trigger) TriggerDependents();
+      OutProjPhase(p, false, proj_smem);
+      return;
+    }
+  }
   const int b = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   // Before the dependency wait this grid reads only what no kernel of the forward writes: the
@@ -210,11 +225,15 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       GridDependencyWait();  // programmatic dependent launch (pdl.cuh): q, this step's key
       tl.Waited();
       if (!p.early_trigger) TriggerDependents();
-      if (!has_query) return;
+      if (!has_query) {
+        if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);  // counted in all the same
+        return;
+      }
       if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
         if constexpr (kCluster) {
           for (int r = threadIdx.x; r < p.group; r += kThreads) cl.ml[r] = make_float2(-INFINITY, 0.f);
           ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl);
+          if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);
         } else if (p.num_splits > 1) {
           for (int r = threadIdx.x; r < p.group; r += kThreads) {
             const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + kvh * p.group + r) * p.num_splits + split;
@@ -457,6 +476,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
     }
     if (!dry) break;
   }
+  if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);
 }
 
 std::atomic<int64_t> cluster_launches{0};  // AttentionDecodeClusterLaunches
@@ -485,6 +505,42 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
   return false;
 }
 
+// The attention with the o projection folded in (kOutProj, one sequence, the cluster merge):
+// grid (splits, Y) with Y >= kv_heads rows of CTAs; false (nothing launched) where no Y lets the
+// rows fit shared memory with every cluster resident at once (the projecting CTAs wait for the
+// attention's: all must be placed together).
+template <int kD>
+bool LaunchDecodeOutProj(DecodeParams p, cudaStream_t s) {
+  const auto kernel = AttentionDecodeKernel<kD, 1, true, true, true>;
+  const int splits = p.num_splits;
+  if (splits < 2 || splits > kMaxClusterSplits) return false;
+  int device = 0, sms = 0, max_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attrs{};
+  COROLLA_CUDA_CHECK(cudaFuncGetAttributes(&attrs, reinterpret_cast<const void*>(kernel)));
+  OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
+  // As many rows of clusters as the SMs hold one CTA an SM, fewer (more rows of w a CTA) where the
+  // device cannot hold that many clusters at once, never fewer than the attention's.
+  int rows_y = std::max(p.kv_heads, sms / splits);
+  size_t smem = 0;
+  for (;; --rows_y) {
+    p.proj.rows_per_cta = static_cast<int>(CeilDiv(p.proj.n, int64_t{splits} * rows_y));
+    smem = kOutProjHeader + static_cast<size_t>(p.proj.x_bytes) + static_cast<size_t>(p.proj.rows_per_cta) * p.proj.k * 2;
+    const bool fits = smem + attrs.sharedSizeBytes <= static_cast<size_t>(max_smem) &&
+                      ClusterCapacity(reinterpret_cast<const void*>(kernel), splits, kThreads, smem) >= rows_y;
+    if (fits) break;
+    if (rows_y == p.kv_heads) return false;
+  }
+  const int ctas = splits * rows_y;
+  p.proj.attention_ctas = splits * p.kv_heads;
+  p.timeline = TimelineRecord("AttentionRegion", ctas, s);
+  LaunchPdl(kernel, dim3(splits, rows_y, 1), dim3(kThreads), smem, s, splits, p);
+  cluster_launches.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 }  // namespace
 
 int64_t AttentionDecodeClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
@@ -499,8 +555,9 @@ bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int ma
 
 // Declared in attention.cu (its only caller), which has checked the tensors (q/out [T, Hq, D]
 // with 16-byte aligned rows, contiguous 16-byte aligned caches) and AttentionDecodeServes.
-void AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
-                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s, const DecodePrologue* prologue) {
+bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
+                     const TensorView& out, CachingAllocator& alloc, cudaStream_t s, const DecodePrologue* prologue,
+                     const TensorView* proj_w, const TensorView* proj_out) {
   const int d = static_cast<int>(q.dim(2)), kv_heads = static_cast<int>(cache.k.dim(1));
   const int group = static_cast<int>(q.dim(1)) / kv_heads;
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
@@ -552,9 +609,32 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        Tuning().pdl_early_trigger && Tuning().attention_decode_early_trigger,
                        Tuning().attention_decode_prefetch,
                        Tuning().attention_decode_warm_merge,
-                       prologue ? *prologue : DecodePrologue{}};
+                       prologue ? *prologue : DecodePrologue{},
+                       DecodeOutProj{}};
   const bool fused = prologue != nullptr, cluster = num_seqs <= Tuning().attention_decode_cluster_merge_seqs;
   const bool wide = group > 8;
+  // The o projection folded in: one token, its heads contiguous; w [n, q_heads D] and the
+  // projection [1, n], bf16, contiguous, 16-byte aligned.
+  const int64_t proj_k = q.dim(1) * d;
+  if (proj_w != nullptr && fused && cluster && !wide && num_seqs == 1 && q.dim(0) == 1 && out.strides[1] == d &&
+      out.strides[2] == 1 && proj_w->dtype == DType::kBF16 && proj_w->rank() == 2 && proj_w->dim(1) == proj_k &&
+      proj_w->is_contiguous() && proj_out->dtype == DType::kBF16 && proj_out->numel() == proj_w->dim(0) &&
+      proj_out->is_contiguous() && reinterpret_cast<uintptr_t>(proj_w->data) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(out.data) % 16 == 0 && proj_w->dim(0) < (int64_t{1} << 30)) {
+    auto* counters =
+        static_cast<unsigned*>(StreamScratch(s, StreamScratchSlot::kAttentionRegion, 2 * sizeof(unsigned)));
+    if (counters != nullptr) {
+      DecodeParams pp = p;
+      pp.proj = DecodeOutProj{proj_w->ptr<bf16_t>(), proj_out->ptr<bf16_t>(), static_cast<int>(proj_w->dim(0)),
+                              static_cast<int>(proj_k), 0, static_cast<int>((2 * proj_k + 127) / 128 * 128), 0,
+                              counters};
+      const bool projected = d == 64    ? LaunchDecodeOutProj<64>(pp, s)
+                             : d == 128 ? LaunchDecodeOutProj<128>(pp, s)
+                                        : LaunchDecodeOutProj<256>(pp, s);
+      if (projected) return true;
+    }
+  }
+  if (proj_w != nullptr) return false;  // the folded kernel or nothing
   bool clustered = false;
   switch (d) {
     case 64:
@@ -578,6 +658,7 @@ void AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
     else if (d == 128) LaunchSplitKvMerge<128>(mp, s);
     else LaunchSplitKvMerge<256>(mp, s);
   }
+  return false;
 }
 
 }  // namespace corolla::cuda

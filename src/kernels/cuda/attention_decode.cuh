@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention_prologue.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -29,6 +30,24 @@ constexpr int kMaxGroup = 16;
 // the plan keeps that at most Tuning().attention_decode_merge_floats (128 KB by default) and
 // group x splits at most kMaxMergeRows (its (m, l) pairs in shared memory).
 constexpr int kMaxMergeRows = 512;
+
+// kOutProj (QkNormRopeAttentionProj, Tuning().attention_region): the o projection of the one
+// token folded in. The grid has CTAs past the attention's (blockIdx.y >= kv_heads); every CTA
+// bulk-copies rows_per_cta rows of w into shared memory before its wait, each attention CTA
+// counts itself on counters[0] once its share of the output is written, and every CTA then
+// waits for all of them, reads the output row and multiplies its rows (StagedDot<1> a row, the
+// staged GEMV's order where it takes a row a warp). counters[1] counts the CTAs past that wait;
+// the last re-arms both (zero between launches).
+struct DecodeOutProj {
+  const bf16_t* w;  // [n, k], k = q_heads * D
+  bf16_t* out;      // [n]
+  int n, k, rows_per_cta;
+  int x_bytes;  // the staged output row: k bf16 rounded up to 128 bytes
+  int attention_ctas;
+  unsigned* counters;
+};
+// Its dynamic shared memory: the mbarrier (128 bytes with padding), x, then the CTA's rows.
+constexpr int kOutProjHeader = 128;
 
 struct DecodeParams {
   const bf16_t* q;  // row (token t, head h) at t * q_token_stride + h * q_head_stride
@@ -55,6 +74,7 @@ struct DecodeParams {
   bool prefetch;       // Tuning().attention_decode_prefetch
   bool warm_merge;     // Tuning().attention_decode_warm_merge
   DecodePrologue prologue;  // kPrologue only
+  DecodeOutProj proj;       // kOutProj only
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
@@ -239,6 +259,65 @@ __device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, Clu
   if (!dry) tl.Mark(4);
   cluster.sync();  // peers may still read this CTA's partials
   if (!dry) tl.Mark(5);
+}
+
+// kOutProj, before the dependency wait (weights only): thread 0 starts the bulk copy of the
+// CTA's rows of w (CTA index blockIdx.x + gridDim.x * blockIdx.y) on the header's mbarrier.
+__device__ __forceinline__ void OutProjStage(const DecodeOutProj& op, unsigned char* smem) {
+  const int cta = blockIdx.x + gridDim.x * blockIdx.y;
+  const int row0 = cta * op.rows_per_cta, rows = max(0, min(op.rows_per_cta, op.n - row0));
+  if (threadIdx.x != 0 || rows == 0) return;
+  const uint32_t bar = wgmma::SmemAddr(smem), bytes = static_cast<uint32_t>(rows) * op.k * 2;
+  wgmma::MbarInit(bar, 1);
+  wgmma::MbarInitFence();
+  wgmma::MbarArriveExpectTx(bar, bytes);
+  wgmma::BulkCopy(wgmma::SmemAddr(smem + kOutProjHeader + op.x_bytes), op.w + static_cast<int64_t>(row0) * op.k,
+                  bytes, bar, wgmma::EvictFirst());
+}
+
+// kOutProj, after the attention (every CTA, every thread, once): see DecodeOutProj. `attended`:
+// this CTA is one of the attention's and its share of p.out is written. The counters' protocol
+// is the split-KV merge's: a CTA barrier, then thread 0's fence and arrival; the waiting thread
+// polls relaxed and fences once (acquire), the barrier after it passes that on.
+__device__ void OutProjPhase(const DecodeParams& p, bool attended, unsigned char* smem) {
+  const DecodeOutProj& op = p.proj;
+  __syncthreads();  // every thread's stores of the output (and its reads of everything) done
+  if (threadIdx.x == 0) {
+    if (attended) {
+      __threadfence();
+      atomicAdd(op.counters, 1u);
+    }
+    const uint64_t start = wgmma::GlobalTimerNs();
+    for (unsigned polls = 0;; ++polls) {
+      unsigned v;
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(op.counters) : "memory");
+      if (v >= static_cast<unsigned>(op.attention_ctas)) break;
+      // 10 s: an attention CTA that never ran (a placement the host check missed): fail the
+      // launch instead of hanging.
+      if ((polls & 1023) == 1023 && wgmma::GlobalTimerNs() - start > 10'000'000'000ull) __trap();
+    }
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    if (atomicAdd(op.counters + 1, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
+      atomicExch(op.counters, 0u);  // every CTA is past the wait: re-armed for the next launch
+      atomicExch(op.counters + 1, 0u);
+    }
+  }
+  __syncthreads();
+  bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kOutProjHeader);
+  for (int i = threadIdx.x; i < op.k / 8; i += kThreads)  // one token: its heads contiguous (host-checked)
+    reinterpret_cast<uint4*>(xs)[i] = __ldcg(reinterpret_cast<const uint4*>(p.out) + i);
+  __syncthreads();
+  const int cta = blockIdx.x + gridDim.x * blockIdx.y;
+  const int row0 = cta * op.rows_per_cta, rows = max(0, min(op.rows_per_cta, op.n - row0));
+  if (rows == 0) return;
+  wgmma::MbarWait(wgmma::SmemAddr(smem), 0);
+  const bf16_t* ws = reinterpret_cast<const bf16_t*>(smem + kOutProjHeader + op.x_bytes);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < rows; r += kWarps) {
+    float v[1];
+    StagedDot<1>(ws + static_cast<int64_t>(r) * op.k, xs, op.k, lane, v);
+    if (lane == 0) op.out[row0 + r] = __float2bfloat16(v[0]);
+  }
 }
 
 }  // namespace

@@ -244,4 +244,104 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
   }
 }
 
+// Backend::QkNormRopeAttentionProj with Tuning().attention_region: the prologue, the decode
+// attention and the o projection in one launch (one token) against the same GPU's ops run apart
+// (the prologue kernel, the attention, Linear): the attention's output and the cache rows the
+// same bits, the projection within a bf16 unit (the same bits where the staged GEMV takes a row
+// a warp, as at Qwen3-30B-A3B's 2048 x 4096 on 132 SMs); eager three times on fresh inputs (the
+// counters re-arm) and replayed in a graph. Cases the fold does not take (no cluster merge, group
+// 16) must give the same results through the fallback.
+TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
+  struct Case {
+    int64_t hq, hk, d, n;
+    int bs, prefix;
+    bool folds;  // the one-launch kernel applies (splits 2..16 of the cluster merge, group <= 8)
+  };
+  const std::vector<Case> cases = {
+      {32, 4, 128, 2048, 16, 1023, true},  // Qwen3-30B-A3B, ctx 1024: 16 splits
+      {32, 4, 128, 2048, 16, 200, true},   // 4 splits, pass edges inside
+      {16, 2, 128, 1000, 5, 700, true},    // rows not a multiple of anything, odd block size
+      {8, 8, 64, 300, 16, 511, true},      // group 1, D 64
+      {32, 4, 128, 2048, 16, 40, false},   // one split: no cluster, the fallback
+      {16, 1, 256, 512, 16, 2000, false},  // group 16: the fallback
+  };
+  const int64_t launches0 = cuda::AttentionDecodeClusterLaunches();
+  for (const Case& c : cases) {
+    const int64_t d = c.d, width = (c.hq + 2 * c.hk) * d, k = c.hq * d;
+    const int bs = c.bs, len = c.prefix + 1, nblocks = (len + bs - 1) / bs + 2;
+    std::vector<int32_t> perm(nblocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), Rng());
+    std::vector<int32_t> table(perm.begin(), perm.begin() + (len + bs - 1) / bs);
+    const std::vector<int32_t> qstart{0, 1}, seq_lens{len}, pos{c.prefix},
+        slots{table[c.prefix / bs] * bs + c.prefix % bs};
+    const Shape cshape{nblocks, c.hk, bs, d};
+    const int64_t cn = int64_t{nblocks} * c.hk * bs * d;
+    auto qkv = RandomBf16(width, 2.f), qw = RandomBf16(d, 1.f), kw = RandomBf16(d, 1.f);
+    auto kc = RandomBf16(cn), vc = RandomBf16(cn), wo = RandomBf16(c.n * k, 0.05f);
+    const RopeParams rope{static_cast<int>(d), 1e6f};
+    const float scale = 1.f / std::sqrt(static_cast<float>(d));
+    const std::string shape = "Hq" + std::to_string(c.hq) + " Hk" + std::to_string(c.hk) + " D" + std::to_string(d) +
+                              " N" + std::to_string(c.n) + " bs" + std::to_string(bs) + " prefix " +
+                              std::to_string(c.prefix);
+    Tensor gqw = Upload(gpu(), qw, {d}, DType::kBF16), gkw = Upload(gpu(), kw, {d}, DType::kBF16);
+    Tensor gpos = UploadI32(gpu(), pos, {1}), gqs = UploadI32(gpu(), qstart, {2}), gsl = UploadI32(gpu(), seq_lens, {1});
+    Tensor gtab = UploadI32(gpu(), table, {1, static_cast<int64_t>(table.size())}), gslot = UploadI32(gpu(), slots, {1});
+    Tensor gwo = Upload(gpu(), wo, {c.n, k}, DType::kBF16);
+    AttentionBatch gb{gqs, gsl, gtab, gslot, 1, len};
+    struct Run {
+      std::vector<float> attn, proj, k_cache, v_cache;
+    };
+    // fold: Tuning().attention_region (with the cluster merge); replays: 0 eager, else a graph.
+    auto run = [&](bool fold, int replays) {
+      cuda::Tuning().attention_region = fold;
+      cuda::Tuning().attention_decode_cluster_merge_seqs = 1;
+      Tensor gqkv = Upload(gpu(), qkv, {1, width}, DType::kBF16);
+      Tensor gkc = Upload(gpu(), kc, cshape, DType::kBF16), gvc = Upload(gpu(), vc, cshape, DType::kBF16);
+      Tensor attn = gpu().Empty(DType::kBF16, {1, c.hq, d}), proj = gpu().Empty(DType::kBF16, {1, c.n});
+      Poison(gpu(), attn);
+      Poison(gpu(), proj);
+      auto [gq, gk, gv] = QkvViews(gqkv, 1, c.hq, c.hk, d, false);
+      auto op = [&] {
+        gpu().QkNormRopeAttentionProj(gq, gk, gv, gqw, gkw, 1e-6f, gpos, rope, KvCacheView{gkc, gvc}, gb, scale, attn,
+                                      gwo, proj);
+      };
+      if (replays == 0) {
+        op();
+      } else {
+        auto captured = gpu().CaptureGraph(op);
+        EXPECT_TRUE(captured.ok()) << captured.status().ToString();
+        if (captured.ok())
+          for (int replay = 0; replay < replays; ++replay) {
+            Poison(gpu(), proj);
+            captured.value()->Replay();
+          }
+      }
+      Run r{Download(gpu(), attn), Download(gpu(), proj), Download(gpu(), gkc), Download(gpu(), gvc)};
+      cuda::Tuning() = DefaultTuning();
+      return r;
+    };
+    const Run apart = run(false, 0);
+    for (int variant = 0; variant < 4; ++variant) {  // eager three times, then a graph replayed twice
+      const int64_t before = cuda::AttentionDecodeClusterLaunches();
+      const Run one = run(true, variant < 3 ? 0 : 2);
+      const std::string name = shape + (variant < 3 ? " eager " + std::to_string(variant) : " graph");
+      if (variant < 3)  // (a graph's launches are counted at capture)
+        EXPECT_EQ(cuda::AttentionDecodeClusterLaunches() > before, c.folds) << name << ": the fold ran or not";
+      EXPECT_TRUE(one.attn == apart.attn) << name << ": the attention's output differs";
+      EXPECT_TRUE(one.k_cache == apart.k_cache) << name << ": k cache differs";
+      EXPECT_TRUE(one.v_cache == apart.v_cache) << name << ": v cache differs";
+      double worst = 0;
+      for (int64_t i = 0; i < c.n; ++i) {
+        const double diff = std::fabs(one.proj[i] - apart.proj[i]);
+        worst = std::max(worst, diff / (std::fabs(apart.proj[i]) + 1e-2));
+        EXPECT_LE(diff, std::fabs(apart.proj[i]) / 128 + 1e-3) << name << " row " << i;
+        if (diff > std::fabs(apart.proj[i]) / 128 + 1e-3) break;
+      }
+      Record("QkNormRopeAttentionProj", name, worst, 1.0 / 128);
+    }
+  }
+  EXPECT_GT(cuda::AttentionDecodeClusterLaunches(), launches0);
+}
+
 }  // namespace corolla::cuda_test

@@ -51,6 +51,11 @@ class CudaBackend final : public Backend {
                            const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
                            const KvCacheView& cache, const AttentionBatch& batch, float scale,
                            const TensorView& out) override;
+  void QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                               const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
+                               const AttentionBatch& batch, float scale, const TensorView& attn, const TensorView& w_o,
+                               const TensorView& out) override;
   bool fuses_qk_norm_rope_attention(const AttentionBatch& batch) const override;
   void Linear(const TensorView& x, const TensorView& w, const TensorView& out) override;
   // One strided-batched cuBLASLt matmul (one Linear per b where it has no algorithm).

@@ -92,6 +92,16 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                          const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
                          const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 
+// Backend::QkNormRopeAttentionProj: with Tuning().attention_region, where the plan allows (one
+// token, the decode kernel's cluster merge), the prologue, the attention and the o projection
+// (w_o [N, Hq D], proj_out [1, N], bf16) in one launch: 2. Else QkNormRopeAttention: 1 when it
+// launched (proj_out not written), 0 when nothing was launched.
+int QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                            const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
+                            const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                            const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
+                            CachingAllocator& alloc, cudaStream_t s);
+
 // attention_decode.cu: how many decode launches so far ran the cluster merge
 // (Tuning().attention_decode_cluster_merge_seqs), so tests can tell it from the fallback.
 int64_t AttentionDecodeClusterLaunches();

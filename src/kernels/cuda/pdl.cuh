@@ -61,14 +61,15 @@ inline void OptInSharedMemoryOnce(const void* kernel) {
                                           max_smem - static_cast<int>(attrs.sharedSizeBytes)));
 }
 
-// Whether clusters of `ctas` CTAs of `kernel` (`threads` each, `smem` bytes of dynamic shared
-// memory) can be placed on this device at all (cudaOccupancyMaxActiveClusters > 0); sizes past
-// the portable 8 are allowed first. The answer is kept per (device, kernel, ctas, threads, smem).
-inline bool ClusterFits(const void* kernel, int ctas, int threads, size_t smem) {
+// How many clusters of `ctas` CTAs of `kernel` (`threads` each, `smem` bytes of dynamic shared
+// memory) this device can hold at once (cudaOccupancyMaxActiveClusters; 0 where it refuses), and
+// whether it can place one at all (ClusterFits); sizes past the portable 8 are allowed first. The
+// answer is kept per (device, kernel, ctas, threads, smem).
+inline int ClusterCapacity(const void* kernel, int ctas, int threads, size_t smem) {
   int device = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int, int, size_t>, bool> known;
+  static std::map<std::tuple<int, const void*, int, int, size_t>, int> known;
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(device, kernel, ctas, threads, smem);
   if (auto it = known.find(key); it != known.end()) return it->second;
@@ -85,10 +86,13 @@ inline bool ClusterFits(const void* kernel, int ctas, int threads, size_t smem) 
   config.attrs = &attr;
   config.numAttrs = 1;
   int clusters = 0;
-  const bool fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = 0;
   (void)cudaGetLastError();  // a refused query leaves no sticky error
-  known.emplace(key, fits);
-  return fits;
+  known.emplace(key, clusters);
+  return clusters;
+}
+inline bool ClusterFits(const void* kernel, int ctas, int threads, size_t smem) {
+  return ClusterCapacity(kernel, ctas, threads, smem) > 0;
 }
 
 // kernel<<<grid, block, smem, s>>>(args...), with programmatic stream serialisation allowed

@@ -14,6 +14,7 @@ enum class StreamScratchSlot {
   kSplitKvMergeCounters,  // split_kv_merge.cuh
   kStagedRouter,          // router.cu: the staged router's arrival counter and logits
   kStagedGemvNorm,        // gemv.cu: RmsNormLinear's arrival counter
+  kAttentionRegion,       // attention_decode.cu: the folded o projection's two counters
 };
 
 // `bytes` of zeroed device memory for (stream, slot); every call for a slot must ask for the same

@@ -54,6 +54,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WARM_MERGE")) t.attention_decode_warm_merge = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_REGION")) t.attention_region = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_SPLIT_KEYS")) t.decode_stack_split_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_STAGES_A")) t.decode_stack_stages_a = std::atoi(v);
