@@ -536,6 +536,9 @@ bool LaunchDecodeOutProj(DecodeParams p, cudaStream_t s) {
   const int ctas = splits * rows_y;
   p.proj.attention_ctas = splits * p.kv_heads;
   p.timeline = TimelineRecord("AttentionRegion", ctas, s);
+  // (At the driver's carveout for ~150 KB, 164 KB, the norm-router's CTAs cannot wait beside
+  // these: Tuning().attention_decode_carveout 100 lets them.)
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   LaunchPdl(kernel, dim3(splits, rows_y, 1), dim3(kThreads), smem, s, splits, p);
   cluster_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
