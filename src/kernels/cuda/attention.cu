@@ -296,7 +296,7 @@ bool AttentionMma(const TensorView& q, const KvCacheView& cache, const Attention
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len);
 // prologue: QkNormRopeAttention's, folded in (q holds the raw projection), or null. proj_w /
 // proj_out (with the prologue): QkNormRopeAttentionProj's o projection folded in too, where the
-// plan allows (one token, the cluster merge): true when that kernel ran, false when nothing did.
+// plan allows (one token, group <= 8): true when that kernel ran, false when nothing did.
 bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                      const TensorView& out, CachingAllocator& alloc, cudaStream_t s,
                      const DecodePrologue* prologue = nullptr, const TensorView* proj_w = nullptr,

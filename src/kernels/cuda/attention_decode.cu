@@ -115,7 +115,7 @@ struct PassRegs {
 template <int kD, int kRowBlocks, bool kPrologue, bool kCluster = false, bool kOutProj = false>
 __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_constant__ DecodeParams p) {
   static_assert(!kCluster || kRowBlocks == 1, "the cluster merge keeps 8 rows a split");
-  static_assert(!kOutProj || (kCluster && kPrologue), "the folded projection follows the cluster merge");
+  static_assert(!kOutProj || (kPrologue && kRowBlocks == 1), "the folded projection: one row block, the prologue");
   using Regs = PassRegs<kD>;
   constexpr int kQChunks = Regs::kQChunks, kVWords = Regs::kVWords;
   constexpr int kLaneDims = kD / 32;    // V / O dims a lane owns (2 per m-tile)
@@ -233,7 +233,6 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
         if constexpr (kCluster) {
           for (int r = threadIdx.x; r < p.group; r += kThreads) cl.ml[r] = make_float2(-INFINITY, 0.f);
           ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl);
-          if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);
         } else if (p.num_splits > 1) {
           for (int r = threadIdx.x; r < p.group; r += kThreads) {
             const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + kvh * p.group + r) * p.num_splits + split;
@@ -241,6 +240,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
           }
           if (p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0, tl);
         }
+        if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);
         return;
       }
       const bool owns_new_key = new_key >= kv_begin && new_key < kv_end;
@@ -505,15 +505,19 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
   return false;
 }
 
-// The attention with the o projection folded in (kOutProj, one sequence, the cluster merge):
-// grid (splits, Y) with Y >= kv_heads rows of CTAs; false (nothing launched) where no Y lets the
-// rows fit shared memory with every cluster resident at once (the projecting CTAs wait for the
-// attention's: all must be placed together).
+std::atomic<int64_t> region_launches{0};  // AttentionRegionLaunches
+
+// The attention with the o projection folded in (kOutProj, one sequence; the splits merged as a
+// cluster or, with `cluster` off, by the merge counters, which must then exist): grid (splits, Y)
+// with Y >= kv_heads rows of CTAs; false (nothing launched) where no Y lets the rows fit shared
+// memory with every CTA resident at once (the projecting CTAs wait for the attention's: all must
+// be placed together).
 template <int kD>
-bool LaunchDecodeOutProj(DecodeParams p, cudaStream_t s) {
-  const auto kernel = AttentionDecodeKernel<kD, 1, true, true, true>;
+bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
+  const auto kernel =
+      cluster ? AttentionDecodeKernel<kD, 1, true, true, true> : AttentionDecodeKernel<kD, 1, true, false, true>;
   const int splits = p.num_splits;
-  if (splits < 2 || splits > kMaxClusterSplits) return false;
+  if (cluster ? splits < 2 || splits > kMaxClusterSplits : splits > 1 && p.counters == nullptr) return false;
   int device = 0, sms = 0, max_smem = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -527,9 +531,16 @@ bool LaunchDecodeOutProj(DecodeParams p, cudaStream_t s) {
   size_t smem = 0;
   for (;; --rows_y) {
     p.proj.rows_per_cta = static_cast<int>(CeilDiv(p.proj.n, int64_t{splits} * rows_y));
-    smem = kOutProjHeader + static_cast<size_t>(p.proj.x_bytes) + static_cast<size_t>(p.proj.rows_per_cta) * p.proj.k * 2;
-    const bool fits = smem + attrs.sharedSizeBytes <= static_cast<size_t>(max_smem) &&
-                      ClusterCapacity(reinterpret_cast<const void*>(kernel), splits, kThreads, smem) >= rows_y;
+    smem = kOutProjHeader + static_cast<size_t>(p.proj.x_bytes) +
+           static_cast<size_t>(p.proj.rows_per_cta) * p.proj.k * 2;
+    bool fits = smem + attrs.sharedSizeBytes <= static_cast<size_t>(max_smem);
+    if (fits && cluster) {
+      fits = ClusterCapacity(reinterpret_cast<const void*>(kernel), splits, kThreads, smem) >= rows_y;
+    } else if (fits) {
+      int per_sm = 0;
+      COROLLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+      fits = int64_t{per_sm} * sms >= int64_t{splits} * rows_y;
+    }
     if (fits) break;
     if (rows_y == p.kv_heads) return false;
   }
@@ -539,14 +550,16 @@ bool LaunchDecodeOutProj(DecodeParams p, cudaStream_t s) {
   // (At the driver's carveout for ~150 KB, 164 KB, the norm-router's CTAs cannot wait beside
   // these: Tuning().attention_decode_carveout 100 lets them.)
   SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
-  LaunchPdl(kernel, dim3(splits, rows_y, 1), dim3(kThreads), smem, s, splits, p);
-  cluster_launches.fetch_add(1, std::memory_order_relaxed);
+  LaunchPdl(kernel, dim3(splits, rows_y, 1), dim3(kThreads), smem, s, cluster ? splits : 1, p);
+  if (cluster) cluster_launches.fetch_add(1, std::memory_order_relaxed);
+  region_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 }  // namespace
 
 int64_t AttentionDecodeClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
+int64_t AttentionRegionLaunches() { return region_launches.load(std::memory_order_relaxed); }
 
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len) {
   const int64_t d = q.dim(2), hk = cache.k.dim(1);
@@ -619,7 +632,7 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
   // The o projection folded in: one token, its heads contiguous; w [n, q_heads D] and the
   // projection [1, n], bf16, contiguous, 16-byte aligned.
   const int64_t proj_k = q.dim(1) * d;
-  if (proj_w != nullptr && fused && cluster && !wide && num_seqs == 1 && q.dim(0) == 1 && out.strides[1] == d &&
+  if (proj_w != nullptr && fused && !wide && num_seqs == 1 && q.dim(0) == 1 && out.strides[1] == d &&
       out.strides[2] == 1 && proj_w->dtype == DType::kBF16 && proj_w->rank() == 2 && proj_w->dim(1) == proj_k &&
       proj_w->is_contiguous() && proj_out->dtype == DType::kBF16 && proj_out->numel() == proj_w->dim(0) &&
       proj_out->is_contiguous() && reinterpret_cast<uintptr_t>(proj_w->data) % 16 == 0 &&
@@ -631,9 +644,10 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
       pp.proj = DecodeOutProj{proj_w->ptr<bf16_t>(), proj_out->ptr<bf16_t>(), static_cast<int>(proj_w->dim(0)),
                               static_cast<int>(proj_k), 0, static_cast<int>((2 * proj_k + 127) / 128 * 128), 0,
                               counters};
-      const bool projected = d == 64    ? LaunchDecodeOutProj<64>(pp, s)
-                             : d == 128 ? LaunchDecodeOutProj<128>(pp, s)
-                                        : LaunchDecodeOutProj<256>(pp, s);
+      const bool by_cluster = cluster && num_splits > 1 && num_splits <= kMaxClusterSplits;
+      const bool projected = d == 64    ? LaunchDecodeOutProj<64>(pp, by_cluster, s)
+                             : d == 128 ? LaunchDecodeOutProj<128>(pp, by_cluster, s)
+                                        : LaunchDecodeOutProj<256>(pp, by_cluster, s);
       if (projected) return true;
     }
   }

@@ -34,7 +34,9 @@ constexpr int kMaxMergeRows = 512;
 // kOutProj (QkNormRopeAttentionProj, Tuning().attention_region): the o projection of the one
 // token folded in. The grid has CTAs past the attention's (blockIdx.y >= kv_heads); every CTA
 // bulk-copies rows_per_cta rows of w into shared memory before its wait, each attention CTA
-// counts itself on counters[0] once its share of the output is written, and every CTA then
+// counts itself on counters[0] once its share of the output is written (the cluster merge's
+// items; with the counter merge after its arrival, which the last to arrive merges before it
+// returns; with one split its heads), and every CTA then
 // waits for all of them, reads the output row and multiplies its rows (StagedDot<1> a row, the
 // staged GEMV's order where it takes a row a warp). counters[1] counts the CTAs past that wait;
 // the last re-arms both (zero between launches).
@@ -275,11 +277,13 @@ __device__ __forceinline__ void OutProjStage(const DecodeOutProj& op, unsigned c
                   bytes, bar, wgmma::EvictFirst());
 }
 
-// kOutProj, after the attention (every CTA, every thread, once): see DecodeOutProj. `attended`:
+// kOutProj, after the attention (every CTA, every thread, once): see DecodeOutProj. Not inlined:
+// inlined at the kernel's three exits it made the counter-merge build spill 896 bytes (none
+// this way; the cluster build keeps its twin's figures). `attended`:
 // this CTA is one of the attention's and its share of p.out is written. The counters' protocol
 // is the split-KV merge's: a CTA barrier, then thread 0's fence and arrival; the waiting thread
 // polls relaxed and fences once (acquire), the barrier after it passes that on.
-__device__ void OutProjPhase(const DecodeParams& p, bool attended, unsigned char* smem) {
+__device__ __noinline__ void OutProjPhase(const DecodeParams& p, bool attended, unsigned char* smem) {
   const DecodeOutProj& op = p.proj;
   __syncthreads();  // every thread's stores of the output (and its reads of everything) done
   if (threadIdx.x == 0) {

@@ -249,23 +249,24 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
 // (the prologue kernel, the attention, Linear): the attention's output and the cache rows the
 // same bits, the projection within a bf16 unit (the same bits where the staged GEMV takes a row
 // a warp, as at Qwen3-30B-A3B's 2048 x 4096 on 132 SMs); eager three times on fresh inputs (the
-// counters re-arm) and replayed in a graph. Cases the fold does not take (no cluster merge, group
-// 16) must give the same results through the fallback.
+// counters re-arm) and replayed in a graph. The case the fold does not take (group 16) must give
+// the same results through the fallback.
 TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
   struct Case {
     int64_t hq, hk, d, n;
     int bs, prefix;
-    bool folds;  // the one-launch kernel applies (splits 2..16 of the cluster merge, group <= 8)
+    bool folds;  // the one-launch kernel applies (group <= 8)
   };
   const std::vector<Case> cases = {
-      {32, 4, 128, 2048, 16, 1023, true},  // Qwen3-30B-A3B, ctx 1024: 16 splits
+      {32, 4, 128, 2048, 16, 1023, true},  // Qwen3-30B-A3B, ctx 1024: 16 splits, the cluster merge
+      {32, 4, 128, 2048, 16, 8191, true},  // ctx 8192: 32 splits, the counter merge
       {32, 4, 128, 2048, 16, 200, true},   // 4 splits, pass edges inside
       {16, 2, 128, 1000, 5, 1000, true},   // rows not a multiple of anything, odd block size
       {8, 8, 64, 300, 16, 511, true},      // group 1, D 64
-      {32, 4, 128, 2048, 16, 40, false},   // one split: no cluster, the fallback
+      {32, 4, 128, 2048, 16, 40, true},    // one split: no merge
       {16, 1, 256, 512, 16, 2000, false},  // group 16: the fallback
   };
-  const int64_t launches0 = cuda::AttentionDecodeClusterLaunches();
+  const int64_t launches0 = cuda::AttentionRegionLaunches();
   for (const Case& c : cases) {
     const int64_t d = c.d, width = (c.hq + 2 * c.hk) * d, k = c.hq * d;
     const int bs = c.bs, len = c.prefix + 1, nblocks = (len + bs - 1) / bs + 2;
@@ -323,11 +324,11 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
     };
     const Run apart = run(false, 0);
     for (int variant = 0; variant < 4; ++variant) {  // eager three times, then a graph replayed twice
-      const int64_t before = cuda::AttentionDecodeClusterLaunches();
+      const int64_t before = cuda::AttentionRegionLaunches();
       const Run one = run(true, variant < 3 ? 0 : 2);
       const std::string name = shape + (variant < 3 ? " eager " + std::to_string(variant) : " graph");
       if (variant < 3) {  // (a graph's launches are counted at capture)
-        EXPECT_EQ(cuda::AttentionDecodeClusterLaunches() > before, c.folds) << name << ": the fold ran or not";
+        EXPECT_EQ(cuda::AttentionRegionLaunches() > before, c.folds) << name << ": the fold ran or not";
       }
       EXPECT_TRUE(one.attn == apart.attn) << name << ": the attention's output differs";
       EXPECT_TRUE(one.k_cache == apart.k_cache) << name << ": k cache differs";
@@ -342,7 +343,7 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
       Record("QkNormRopeAttentionProj", name, worst, 1.0 / 128);
     }
   }
-  EXPECT_GT(cuda::AttentionDecodeClusterLaunches(), launches0);
+  EXPECT_GT(cuda::AttentionRegionLaunches(), launches0);
 }
 
 }  // namespace corolla::cuda_test

@@ -93,7 +93,7 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 
 // Backend::QkNormRopeAttentionProj: with Tuning().attention_region, where the plan allows (one
-// token, the decode kernel's cluster merge), the prologue, the attention and the o projection
+// token, group <= 8, every CTA resident at once), the prologue, the attention and the o projection
 // (w_o [N, Hq D], proj_out [1, N], bf16) in one launch: 2. Else QkNormRopeAttention: 1 when it
 // launched (proj_out not written), 0 when nothing was launched.
 int QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
@@ -105,6 +105,8 @@ int QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const Tens
 // attention_decode.cu: how many decode launches so far ran the cluster merge
 // (Tuning().attention_decode_cluster_merge_seqs), so tests can tell it from the fallback.
 int64_t AttentionDecodeClusterLaunches();
+// attention_decode.cu: how many launches so far folded the o projection in (QkNormRopeAttentionProj).
+int64_t AttentionRegionLaunches();
 
 // attention_wgmma.cu (called by Attention): the prefill kernel for D = Dk = Dv = 128 on wgmma,
 // separate K/V caches, 16-byte aligned q/out rows (Attention checks all of it); one CTA per 128

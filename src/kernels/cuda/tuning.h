@@ -240,10 +240,11 @@ struct KernelTuning {
   // COROLLA_ATTN_FUSED_PROLOGUE=1 turns it on.
   bool attention_fused_prologue = false;
   // Backend::QkNormRopeAttentionProj of one token runs the prologue, the decode attention and the
-  // o projection as one launch where the cluster merge applies (attention_decode.cuh,
-  // DecodeOutProj): CTAs past the attention's hold o_proj's rows, and all multiply once the
-  // attention's CTAs have counted themselves in, instead of three kernels with two dependency
-  // releases. Written in session 13 without a GPU: not yet run. COROLLA_ATTN_REGION=1 sets it.
+  // o projection as one launch (attention_decode.cuh, DecodeOutProj; group <= 8, the splits
+  // merged as a cluster or by the merge counters): CTAs past the attention's hold o_proj's rows
+  // too, and all multiply once the attention's CTAs have counted themselves in, instead of
+  // three kernels with two dependency releases. Written in session 13 without a GPU: not yet
+  // run. COROLLA_ATTN_REGION=1 sets it.
   bool attention_region = false;
   // Backend::DecodeMoeStack runs the persistent decode kernel (decode_stack.cu: every layer of a
   // Qwen3-MoE batch-1 decode step in one launch) where it covers the model; off: the caller's
