@@ -277,12 +277,12 @@ __device__ __forceinline__ void OutProjStage(const DecodeOutProj& op, unsigned c
                   bytes, bar, wgmma::EvictFirst());
 }
 
-// kOutProj, after the attention (every CTA, every thread, once): see DecodeOutProj. Not inlined:
-// inlined at the kernel's three exits it made the counter-merge build spill 896 bytes (none
-// this way; the cluster build keeps its twin's figures). `attended`:
+// kOutProj, after the attention (every CTA, every thread, once): see DecodeOutProj. `attended`:
 // this CTA is one of the attention's and its share of p.out is written. The counters' protocol
 // is the split-KV merge's: a CTA barrier, then thread 0's fence and arrival; the waiting thread
-// polls relaxed and fences once (acquire), the barrier after it passes that on.
+// polls relaxed and fences once (acquire), the barrier after it passes that on. Not inlined:
+// inlined at the kernel's three exits it made the counter-merge build spill 896 bytes (none this
+// way; the cluster build keeps its twin's figures).
 __device__ __noinline__ void OutProjPhase(const DecodeParams& p, bool attended, unsigned char* smem) {
   const DecodeOutProj& op = p.proj;
   __syncthreads();  // every thread's stores of the output (and its reads of everything) done
