@@ -4,6 +4,10 @@
 # gpu-bundle/ is listed in .git/info/exclude; carry it with the device call and run
 # scripts/gpu_run.sh there. Third-party libraries other than CUDA/cuBLAS are linked statically.
 # Usage: scripts/build_gpu.sh [extra cmake args]; COROLLA_JOBS (default 2) sets parallelism.
+# COROLLA_BASE=PATH also bundles that (stripped) build of corolla as gpu-bundle/base_corolla, the
+# same-call baseline of scripts/gpu_decode_ab.sh; COROLLA_PACK=1 packs gpu-bundle into
+# mgpu-bundle/b.tar.xz (two builds and the test binary pass the 64 MiB a device call carries
+# only packed; carry ["mgpu-bundle"]: gpu_run.sh and gpu_decode_ab.sh unpack it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${COROLLA_GPU_BUILD_DIR:-build-gpu}
@@ -36,4 +40,15 @@ for t in "${targets[@]}"; do
   echo "-- $t"
   ldd "gpu-bundle/$t" | awk '{print "   " $1}' | grep -v -E 'linux-vdso|ld-linux' || true
 done
+if [ -n "${COROLLA_BASE:-}" ]; then
+  cp "$COROLLA_BASE" gpu-bundle/base_corolla
+  strip gpu-bundle/base_corolla
+else
+  rm -f gpu-bundle/base_corolla  # no stale baseline from an earlier bundle
+fi
 ls -la gpu-bundle
+if [ "${COROLLA_PACK:-0}" = 1 ]; then
+  rm -rf mgpu-bundle && mkdir -p mgpu-bundle
+  tar cJf mgpu-bundle/b.tar.xz -C gpu-bundle .
+  ls -la mgpu-bundle
+fi
