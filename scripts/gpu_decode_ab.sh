@@ -13,9 +13,9 @@
 #   AB_ROUNDS    (default 2); AB_CONFIG (default tests/data/configs/qwen3-30b-a3b.json)
 #   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000, batch 1, ctx 1024) per
 #                build and variant (src/kernels/cuda/notes/decode_timeline.md)
-# Two builds and the test binary exceed the 64 MiB a call carries: pack them here with
-# `mkdir -p mgpu-bundle && tar cJf mgpu-bundle/b.tar.xz -C gpu-bundle .` and carry
-# ["mgpu-bundle"]; this script unpacks that into gpu-bundle/ first.
+# Two builds and the test binary exceed the 64 MiB a call carries: bundle and pack them here with
+# `COROLLA_PACK=1 COROLLA_BASE=<previous corolla> scripts/build_gpu.sh` and carry ["mgpu-bundle"];
+# this script unpacks that into gpu-bundle/ first.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

@@ -499,7 +499,8 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
       return true;
     }
   }
-  const auto kernel = prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
+  const auto kernel =
+      prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
   SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   LaunchPdl(kernel, grid, dim3(kThreads), 0, s, 1, p);
   return false;

@@ -279,28 +279,18 @@ __device__ __forceinline__ void OutProjStage(const DecodeOutProj& op, unsigned c
 
 // kOutProj, after the attention (every CTA, every thread, once): see DecodeOutProj. `attended`:
 // this CTA is one of the attention's and its share of p.out is written. The counters' protocol
-// is the split-KV merge's: a CTA barrier, then thread 0's fence and arrival; the waiting thread
-// polls relaxed and fences once (acquire), the barrier after it passes that on. Not inlined:
-// inlined at the kernel's three exits it made the counter-merge build spill 896 bytes (none this
-// way; the cluster build keeps its twin's figures).
+// is the decode stack's grid barrier's (wgmma.cuh): a CTA barrier, then thread 0's release
+// arrival; the waiting thread polls relaxed and fences once (acquire), the barrier after it
+// passes that on. Not inlined: inlined at the kernel's three exits it made the counter-merge
+// build spill 896 bytes (none this way; the cluster build keeps its twin's figures).
 __device__ __noinline__ void OutProjPhase(const DecodeParams& p, bool attended, unsigned char* smem) {
   const DecodeOutProj& op = p.proj;
   __syncthreads();  // every thread's stores of the output (and its reads of everything) done
   if (threadIdx.x == 0) {
-    if (attended) {
-      __threadfence();
-      atomicAdd(op.counters, 1u);
-    }
-    const uint64_t start = wgmma::GlobalTimerNs();
-    for (unsigned polls = 0;; ++polls) {
-      unsigned v;
-      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(op.counters) : "memory");
-      if (v >= static_cast<unsigned>(op.attention_ctas)) break;
-      // 10 s: an attention CTA that never ran (a placement the host check missed): fail the
-      // launch instead of hanging.
-      if ((polls & 1023) == 1023 && wgmma::GlobalTimerNs() - start > 10'000'000'000ull) __trap();
-    }
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    if (attended) wgmma::ArriveRelease(op.counters);
+    // (10 s without every attention CTA, a placement the host check missed, traps: the launch
+    // fails instead of hanging.)
+    wgmma::SpinUntil(op.counters, static_cast<unsigned>(op.attention_ctas));
     if (atomicAdd(op.counters + 1, 1u) == gridDim.x * gridDim.y * gridDim.z - 1) {
       atomicExch(op.counters, 0u);  // every CTA is past the wait: re-armed for the next launch
       atomicExch(op.counters + 1, 0u);

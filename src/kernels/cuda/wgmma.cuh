@@ -323,6 +323,33 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
     if (GlobalTimerNs() - start > 10'000'000'000ull) __trap();
 }
 
+// ---- counters in global memory: one grid's CTAs waiting for each other -----------------------
+// Spins until *p >= target, then orders the caller's later loads after what made it so
+// (relaxed polls and one acquire fence: an ld.acquire per poll invalidates the SM's L1 each
+// time). A wait of 10 s is a protocol bug: trap instead of hanging.
+__device__ __forceinline__ void SpinUntil(const unsigned* p, unsigned target) {
+  uint64_t start = 0;
+  for (unsigned polls = 0;; ++polls) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    if (v >= target) break;
+    if ((polls & 1023) == 1023) {
+      const uint64_t now = GlobalTimerNs();
+      if (start == 0)
+        start = now;
+      else if (now - start > 10'000'000'000ull)
+        __trap();
+    }
+  }
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
+// Adds 1 to *p after every write that happens before it (this thread's, and other threads'
+// ordered before it by a CTA barrier) is visible at GPU scope: the arrival half of a grid
+// barrier, without a separate fence or a returned value.
+__device__ __forceinline__ void ArriveRelease(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+
 // ---- proxies, TMA -----------------------------------------------------------------------------
 // Orders this thread's generic-proxy shared-memory accesses (st.shared, completed cp.async)
 // before later async-proxy ones (wgmma operand reads, TMA).
