@@ -126,14 +126,15 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   __shared__ __align__(16) ClusterPartials<kCluster ? kD : 4> cl;  // kCluster only
   TimelineScope tl(p.timeline);
 
-  if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
+  if (p.trigger_at == 0) TriggerDependents();  // safe: pdl.cuh
   extern __shared__ __align__(128) unsigned char proj_smem[];  // kOutProj only
   if constexpr (kOutProj) {
-    OutProjStage(p.proj, proj_smem);
+    if (!p.proj.copy_after_wait) OutProjStage(p.proj, proj_smem);
     if (blockIdx.y >= p.kv_heads) {  // a projecting CTA only
       GridDependencyWait();
       tl.Waited();
-      if (!p.early_trigger) TriggerDependents();
+      if (p.trigger_at == 1) TriggerDependents();
+      if (p.proj.copy_after_wait) OutProjStage(p.proj, proj_smem);
       OutProjPhase(p, false, proj_smem);
       return;
     }
@@ -224,7 +225,9 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
 
       GridDependencyWait();  // programmatic dependent launch (pdl.cuh): q, this step's key
       tl.Waited();
-      if (!p.early_trigger) TriggerDependents();
+      if (p.trigger_at == 1) TriggerDependents();
+      if constexpr (kOutProj)
+        if (p.proj.copy_after_wait) OutProjStage(p.proj, proj_smem);
       if (!has_query) {
         if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);  // counted in all the same
         return;
@@ -432,6 +435,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
 
       tl.Mark(0);  // every pass multiplied
+      if (p.trigger_at == 2) TriggerDependents();  // (a CTA that returns before this: at its exit)
       // Rows 2c, 2c+1 (+ 8 rb) of this lane's accumulators: their max and sum from lanes 8c, 8c + 4.
     #pragma unroll
       for (int rb = 0; rb < kRowBlocks; ++rb) {
@@ -501,6 +505,7 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
   }
   const auto kernel =
       prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
+  if (p.trigger_at == 2) p.trigger_at = 1;  // (after the passes: the cluster merge only, Tuning())
   SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   LaunchPdl(kernel, grid, dim3(kThreads), 0, s, 1, p);
   return false;
@@ -623,7 +628,9 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        part_o,
                        part_ml,
                        counters,
-                       Tuning().pdl_early_trigger && Tuning().attention_decode_early_trigger,
+                       Tuning().attention_decode_trigger == 0 && !Tuning().pdl_early_trigger
+                           ? 1
+                           : Tuning().attention_decode_trigger,
                        Tuning().attention_decode_prefetch,
                        Tuning().attention_decode_warm_merge,
                        prologue ? *prologue : DecodePrologue{},
@@ -644,7 +651,7 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
       DecodeParams pp = p;
       pp.proj = DecodeOutProj{proj_w->ptr<bf16_t>(), proj_out->ptr<bf16_t>(), static_cast<int>(proj_w->dim(0)),
                               static_cast<int>(proj_k), 0, static_cast<int>((2 * proj_k + 127) / 128 * 128), 0,
-                              counters};
+                              counters, Tuning().attention_region_late_copy};
       const bool by_cluster = cluster && num_splits > 1 && num_splits <= kMaxClusterSplits;
       const bool projected = d == 64    ? LaunchDecodeOutProj<64>(pp, by_cluster, s)
                              : d == 128 ? LaunchDecodeOutProj<128>(pp, by_cluster, s)

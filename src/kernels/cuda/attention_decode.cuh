@@ -47,6 +47,7 @@ struct DecodeOutProj {
   int x_bytes;  // the staged output row: k bf16 rounded up to 128 bytes
   int attention_ctas;
   unsigned* counters;
+  bool copy_after_wait;  // Tuning().attention_region_late_copy: w's copies start after the wait
 };
 // Its dynamic shared memory: the mbarrier (128 bytes with padding), x, then the CTA's rows.
 constexpr int kOutProjHeader = 128;
@@ -72,7 +73,7 @@ struct DecodeParams {
   float* part_o;   // [T * Hq, num_splits, D]
   float* part_ml;  // [T * Hq, num_splits, 2]
   int* counters;   // [B, Hk] arrival counters (zero between launches), or null: merged after
-  bool early_trigger;  // Tuning().pdl_early_trigger && attention_decode_early_trigger
+  int trigger_at;      // TriggerDependents: 0 at entry, 1 after the wait, 2 after the passes (Tuning())
   bool prefetch;       // Tuning().attention_decode_prefetch
   bool warm_merge;     // Tuning().attention_decode_warm_merge
   DecodePrologue prologue;  // kPrologue only

@@ -293,11 +293,13 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
     struct Run {
       std::vector<float> attn, proj, k_cache, v_cache;
     };
-    // fold: Tuning().attention_region (with the cluster merge); replays: 0 eager, else a graph.
-    auto run = [&](bool fold, int replays) {
+    // fold: Tuning().attention_region (with the cluster merge); replays: 0 eager, else a graph;
+    // late: Tuning().attention_region_late_copy.
+    auto run = [&](bool fold, int replays, bool late = false) {
       cuda::Tuning().attention_region = fold;
+      cuda::Tuning().attention_region_late_copy = late;
       cuda::Tuning().attention_decode_cluster_merge_seqs = 1;
-      Tensor gqkv = Upload(gpu(), qkv, {1, width}, DType::kBF16);
+      Tensor gqkv = Upload(gpu(), qkv, {1, width}, DType::kBF16), raw_qkv = Upload(gpu(), qkv, {1, width}, DType::kBF16);
       Tensor gkc = Upload(gpu(), kc, cshape, DType::kBF16), gvc = Upload(gpu(), vc, cshape, DType::kBF16);
       Tensor attn = gpu().Empty(DType::kBF16, {1, c.hq, d}), proj = gpu().Empty(DType::kBF16, {1, c.n});
       Poison(gpu(), attn);
@@ -315,6 +317,8 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
         if (captured.ok())
           for (int replay = 0; replay < replays; ++replay) {
             Poison(gpu(), proj);
+            // The fallback's prologue rotates q and k in place: every replay starts from the raw row.
+            gpu().Copy(raw_qkv, gqkv);
             captured.value()->Replay();
           }
       }
@@ -323,11 +327,15 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
       return r;
     };
     const Run apart = run(false, 0);
-    for (int variant = 0; variant < 4; ++variant) {  // eager three times, then a graph replayed twice
+    // Eager three times, a graph replayed twice, then eager and a graph with the late copies.
+    for (int variant = 0; variant < 6; ++variant) {
       const int64_t before = cuda::AttentionRegionLaunches();
-      const Run one = run(true, variant < 3 ? 0 : 2);
-      const std::string name = shape + (variant < 3 ? " eager " + std::to_string(variant) : " graph");
-      if (variant < 3) {  // (a graph's launches are counted at capture)
+      const bool eager = variant != 3 && variant != 5;
+      const bool late = variant >= 4;
+      const Run one = run(true, eager ? 0 : 2, late);
+      const std::string name =
+          shape + (eager ? " eager " + std::to_string(variant) : " graph") + (late ? " late copy" : "");
+      if (eager) {  // (a graph's launches are counted at capture)
         EXPECT_EQ(cuda::AttentionRegionLaunches() > before, c.folds) << name << ": the fold ran or not";
       }
       EXPECT_TRUE(one.attn == apart.attn) << name << ": the attention's output differs";

@@ -68,7 +68,7 @@ struct RmsNormParams {
   int64_t residual_stride;
   int cols;
   float eps;
-  bool early_trigger;  // Tuning().pdl_early_trigger
+  bool early_trigger;  // Tuning().pdl_early_trigger && rmsnorm_early_trigger
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
@@ -458,7 +458,7 @@ void RmsNorm(const TensorView& x, const TensorView& w, float eps, const TensorVi
   if (rows == 0) return;
   RmsNormParams p{x.ptr<bf16_t>(), RowStride(x), w.data, w.dtype == DType::kF32, out.ptr<bf16_t>(), RowStride(out),
                   residual ? residual->ptr<bf16_t>() : nullptr, residual ? RowStride(*residual) : 0,
-                  static_cast<int>(cols), eps, Tuning().pdl_early_trigger};
+                  static_cast<int>(cols), eps, Tuning().pdl_early_trigger && Tuning().rmsnorm_early_trigger};
   bool vec = Vectorisable(x, cols) && Vectorisable(w, cols) && Vectorisable(out, cols) &&
              (!residual || Vectorisable(*residual, cols));
   const int threads = vec ? std::clamp<int>((cols / 8 + 31) / 32 * 32, 32, 1024) : 256;

@@ -9,10 +9,12 @@
 // attribute), so the ordering stays transitive along the stream. TriggerDependents(), right
 // after the wait, lets the next such kernel be scheduled (it only takes resources this grid
 // leaves free: it fires once every CTA of this grid has reached it). A kernel may trigger before
-// its wait instead (RmsNorm, the decode attention with Tuning().pdl_early_trigger, the attention
-// prologue with Tuning().prologue_early_trigger): the next
-// kernel's own wait still covers this grid, which cannot end before this grid's wait returns;
-// that kernel then starts its weight-only prologue (a staged GEMV's copies) one kernel earlier.
+// its wait instead (RmsNorm with Tuning().pdl_early_trigger, the attention prologue with
+// Tuning().prologue_early_trigger): the next kernel's own wait still covers this grid, which
+// cannot end before this grid's wait returns; that kernel then starts its weight-only prologue
+// (a staged GEMV's copies) one kernel earlier. Or later than its wait (the decode attention after
+// its passes, Tuning().attention_decode_trigger), so that those copies do not land while this
+// grid waits and loads: bytes in flight hold back a wait's return and a handover.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -34,8 +34,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED")) t.gemv_staged = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_EARLY_TRIGGER"))
-      t.attention_decode_early_trigger = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_TRIGGER")) t.attention_decode_trigger = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_RMSNORM_EARLY_TRIGGER")) t.rmsnorm_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_TRIGGER")) t.prologue_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_LOADS")) t.prologue_early_loads = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ROWS")) t.moe_pair_gate_up_rows = std::atoi(v);
@@ -55,6 +55,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_REGION")) t.attention_region = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_REGION_LATE_COPY")) t.attention_region_late_copy = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_SPLIT_KEYS")) t.decode_stack_split_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_STAGES_A")) t.decode_stack_stages_a = std::atoi(v);

@@ -174,12 +174,27 @@ struct KernelTuning {
   // starts its weight copies earlier (batch-1 step 2.805 -> 2.779 ms, 2.788 -> 2.774 in two
   // runs). COROLLA_PDL_EARLY_TRIGGER sets it.
   bool pdl_early_trigger = true;
-  // The decode attention's share of it (both must be on): off, the attention triggers after its
-  // wait, so that the staged o_proj's copies (launched by the trigger) land during its passes
-  // rather than while it waits for the prologue; session 13 saw that wait return ~2.5 us after
-  // the prologue's exit with o_proj's early CTAs copying. Not yet measured.
-  // COROLLA_ATTN_DECODE_EARLY_TRIGGER sets it.
-  bool attention_decode_early_trigger = true;
+  // Where the decode attention lets the next kernel launch: 0 at entry (its share of
+  // pdl_early_trigger, which 0 needs), 1 after its dependency wait, 2 after its passes (before the
+  // merge) where the splits merge as a cluster, else after the wait. The later, the less of the
+  // staged o_proj's copies (launched by the trigger) land while the attention waits and loads:
+  // copies in flight hold back a wait's return and a handover (session 13; session 14 saw the
+  // qkv GEMV's wait return 4 us after RmsNorm's exit with its own 21 MB landing). On an H200
+  // (Qwen3-30B-A3B, batch 1, graph, two rounds a call, session 14), 1 against 0: 2.384-2.387 vs
+  // 2.411-2.420 ms at ctx 1024, 2.908-2.909 vs 2.936 at 8192; in a second call 2.445-2.454 vs
+  // 2.492-2.495 and 2.922-2.931 vs 2.941-2.944. 2 against 1 (a third call): 2.336-2.344 vs
+  // 2.380-2.383 at 1024 (the attention's path 6.9 vs 7.5 us, o_proj's 5.3 vs 5.4), and at 8192
+  // (the counter merge) after the passes too 2.918-2.923 vs 2.908-2.913: there it stays at 1.
+  // Batch 8 / 64 (no cluster) unchanged: 8.366 vs 8.374 ms, 19.967 vs 19.935.
+  // COROLLA_ATTN_DECODE_TRIGGER sets it.
+  int attention_decode_trigger = 2;
+  // RmsNorm's share of pdl_early_trigger: off, it triggers after its wait, so that the staged qkv
+  // GEMV's copies (21 MB at Qwen3-30B-A3B) start after the norm's wait returns instead of while
+  // it waits for the MoE down kernel. Off is slower: the norm's path falls from 5.2 to 2.3 us but
+  // the qkv GEMV's wait then returns 4.0 us after the norm (its copies landing), its path 7.4 us
+  // against 3.9; on an H200 (session 14, same call) 2.419 vs 2.380-2.383 ms at ctx 1024, 2.944-
+  // 2.949 vs 2.908-2.913 at 8192. COROLLA_RMSNORM_EARLY_TRIGGER sets it.
+  bool rmsnorm_early_trigger = true;
   // QkNormRopeKvWrite triggers its dependents before its own wait too, so the decode attention
   // (and, through its early trigger, the staged o_proj's weight copies) start one kernel earlier.
   // Off: no faster on an H200 (session 10: 2.460 vs 2.467 ms at ctx 1024, 2.950 vs 2.905 at
@@ -243,9 +258,19 @@ struct KernelTuning {
   // o projection as one launch (attention_decode.cuh, DecodeOutProj; group <= 8, the splits
   // merged as a cluster or by the merge counters): CTAs past the attention's hold o_proj's rows
   // too, and all multiply once the attention's CTAs have counted themselves in, instead of
-  // three kernels with two dependency releases. Written in session 13 without a GPU: not yet
-  // run. COROLLA_ATTN_REGION=1 sets it.
+  // three kernels with two dependency releases. Correct (CudaKernelTest.QkNormRopeAttentionProj,
+  // golden logits and decode graphs with it on, session 14) but slower: its ~150 KB CTAs enter
+  // only as the staged qkv GEMV's leave, so its wait returns late and o_proj's bytes come after
+  // it (figures below; notes/decode_sessions.md, Session 14). COROLLA_ATTN_REGION=1 sets it.
   bool attention_region = false;
+  // Its CTAs start their rows' copies after the dependency wait instead of before it: the copies
+  // at entry (16.8 MB, issued as the qkv GEMV leaves, since the region's ~150 KB CTAs cannot sit
+  // beside its 161 KB ones) held the wait's return 7.7 us after qkv's exit (session 14); after
+  // the wait they land during the attention. Slower still: on an H200 (Qwen3-30B-A3B, batch 1,
+  // graph, session 14) 2.754-2.756 ms vs the separate launches' 2.445-2.454 at ctx 1024, 3.119-
+  // 3.120 vs 2.922-2.931 at 8192 (the region alone, copies at entry: 2.780-2.790 vs 2.411-2.420 in
+  // another call). COROLLA_ATTN_REGION_LATE_COPY=1.
+  bool attention_region_late_copy = false;
   // Backend::DecodeMoeStack runs the persistent decode kernel (decode_stack.cu: every layer of a
   // Qwen3-MoE batch-1 decode step in one launch) where it covers the model; off: the caller's
   // op-by-op path. Off by default: on an H200 (Qwen3-30B-A3B, batch 1, ctx 1024, graph) it takes
