@@ -1,8 +1,10 @@
-// CudaPerf.HandoverUnderCopies: the decode step's handovers (a programmatic dependent launch's
-// release, a flag between CTAs, an L2 round trip) alone and with bulk copies in flight on other
-// SMs (handover_probe.h). A benchmark: it prints the figures and checks only that every probe
-// ran (no peer missing, the copier moving data).
+// Probes of the memory system under the batch-1 decode step's weight streams (benchmarks: they
+// print figures and check only that every probe ran). CudaPerf.HandoverUnderCopies: the step's
+// handovers (a programmatic dependent launch's release, a flag between CTAs, an L2 round trip)
+// alone and with bulk copies in flight on other SMs (handover_probe.h; no peer missing, the
+// copier moving data). CudaPerf.L2RetentionUnderStream: l2_probe.h.
 #include "kernels/cuda/handover_probe.h"
+#include "kernels/cuda/l2_probe.h"
 
 #include <gtest/gtest.h>
 
@@ -54,6 +56,38 @@ TEST(CudaPerf, HandoverUnderCopies) {
   COROLLA_CUDA_CHECK(cudaStreamDestroy(s));
   COROLLA_CUDA_CHECK(cudaStreamDestroy(side));
   COROLLA_CUDA_CHECK(cudaFree(src));
+}
+
+// CudaPerf.L2RetentionUnderStream: Qwen3-30B-A3B's qkv weights (5120 x 2048 bf16, 21 MB) read
+// as the staged GEMV reads them, cold, hot, and after an L2 prefetch with the MoE's 75 MB weight
+// stream in between (l2_probe.h). A benchmark: it prints the figures and checks only that every
+// case ran.
+TEST(CudaPerf, L2RetentionUnderStream) {
+  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+  int device = 0, sms = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (sms < 72) GTEST_SKIP() << "sized for an H100/H200 (" << sms << " SMs)";
+  const int64_t bytes = int64_t{2} << 30;
+  void* buf = nullptr;
+  COROLLA_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  COROLLA_CUDA_CHECK(cudaMemset(buf, 1, bytes));
+  cudaStream_t s = nullptr;
+  COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (const int64_t stream_mb : {75, 150}) {
+    const cuda::L2RetentionProbe r =
+        cuda::RunL2RetentionProbe(buf, bytes, int64_t{5120} * 2048 * 2, stream_mb << 20, 3, s);
+    std::printf(
+        "l2 retention: %.1f MB a read, %lld MB stream: cold %.2f us, hot %.2f, prefetched %.2f, evict-last + "
+        "evict-first stream %.2f, evict-normal + stream %.2f, evict-last + normal stream %.2f\n",
+        r.region_mb, static_cast<long long>(stream_mb), r.cold_us, r.hot_us, r.prefetched_us, r.last_stream_us,
+        r.normal_stream_us, r.last_normal_stream_us);
+    for (double us : {r.cold_us, r.hot_us, r.prefetched_us, r.last_stream_us, r.normal_stream_us,
+                      r.last_normal_stream_us})
+      EXPECT_GT(us, 0.0);
+  }
+  COROLLA_CUDA_CHECK(cudaStreamDestroy(s));
+  COROLLA_CUDA_CHECK(cudaFree(buf));
 }
 
 }  // namespace
