@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/test_util.h"
@@ -16,12 +17,25 @@
 namespace corolla::cuda_test {
 namespace {
 
-TEST(CudaPerf, HandoverUnderCopies) {
-  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+// The device's SM count, or 0 with the reason in `skip` where the probes do not apply (they are
+// sized for an H100/H200).
+int ProbeSms(std::string& skip) {
+  if (Gpu() == nullptr) {
+    skip = "no CUDA device";
+    return 0;
+  }
   int device = 0, sms = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (sms < 72) GTEST_SKIP() << "sized for an H100/H200 (" << sms << " SMs)";
+  if (sms >= 72) return sms;
+  skip = "sized for an H100/H200 (" + std::to_string(sms) + " SMs)";
+  return 0;
+}
+
+TEST(CudaPerf, HandoverUnderCopies) {
+  std::string skip;
+  const int sms = ProbeSms(skip);
+  if (sms == 0) GTEST_SKIP() << skip;
   const int64_t bytes = int64_t{1} << 30;  // far past L2: the copies come from HBM
   void* src = nullptr;
   COROLLA_CUDA_CHECK(cudaMalloc(&src, bytes));
@@ -63,11 +77,9 @@ TEST(CudaPerf, HandoverUnderCopies) {
 // stream in between (l2_probe.h). A benchmark: it prints the figures and checks only that every
 // case ran.
 TEST(CudaPerf, L2RetentionUnderStream) {
-  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
-  int device = 0, sms = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (sms < 72) GTEST_SKIP() << "sized for an H100/H200 (" << sms << " SMs)";
+  std::string skip;
+  const int sms = ProbeSms(skip);
+  if (sms == 0) GTEST_SKIP() << skip;
   const int64_t bytes = int64_t{2} << 30;
   void* buf = nullptr;
   COROLLA_CUDA_CHECK(cudaMalloc(&buf, bytes));
