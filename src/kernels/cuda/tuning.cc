@@ -2,6 +2,7 @@
 // COROLLA_* environment variable.
 #include "kernels/cuda/tuning.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace corolla::cuda {
@@ -34,7 +35,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED")) t.gemv_staged = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_TRIGGER")) t.attention_decode_trigger = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_TRIGGER"))
+      t.attention_decode_trigger = std::clamp(std::atoi(v), 0, 2);
     if (const char* v = std::getenv("COROLLA_RMSNORM_EARLY_TRIGGER")) t.rmsnorm_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_TRIGGER")) t.prologue_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_LOADS")) t.prologue_early_loads = std::atoi(v) != 0;
