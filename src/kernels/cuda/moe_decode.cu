@@ -45,8 +45,13 @@ struct PairGemvParams {
 };
 
 // kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
-template <int kN = kGateUpN, int kU = kUnroll>
-__global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_constant__ PairGemvParams p) {
+// kOneWave (Tuning().moe_pair_gate_up_one_wave): the token's x row in shared memory (dynamic,
+// hidden x 2 bytes) instead of registers, and registers capped for 6 CTAs an SM, so that
+// Qwen3-30B-A3B's 768 batch-1 CTAs are resident at once (4 an SM otherwise: 106 registers).
+template <int kN = kGateUpN, int kU = kUnroll, bool kOneWave = false>
+__global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
+    PairGateUpKernel(const __grid_constant__ PairGemvParams p) {
+  extern __shared__ __align__(16) unsigned char x_smem[];  // kOneWave only
   TimelineScope tl(p.timeline);
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): ids come from routing
   tl.Waited();
@@ -55,6 +60,12 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_con
   const int t = pair / p.top_k, slot = pair % p.top_k;
   const int e = p.ids[t * p.ids_stride + slot];
   if (e < 0 || e >= p.experts) return;  // another rank's expert: the down kernel skips it too
+  if constexpr (kOneWave) {  // (before any warp may leave)
+    const bf16_t* xr = p.x + t * p.x_stride;
+    for (int c = threadIdx.x * 8; c < p.hidden; c += kWarps * 32 * 8)
+      *reinterpret_cast<uint4*>(x_smem + 2 * c) = *reinterpret_cast<const uint4*>(xr + c);
+    __syncthreads();
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.y * kWarps + warp) * kN;
   if (n0 >= p.inter) return;
@@ -69,6 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_con
   }
   float acc[2 * kN] = {};
   const bf16_t* x = p.x + t * p.x_stride;
+  const bf16_t* xs = reinterpret_cast<const bf16_t*>(x_smem);
   // kU chunks of 8 per lane loaded before any arithmetic: 2 kN rows x kU chunks of 16 bytes in
   // flight per lane (16 at the default 2 x 4, as at 4 x 2).
   for (int c0 = lane * 8; c0 < p.hidden; c0 += kU * 32 * 8) {
@@ -77,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_con
     for (int j = 0; j < kU; ++j) {
       const int c = c0 + j * 32 * 8;
       if (c >= p.hidden) break;
-      xv[j] = *reinterpret_cast<const Bf16x8*>(x + c);
+      if constexpr (!kOneWave) xv[j] = *reinterpret_cast<const Bf16x8*>(x + c);
 #pragma unroll
       for (int r = 0; r < 2 * kN; ++r) wv[j][r] = LoadStreaming(rows[r] + c);
     }
@@ -85,7 +97,8 @@ __global__ void __launch_bounds__(kWarps * 32) PairGateUpKernel(const __grid_con
     for (int j = 0; j < kU; ++j) {
       if (c0 + j * 32 * 8 >= p.hidden) break;
       float xf[8];
-      Unpack8(xv[j], xf);
+      if constexpr (kOneWave) Unpack8(*reinterpret_cast<const Bf16x8*>(xs + c0 + j * 32 * 8), xf);
+      else Unpack8(xv[j], xf);
 #pragma unroll
       for (int r = 0; r < 2 * kN; ++r) {
         float wf[8];
@@ -286,7 +299,10 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
   const int gate_up_n = wide_gate_up ? 4 : kGateUpN, down_rows = wide_down ? 8 : kSlotRows;
   const dim3 gate_up_grid(tokens * k, CeilDiv(inter, kWarps * gate_up_n));
   p.timeline = TimelineRecord("PairGateUp", int64_t{gate_up_grid.x} * gate_up_grid.y, s);
+  const size_t x_bytes = static_cast<size_t>(hidden) * 2;
   if (wide_gate_up) LaunchPdl(PairGateUpKernel<4, 2>, gate_up_grid, dim3(kWarps * 32), 0, s, 1, p);
+  else if (Tuning().moe_pair_gate_up_one_wave && x_bytes <= 48 * 1024)
+    LaunchPdl(PairGateUpKernel<kGateUpN, kUnroll, true>, gate_up_grid, dim3(kWarps * 32), x_bytes, s, 1, p);
   else LaunchPdl(PairGateUpKernel<>, gate_up_grid, dim3(kWarps * 32), 0, s, 1, p);
   p.timeline = nullptr;
   const dim3 down_grid(tokens, CeilDiv(hidden, down_rows));

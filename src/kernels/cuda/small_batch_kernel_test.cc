@@ -45,12 +45,14 @@ void RandomRouting(const PairCase& c, std::vector<int32_t>* ids, std::vector<flo
 }
 
 // Every pair-kernel shape: down by slots (4 or 8 rows a CTA) or by rows, gate/up 2 or 4 outputs
-// a warp (Tuning().moe_pair_down_rows / moe_pair_gate_up_rows).
+// a warp, the former also with x in shared memory for one wave (Tuning().moe_pair_down_rows /
+// moe_pair_gate_up_rows / moe_pair_gate_up_one_wave).
 TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
   const cuda::KernelTuning defaults = cuda::Tuning();
   cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
-  struct Kernels { bool slots; int down_rows, gate_up_rows; };
-  for (Kernels sh : {Kernels{true, 8, 2}, Kernels{true, 4, 4}, Kernels{false, 8, 2}})
+  struct Kernels { bool slots; int down_rows, gate_up_rows; bool one_wave; };
+  for (Kernels sh : {Kernels{true, 8, 2, false}, Kernels{true, 4, 4, false}, Kernels{false, 8, 2, false},
+                     Kernels{true, 8, 2, true}})
   for (PairCase c : {PairCase{1, 128, 8, 2048, 768, 0}, PairCase{2, 24, 8, 2048, 768, 0},
                      PairCase{4, 24, 8, 2048, 768, 1}, PairCase{1, 8, 2, 128, 64, 0}, PairCase{3, 16, 4, 136, 72, 0},
                      PairCase{1, 512, 10, 512, 128, 0}, PairCase{2, 24, 8, 2048, 768, 2},
@@ -73,13 +75,14 @@ TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
     cuda::Tuning().moe_pair_down_slots = sh.slots;
     cuda::Tuning().moe_pair_down_rows = sh.down_rows;
     cuda::Tuning().moe_pair_gate_up_rows = sh.gate_up_rows;
+    cuda::Tuning().moe_pair_gate_up_one_wave = sh.one_wave;
     gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
     const double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
     const std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) +
                               " H" + std::to_string(h) + " I" + std::to_string(inter) +
                               (c.mode == 1 ? " one-expert" : c.mode == 2 ? " ep-foreign-ids" : "") +
                               (sh.slots ? " down-slots" + std::to_string(sh.down_rows) : " down-rows") +
-                              " gate-up" + std::to_string(sh.gate_up_rows);
+                              " gate-up" + std::to_string(sh.gate_up_rows) + (sh.one_wave ? " one-wave" : "");
     Record("MoeExperts.pair_gemv", shape, e, kBf16Tol);
     EXPECT_LT(e, kBf16Tol) << shape;
   }

@@ -211,6 +211,12 @@ struct KernelTuning {
   // 8: batch 1 2.553 vs 2.652 ms, batch 8 8.369 vs 8.599; gate/up 4: 2.657 and 8.677 (not kept).
   // COROLLA_MOE_PAIR_GATE_UP_ROWS and COROLLA_MOE_PAIR_DOWN_ROWS set them.
   int moe_pair_gate_up_rows = 2;
+  // The two-output gate/up kernel with the token's x row in shared memory and registers capped
+  // for 6 CTAs an SM, keeping its 16 chunks a lane in flight: Qwen3-30B-A3B's 768 batch-1 CTAs in
+  // one wave (the default's 106 registers allow 4 an SM: 528 + 240). Session 14 built the default
+  // for 5 an SM (96 registers, spills: 2.485 vs 2.332-2.339 ms) and for 6 with 12 chunks in flight
+  // (2.365-2.368). Not yet measured. COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE=1 sets it.
+  bool moe_pair_gate_up_one_wave = false;
   int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
