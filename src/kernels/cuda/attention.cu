@@ -415,8 +415,7 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
 namespace {
 
 // QkNormRopeAttention in one launch (Tuning().attention_fused_prologue); with proj_w the o
-// projection folded in as well, or nothing (whatever that knob says). AttentionResult: what ran.
-enum class AttentionResult { kNone, kAttention, kProjected };
+// projection folded in as well, or nothing (whatever that knob says).
 AttentionResult FusedDecodeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
                                      const TensorView& positions, const RopeParams& rope, const float* inv_freq,
@@ -465,19 +464,18 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                               nullptr, nullptr, alloc, s) != AttentionResult::kNone;
 }
 
-int QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
-                            const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
-                            const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
-                            const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
-                            CachingAllocator& alloc, cudaStream_t s) {
+AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                        const TensorView& positions, const RopeParams& rope, const float* inv_freq,
+                                        const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                                        const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
+                                        CachingAllocator& alloc, cudaStream_t s) {
   if (Tuning().attention_region && FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq,
                                                         cache, batch, scale, out, &w_o, &proj_out, alloc,
                                                         s) == AttentionResult::kProjected)
-    return 2;
-  return QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
-                             alloc, s)
-             ? 1
-             : 0;
+    return AttentionResult::kProjected;
+  return FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
+                              nullptr, nullptr, alloc, s);
 }
 
 }  // namespace corolla::cuda

@@ -263,10 +263,12 @@ void CudaBackend::QkNormRopeAttentionProj(const TensorView& q, const TensorView&
                                           const KvCacheView& cache, const AttentionBatch& batch, float scale,
                                           const TensorView& attn, const TensorView& w_o, const TensorView& out) {
   // One launch for one token where the plan allows; else the attention (one launch or two), then Linear.
-  const int ran = cuda::QkNormRopeAttentionProj(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, RopeFreqs(rope),
-                                                cache, batch, scale, attn, w_o, out, *alloc_, stream_);
-  if (ran == 2) return;
-  if (ran == 0) Backend::QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale, attn);
+  const cuda::AttentionResult ran = cuda::QkNormRopeAttentionProj(
+      q, k, v, q_norm_w, k_norm_w, eps, positions, rope, RopeFreqs(rope), cache, batch, scale, attn, w_o, out, *alloc_,
+      stream_);
+  if (ran == cuda::AttentionResult::kProjected) return;
+  if (ran == cuda::AttentionResult::kNone)
+    Backend::QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale, attn);
   Linear(attn.Reshape({attn.dim(0), attn.dim(1) * attn.dim(2)}), w_o, out);
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {

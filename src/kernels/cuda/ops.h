@@ -92,15 +92,19 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                          const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
                          const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 
+// What a fused attention call launched: nothing, the attention (with its prologue), or the
+// attention with the o projection folded in too.
+enum class AttentionResult { kNone, kAttention, kProjected };
 // Backend::QkNormRopeAttentionProj: with Tuning().attention_region, where the plan allows (one
 // token, group <= 8, every CTA resident at once), the prologue, the attention and the o projection
-// (w_o [N, Hq D], proj_out [1, N], bf16) in one launch: 2. Else QkNormRopeAttention: 1 when it
-// launched (proj_out not written), 0 when nothing was launched.
-int QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
-                            const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
-                            const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
-                            const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
-                            CachingAllocator& alloc, cudaStream_t s);
+// (w_o [N, Hq D], proj_out [1, N], bf16) in one launch: kProjected. Else QkNormRopeAttention:
+// kAttention when it launched (proj_out not written), kNone when nothing was launched.
+AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
+                                        const TensorView& positions, const RopeParams& rope, const float* inv_freq,
+                                        const KvCacheView& cache, const AttentionBatch& batch, float scale,
+                                        const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
+                                        CachingAllocator& alloc, cudaStream_t s);
 
 // attention_decode.cu: how many decode launches so far ran the cluster merge
 // (Tuning().attention_decode_cluster_merge_seqs), so tests can tell it from the fallback.
