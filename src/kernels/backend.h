@@ -362,6 +362,32 @@ class Backend {
     (void)batch;
     return false;
   }
+  // --- a MoE layer's output folded into the residual stream (new virtuals go at the end) ---
+  // Whether models take MoeExpertsResidual + NormLinear (below) instead of MoeExperts followed by
+  // the next layer's RmsNormLinear, for `tokens` rows: where the backend runs them faster (the
+  // default: never; CUDA for one token with Tuning().moe_residual_fold, where it folds them).
+  virtual bool folds_moe_residual(int64_t tokens) const {
+    (void)tokens;
+    return false;
+  }
+  // MoeExperts(x, ..., out), then sum += out with RmsNorm's rounding of its residual add: the
+  // experts' output folded into the stream, so that the next layer's input norm (NormLinear) has
+  // nothing left to add. The default runs MoeExperts and Add; CUDA folds the add into its
+  // few-token down kernel.
+  virtual void MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                                  const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                                  const TensorView& sum) {
+    MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
+    Add(sum, out);
+  }
+  // x = rmsnorm(sum) * norm_w, then Linear(x, w, out): RmsNormLinear after MoeExpertsResidual (sum
+  // already holds the block's output). The default runs RmsNorm and Linear; CUDA folds the norm
+  // into the staged GEMV of one row.
+  virtual void NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                          const TensorView& w, const TensorView& out) {
+    RmsNorm(sum, norm_w, eps, x, nullptr);
+    Linear(x, w, out);
+  }
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

@@ -106,6 +106,18 @@ void ProfilingBackend::RmsNormLinear(const TensorView& y, const TensorView& norm
     return;
   inner_->RmsNormLinear(y, norm_w, eps, sum, x, w, out);
 }
+void ProfilingBackend::MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids,
+                                          const TensorView& topk_weights, const TensorView& w_gate_up,
+                                          const TensorView& w_down, const TensorView& out, const TensorView& sum) {
+  if (!Mark("MoeExperts+residual")) return;
+  inner_->MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum);
+}
+void ProfilingBackend::NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                                  const TensorView& w, const TensorView& out) {
+  if (!Mark("NormLinear " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " + DTypeName(w.dtype)))
+    return;
+  inner_->NormLinear(norm_w, eps, sum, x, w, out);
+}
 void ProfilingBackend::QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
                                            const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
                                            const TensorView& positions, const RopeParams& rope,

@@ -2,7 +2,8 @@
 // marks the boundary before each op on an OpClock. The time between two consecutive marks is
 // the first op's; `bench decode|prefill --breakdown` aggregates them by label into a per-op
 // table of one forward. Labels name the op and, where one op serves several roles (Linear),
-// its shape, so the rows of different layers add up.
+// its shape, so the rows of different layers add up. Tests derive from it to change one of the
+// inner backend's answers (model/residual_fold_test.cc).
 #pragma once
 
 #include <memory>
@@ -29,7 +30,7 @@ class OpClock {
 // run on the calling thread.
 std::unique_ptr<OpClock> MakeHostOpClock(Backend& backend);
 
-class ProfilingBackend final : public Backend {
+class ProfilingBackend : public Backend {
  public:
   explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   Backend& inner() { return *inner_; }
@@ -102,6 +103,13 @@ class ProfilingBackend final : public Backend {
   // One op, "RmsNormLinear K->N" (the inner backend's, fused or not).
   void RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                      const TensorView& x, const TensorView& w, const TensorView& out) override;
+  bool folds_moe_residual(int64_t tokens) const override { return inner_->folds_moe_residual(tokens); }
+  // One op each, "MoeExperts+residual" and "NormLinear K->N" (the inner backend's, fused or not).
+  void MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                          const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                          const TensorView& sum) override;
+  void NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
+                  const TensorView& out) override;
   // One op, "RmsNormMoeRouter" (the inner backend's, fused or not).
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,

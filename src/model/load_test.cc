@@ -9,6 +9,7 @@
 #include "model/config.h"
 #include "model/deepseek_v3.h"
 #include "model/model.h"
+#include "model/model_test_util.h"
 #include "model/safetensors.h"
 #include "parallel/communicator.h"
 
@@ -103,14 +104,7 @@ TEST(Config, GenerationConfigEos) {
 
 // Logits of one fixed prompt, as a flat vector.
 std::vector<float> Forward(Model& model, Backend& backend) {
-  KvCacheSpec spec = model.kv_cache_spec();
-  std::vector<Tensor> kv;
-  std::vector<KvCacheView> views;
-  for (int l = 0; l < spec.num_layers; ++l) {
-    kv.push_back(Tensor::Zeros(DType::kF32, {1, spec.num_kv_heads, 8, spec.head_dim}));
-    kv.push_back(Tensor::Zeros(DType::kF32, {1, spec.num_kv_heads, 8, spec.head_dim}));
-    views.push_back({kv[kv.size() - 2].view(), kv.back().view()});
-  }
+  const TestCaches kv = MakeTestCaches(model, 8);
   Tensor ids = Tensor::Empty(DType::kI32, {5}), pos = Tensor::Empty(DType::kI32, {5});
   Tensor qstart = Tensor::Empty(DType::kI32, {2}), lens = Tensor::Empty(DType::kI32, {1});
   Tensor table = Tensor::Zeros(DType::kI32, {1, 1}), rows = Tensor::Empty(DType::kI32, {5});
@@ -122,7 +116,7 @@ std::vector<float> Forward(Model& model, Backend& backend) {
   qstart.ptr<int32_t>()[1] = lens.ptr<int32_t>()[0] = 5;
   ForwardBatch batch{ids, pos, {qstart, lens, table, pos, 5, 5}, rows};
   Tensor logits = Tensor::Empty(DType::kF32, {5, model.config().vocab_size});
-  model.Forward(batch, views, logits);
+  model.Forward(batch, kv.views, logits);
   return std::vector<float>(logits.ptr<float>(), logits.ptr<float>() + logits.numel());
 }
 

@@ -67,13 +67,17 @@ class Qwen3Model final : public Model {
 
  private:
   // The layer's attention of stream.x() into stream.y(); with input_norm, stream.Add(*input_norm)
-  // first, as one backend op with the qkv projection (RmsNormLinear, which a backend may fuse).
-  void AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm, const ForwardBatch& batch,
-                      const KvCacheView& cache);
+  // first, as one backend op with the qkv projection (RmsNormLinear, which a backend may fuse),
+  // or, where the MLP block before folded its output into the sum already (`added`), the norm
+  // alone with it (NormLinear).
+  void AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm, bool added,
+                      const ForwardBatch& batch, const KvCacheView& cache);
   // The layer's MLP (dense or MoE) after its post-attention norm: stream.Add(norm) and the MLP of
   // stream.x() into stream.y(); a MoE layer's norm and router are one backend op
-  // (RmsNormMoeRouter), which a backend may fuse.
-  void MlpBlock(int layer, ResidualStream& stream, const Tensor& norm);
+  // (RmsNormMoeRouter), which a backend may fuse. With `fold` (the next block norms the sum with
+  // NormLinear), a MoE layer on one rank without a shared expert adds its output into the sum
+  // itself where the backend folds that (MoeExpertsResidual): returns whether it did.
+  bool MlpBlock(int layer, ResidualStream& stream, const Tensor& norm, bool fold);
   // DP-EP: this rank's tokens x [T, H] go to the ranks of their experts (topk_ids global) and
   // their outputs come back summed into out [T, H]; T may be 0. With --tp > 1 only this TP
   // rank's rows of them (the exchange slices; out's other rows are zero).
@@ -247,7 +251,7 @@ Result<Tensor> Qwen3Model::LoadNorm(WeightLoader& w, const std::string& name, in
   return t;
 }
 
-void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm,
+void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm, bool added,
                                 const ForwardBatch& batch, const KvCacheView& cache) {
   const ModelConfig& c = config_;
   const TensorView& x = stream.x();
@@ -259,7 +263,9 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   // With the output gate, q_proj yields [q (D) | gate (D)] per head.
   const int64_t q_cols = hq * d * (c.attention_output_gate ? 2 : 1), width = q_cols + 2 * hk * d;
   Tensor qkv = backend_.Empty(act, {tokens, width});  // [T, q | k | v]
-  if (input_norm != nullptr)
+  if (input_norm != nullptr && added)
+    backend_.NormLinear(*input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
+  else if (input_norm != nullptr)
     backend_.RmsNormLinear(out, *input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
   else
     backend_.Linear(x, w.qkv, qkv);
@@ -292,7 +298,7 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   AllReduce(shard_.tp, out);
 }
 
-void Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm) {
+bool Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm, bool fold) {
   const ModelConfig& c = config_;
   const LayerWeights& lw = layers_[layer];
   const TensorView& x = stream.x();
@@ -303,7 +309,7 @@ void Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm)
     stream.Add(norm);
     Mlp(lw.mlp, x, out);  // [T, H], this rank's partial sum
     AllReduce(shard_.tp, out);
-    return;
+    return false;
   }
   const int64_t k = c.num_experts_per_token;
   Tensor topk_ids = backend_.Empty(DType::kI32, {tokens, k});      // [T, K]
@@ -320,6 +326,11 @@ void Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm)
   if (overlap) {
     shared = backend_.Empty(act, {tokens, c.hidden_size});
     backend_.RunOnSideStream([&] { SharedExpert(lw.moe, x, shared); });
+  }
+  if (fold && shard_.tp_size == 1 && shard_.ep_size == 1 && !ep_exchange_ && !lw.moe.shared_gate.defined() &&
+      backend_.folds_moe_residual(tokens)) {
+    backend_.MoeExpertsResidual(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out, stream.sum());
+    return true;
   }
   if (ep_exchange_) {
     ExpertsOverRanks(lw.moe, x, topk_ids, topk_weights, out);
@@ -341,6 +352,7 @@ void Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm)
   // with --tp 1; with --tp > 1 each TP rank holds its rows' routed outputs (zeros elsewhere) and
   // its shared-expert slice, and the TP all-reduce assembles them.
   AllReduce(ep_exchange_ ? shard_.tp : shard_.ep, out);
+  return false;
 }
 
 void Qwen3Model::SharedExpert(const MoeWeights& w, const TensorView& x, const TensorView& out) {
@@ -423,16 +435,17 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   // The next attention layer's input norm, left to its qkv projection (RmsNormLinear); the
   // stream's constructor has normed the first layer's input.
   const Tensor* input_norm = nullptr;
+  bool added = false;  // the MLP block before folded its output into the sum (MlpBlock)
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = layers_[l];
     if (lw.is_linear) {
       GatedDeltaNetForward(backend_, c, lw.linear, stream.x(), batch, batch.linear_states[lw.cache_idx], stream.y());
       AllReduce(shard_.tp, stream.y());  // out_proj is row-parallel over the value heads
     } else {
-      AttentionBlock(l, stream, input_norm, batch, kv_caches[lw.cache_idx]);
+      AttentionBlock(l, stream, input_norm, added, batch, kv_caches[lw.cache_idx]);
     }
-    MlpBlock(l, stream, lw.post_attention_norm);
     const bool next_attention = l + 1 < c.num_layers && !layers_[l + 1].is_linear;
+    added = MlpBlock(l, stream, lw.post_attention_norm, next_attention);
     input_norm = next_attention ? &layers_[l + 1].input_norm : nullptr;
     if (!next_attention) stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);
   }

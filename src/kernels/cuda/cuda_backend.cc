@@ -330,6 +330,17 @@ void CudaBackend::RmsNormLinear(const TensorView& y, const TensorView& norm_w, f
                                 const TensorView& x, const TensorView& w, const TensorView& out) {
   if (!cuda::RmsNormLinear(y, norm_w, eps, sum, x, w, out, stream_)) Backend::RmsNormLinear(y, norm_w, eps, sum, x, w, out);
 }
+bool CudaBackend::folds_moe_residual(int64_t tokens) const { return cuda::Tuning().moe_residual_fold && tokens == 1; }
+void CudaBackend::MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                                     const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                                     const TensorView& sum) {
+  if (!cuda::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum, *alloc_, stream_))
+    Backend::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum);
+}
+void CudaBackend::NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                             const TensorView& w, const TensorView& out) {
+  if (!cuda::NormLinear(norm_w, eps, sum, x, w, out, stream_)) Backend::NormLinear(norm_w, eps, sum, x, w, out);
+}
 void CudaBackend::RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                                    const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                                    const TensorView& topk_ids, const TensorView& topk_weights) {

@@ -115,6 +115,14 @@ class CudaBackend final : public Backend {
   // One row: the staged GEMV with the norm folded in (gemv.cu), where it applies.
   void RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                      const TensorView& x, const TensorView& w, const TensorView& out) override;
+  // One token with Tuning().moe_residual_fold: the down kernel adds the experts' output into the
+  // stream (moe_decode.cu) and the next qkv GEMV norms the sum as it stages it (gemv.cu).
+  bool folds_moe_residual(int64_t tokens) const override;
+  void MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                          const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                          const TensorView& sum) override;
+  void NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
+                  const TensorView& out) override;
   // One token: the cluster norm-router or the staged router with the norm folded in (router.cu),
   // where one is on and applies.
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,

@@ -167,6 +167,9 @@ struct StagedGemvParams {
 // (warp sums, then every thread adds the 16 in order: the same 1 / rms in every CTA), and stores
 // bf16(w * h / rms) to xs. The CTA then counts itself on the arrival counter (all its threads have
 // read sum and y); the last CTA to arrive writes h to sum and the normed row to x.
+// kAdded (NormLinear: sum already holds h, MoeExpertsResidual having added y): h is sum as it
+// is, nothing is counted, and CTA 0 writes x.
+template <bool kAdded>
 __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* xs) {
   __shared__ float warp_ss[kStagedWarps];
   __shared__ unsigned last_cta;
@@ -174,14 +177,17 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   const bool mine = t < p.k / 8;
   float a[8] = {};
   Bf16x8 h{};
-  if (mine) h = ResidualAdd8(p.norm.y + 8 * t, p.norm.sum + 8 * t, a);
+  if (mine) {
+    if constexpr (kAdded) LoadCg8(p.norm.sum + 8 * t, a);
+    else h = ResidualAdd8(p.norm.y + 8 * t, p.norm.sum + 8 * t, a);
+  }
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
   ss = WarpSum(ss);
   if (lane == 0) warp_ss[warp] = ss;
   __syncthreads();  // every thread of this CTA has read sum and y
-  if (t == 0) {
+  if (!kAdded && t == 0) {
     __threadfence();
     last_cta = atomicAdd(p.arrivals, 1u) == gridDim.x - 1;
   }
@@ -195,7 +201,9 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
     reinterpret_cast<Bf16x8*>(xs)[t] = xv;
   }
   __syncthreads();  // xs staged; last_cta seen by every thread
-  if (last_cta) {   // every CTA has read sum and y
+  if constexpr (kAdded) {
+    if (blockIdx.x == 0 && mine) reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
+  } else if (last_cta) {  // every CTA has read sum and y
     __threadfence();
     if (mine) {
       reinterpret_cast<Bf16x8*>(p.norm.sum)[t] = h;
@@ -239,7 +247,9 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   TriggerDependents();
   if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6 + 1] = wgmma::GlobalTimerNs();
   if (p.norm.y != nullptr) {
-    StageNormedX(p, xs);
+    StageNormedX<false>(p, xs);
+  } else if (p.norm.sum != nullptr) {
+    StageNormedX<true>(p, xs);
   } else {
     for (int c = threadIdx.x; c < p.k / 8; c += blockDim.x)
       reinterpret_cast<uint4*>(xs)[c] = reinterpret_cast<const uint4*>(p.x)[c];
@@ -352,7 +362,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     }
   }
   if (TimelineOn())
-    p.timeline = TimelineRecord(std::string(norm ? "RmsNormLinear staged " : "Gemv staged ") + std::to_string(k) +
+    p.timeline = TimelineRecord(std::string(!norm ? "Gemv staged " : norm->y ? "RmsNormLinear staged " : "NormLinear staged ") + std::to_string(k) +
                                     "->" + std::to_string(n),
                                 ctas, s);
   SetCarveoutOnce(reinterpret_cast<const void*>(GemvStagedKernel), Tuning().gemv_staged_carveout);
@@ -407,21 +417,40 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
   return true;
 }
 
-bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                   const TensorView& w, const TensorView& out, cudaStream_t s) {
-  if (!Tuning().gemv_staged_norm || x.rank() != 2 || x.dim(0) != 1) return false;
+namespace {
+
+// The staged GEMV with a norm folded in takes one row of K <= 8 x its threads, a contiguous
+// 16-byte aligned bf16 w and a bf16 or f32 out [1, N]; the norm's tensors are checked by
+// MakeResidualNorm.
+bool StagedNormFits(const TensorView& x, const TensorView& w, const TensorView& out, bool norm_fits) {
   const int64_t k = x.dim(1), n = w.dim(0);
-  ResidualNorm norm;
-  const bool fits = MakeResidualNorm(y, norm_w, eps, sum, x, &norm);
   COROLLA_CHECK(w.dtype == DType::kBF16 && w.rank() == 2 && w.dim(1) == k &&
                 (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && out.rank() == 2 && out.dim(0) == 1 &&
                 out.dim(1) == n)
       << "rmsnorm_linear x " << x.ToString() << " w " << w.ToString() << " out " << out.ToString();
-  if (!fits || k % 8 != 0 || k > 8 * kStagedWarps * 32 || !w.is_contiguous() ||
-      reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || out.strides[1] != 1)
-    return false;
+  return norm_fits && k % 8 == 0 && k <= 8 * kStagedWarps * 32 && w.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && out.strides[1] == 1;
+}
+
+}  // namespace
+
+bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                   const TensorView& w, const TensorView& out, cudaStream_t s) {
+  if (!Tuning().gemv_staged_norm || x.rank() != 2 || x.dim(0) != 1) return false;
+  ResidualNorm norm;
+  if (!StagedNormFits(x, w, out, MakeResidualNorm(y, norm_w, eps, sum, x, &norm))) return false;
   auto* arrivals = static_cast<unsigned*>(StreamScratch(s, StreamScratchSlot::kStagedGemvNorm, 16));
   return arrivals != nullptr && LaunchStagedGemv(x, w, out, s, &norm, arrivals);
+}
+
+bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
+                const TensorView& out, cudaStream_t s) {
+  if (x.rank() != 2 || x.dim(0) != 1) return false;
+  ResidualNorm norm;
+  // (sum stands in for y in the checks; the kernel reads no y: StageNormedX<true>)
+  if (!StagedNormFits(x, w, out, MakeResidualNorm(sum, norm_w, eps, sum, x, &norm))) return false;
+  norm.y = nullptr;
+  return LaunchStagedGemv(x, w, out, s, &norm);
 }
 
 }  // namespace corolla::cuda

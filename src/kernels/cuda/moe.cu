@@ -312,9 +312,10 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
   LaunchPdl(MoeRouteKernel, dim3(CeilDiv(tokens, kRouteWarps)), dim3(kRouteWarps * 32), smem, s, 1, p);
 }
 
-void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
-                const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                CachingAllocator& alloc, cudaStream_t s) {
+namespace {
+
+void CheckMoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                     const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) {
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
   const int k = static_cast<int>(topk_ids.dim(1));
   const int experts = static_cast<int>(w_gate_up.dim(0));
@@ -330,6 +331,32 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
                 inter % 8 == 0 && (tokens <= 1 || x.strides[0] % 8 == 0))
       << "moe x " << x.ToString() << " ids " << topk_ids.ToString() << " gate_up "
       << w_gate_up.ToString() << " down " << w_down.ToString() << " out " << out.ToString();
+}
+
+}  // namespace
+
+bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                        const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s) {
+  CheckMoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
+  COROLLA_CHECK(sum.dtype == DType::kBF16 && sum.shape == out.shape && sum.strides[1] == 1)
+      << "moe residual " << sum.ToString() << " out " << out.ToString();
+  const int64_t tokens = x.dim(0), pairs = tokens * topk_ids.dim(1);
+  if (!Tuning().moe_residual_fold || tokens == 0 || pairs > Tuning().moe_pair_gemv_max_pairs ||
+      !Tuning().moe_pair_down_slots)
+    return false;
+  MoeExpertsPairGemv(x, topk_ids, topk_weights, w_gate_up, w_down, out, alloc, s, &sum);
+  return true;
+}
+
+void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                CachingAllocator& alloc, cudaStream_t s) {
+  CheckMoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
+  const int64_t tokens = x.dim(0), hidden = x.dim(1);
+  const int k = static_cast<int>(topk_ids.dim(1));
+  const int experts = static_cast<int>(w_gate_up.dim(0));
+  const int64_t inter = w_down.dim(2);
   if (tokens == 0) return;
   const int64_t pairs = tokens * k;
   if (pairs <= Tuning().moe_pair_gemv_max_pairs) {  // a few tokens: no permutation (moe_decode.cu)

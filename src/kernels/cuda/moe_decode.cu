@@ -42,6 +42,8 @@ struct PairGemvParams {
   int64_t out_stride;
   int experts, top_k, hidden, inter;
   uint64_t* timeline = nullptr;  // timeline.h (set per launch)
+  bf16_t* residual = nullptr;    // PairDownSlotsKernel: residual += out (MoeExpertsResidual)
+  int64_t residual_stride = 0;
 };
 
 // kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
@@ -224,6 +226,10 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
     row_ptrs(e, rows);
     load_pass(rows, lane * 8);
   }
+  // The residual row this thread adds to (written, like the ids, before gate/up's wait).
+  const bool adds = p.residual != nullptr && threadIdx.x < kR && h0 + threadIdx.x < p.hidden;
+  bf16_t* res = adds ? p.residual + t * p.residual_stride + h0 + threadIdx.x : nullptr;
+  const float res_old = adds ? __bfloat162float(__ldcg(res)) : 0.f;
   GridDependencyWait();  // act comes from the gate/up kernel
   tl.Waited();
   TriggerDependents();
@@ -274,7 +280,9 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
     float v = 0.f;
 #pragma unroll
     for (int w = 0; w < kSlotWarps; ++w) v += partial[w][threadIdx.x];
-    p.out[t * p.out_stride + h0 + threadIdx.x] = __float2bfloat16(v);
+    const bf16_t y = __float2bfloat16(v);
+    p.out[t * p.out_stride + h0 + threadIdx.x] = y;
+    if (adds) *res = __float2bfloat16(__bfloat162float(y) + res_old);
   }
 }
 
@@ -282,7 +290,8 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
 
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                        CachingAllocator& alloc, cudaStream_t s) {
+                        CachingAllocator& alloc, cudaStream_t s, const TensorView* residual) {
+  COROLLA_CHECK(residual == nullptr || Tuning().moe_pair_down_slots) << "the residual add needs the slots kernel";
   const int64_t tokens = x.dim(0);
   const int k = static_cast<int>(topk_ids.dim(1));
   const int inter = static_cast<int>(w_down.dim(2)), hidden = static_cast<int>(x.dim(1));
@@ -305,6 +314,10 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
     LaunchPdl(PairGateUpKernel<kGateUpN, kUnroll, true>, gate_up_grid, dim3(kWarps * 32), x_bytes, s, 1, p);
   else LaunchPdl(PairGateUpKernel<>, gate_up_grid, dim3(kWarps * 32), 0, s, 1, p);
   p.timeline = nullptr;
+  if (residual != nullptr) {
+    p.residual = residual->ptr<bf16_t>();
+    p.residual_stride = tokens > 1 ? residual->strides[0] : hidden;
+  }
   const dim3 down_grid(tokens, CeilDiv(hidden, down_rows));
   if (Tuning().moe_pair_down_slots && TimelineOn())
     p.timeline = TimelineRecord("PairDownSlots", int64_t{down_grid.x} * down_grid.y, s);

@@ -14,9 +14,11 @@ namespace corolla::cuda {
 //   2. down + combine: one CTA per (token, slice of H): out[t] = sum_k w[t,k] W_down[e] act[p].
 // A pair's expert weights are read once per pair, so an expert picked by two tokens is read
 // twice: worth it only while pairs are few (no count/scan/permute launches, no y round trip).
+// With `residual` (the slot-wise down kernel only: Tuning().moe_pair_down_slots) the down
+// kernel also adds its output into it: residual = bf16(residual + out), RmsNorm's rounding.
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                        CachingAllocator& alloc, cudaStream_t s);
+                        CachingAllocator& alloc, cudaStream_t s, const TensorView* residual = nullptr);
 
 // The same two launches over block-scaled e4m3 weights (Backend::MoeExpertsFp8, weight-only
 // regime): 16-byte loads of 16 e4m3 weights, converted in registers, times x (bf16) or act

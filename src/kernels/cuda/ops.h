@@ -41,6 +41,10 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
 // in) when Tuning().gemv_staged_norm is on and the shapes fit; false (nothing launched) otherwise.
 bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                    const TensorView& w, const TensorView& out, cudaStream_t s);
+// gemv.cu: Backend::NormLinear of one row in one launch (the staged GEMV normalising sum as it
+// stages x; CTA 0 writes x) where the shapes fit; false (nothing launched) otherwise.
+bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
+                const TensorView& out, cudaStream_t s);
 
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);
@@ -142,6 +146,12 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
 void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                 const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                 CachingAllocator& alloc, cudaStream_t s);
+// Backend::MoeExpertsResidual where the few-token pair path with the slot-wise down kernel takes
+// the batch (Tuning().moe_residual_fold): its CTAs also add their output rows into sum (RmsNorm's
+// rounding); false (nothing launched) otherwise.
+bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                        const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
+                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s);
 
 // moe.cu: out[t] = sum_k topk_weights[t, k] * y[slot_row[t * K + k]] (rows < 0 skipped), f32
 // sums rounded to bf16 once; y [rows, H] f32, out [T, H] bf16. The last step of MoeExperts and

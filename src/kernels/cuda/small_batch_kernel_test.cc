@@ -89,6 +89,47 @@ TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
   cuda::Tuning() = defaults;
 }
 
+// Backend::MoeExpertsResidual: with Tuning().moe_residual_fold the pair path's down kernel adds
+// its rows into sum; without it the default runs MoeExperts, then Add. Either way out within
+// kBf16Tol of the CPU's MoeExperts and sum exactly bf16(sum + out) of the GPU's own out (RmsNorm's
+// rounding of its residual add).
+TEST_F(CudaKernelTest, MoeExpertsResidual) {
+  struct Restore {
+    ~Restore() { cuda::Tuning() = DefaultTuning(); }
+  } restore;
+  for (PairCase c : {PairCase{1, 128, 8, 2048, 768, 0}, PairCase{3, 16, 4, 136, 72, 0}, PairCase{2, 24, 8, 2048, 768, 2}})
+    for (bool fold : {true, false}) {
+      const int64_t t = c.tokens, h = c.hidden, inter = c.inter;
+      auto x = RandomBf16(t * h);
+      auto wgu = RandomBf16(int64_t{c.experts} * 2 * inter * h, 1.f / std::sqrt(float(h)));
+      auto wd = RandomBf16(int64_t{c.experts} * h * inter, 1.f / std::sqrt(float(inter)));
+      const auto sum0 = RandomBf16(t * h, 4.f);
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      RandomRouting(c, &ids, &w);
+      Tensor cx = HostF32(x, {t, h}), cgu = HostF32(wgu, {c.experts, 2 * inter, h});
+      Tensor cd = HostF32(wd, {c.experts, h, inter});
+      Tensor cids = HostI32(ids, {t, c.k}), cw = HostF32(w, {t, c.k}), cout = Tensor::Empty(DType::kF32, {t, h});
+      cpu::MoeExperts(cx, cids, cw, cgu, cd, cout);
+      Tensor gx = Upload(gpu(), x, {t, h}, DType::kBF16), gsum = Upload(gpu(), sum0, {t, h}, DType::kBF16);
+      Tensor ggu = gpu().LoadWeight(cgu), gd = gpu().LoadWeight(cd);
+      Tensor gids = UploadI32(gpu(), ids, {t, c.k}), gw = Upload(gpu(), w, {t, c.k}, DType::kF32);
+      Tensor gout = gpu().Empty(DType::kBF16, {t, h});
+      Poison(gpu(), gout);
+      cuda::Tuning().moe_residual_fold = fold;
+      gpu().MoeExpertsResidual(gx, gids, gw, ggu, gd, gout, gsum);
+      const std::vector<float> out = Download(gpu(), gout), sum = Download(gpu(), gsum);
+      const std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" +
+                                std::to_string(c.k) + " H" + std::to_string(h) + (fold ? " folded" : " unfolded");
+      const double e = RelError(out, std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
+      Record("MoeExpertsResidual.out", shape, e, kBf16Tol);
+      EXPECT_LT(e, kBf16Tol) << shape;
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < t * h; ++i) wrong += sum[i] != ToFloat(ToBf16(out[i] + sum0[i]));
+      EXPECT_EQ(wrong, 0) << shape << ": sum != bf16(sum + out)";
+    }
+}
+
 // Qwen3-30B-A3B experts (E 128, k 8, H 2048, I 768) at decode batch sizes: the pair path
 // against the permute + grouped GEMV path; bandwidth counts the distinct experts' weights.
 TEST(CudaPerf, MoeDecodePairVsPermute) {
@@ -299,6 +340,22 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
     EXPECT_EQ(again.sum, got.sum) << shape << " (second launch)";
     EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
     EXPECT_EQ(again.out, got.out) << shape << " (second launch)";
+    // NormLinear (the sum already added, as after MoeExpertsResidual): the staged GEMV norms the
+    // unfused path's sum as it stages x; sum stays as it was.
+    Tensor gsum = Upload(gpu(), ref.sum, {1, c.k}, DType::kBF16);
+    Tensor gx = gpu().Empty(DType::kBF16, {1, c.k}), gout = gpu().Empty(c.out, {1, c.n});
+    Poison(gpu(), gx);
+    Poison(gpu(), gout);
+    gpu().NormLinear(gnorm, 1e-6f, gsum, gx, gw, gout);
+    const Out norm_only{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gout)};
+    EXPECT_EQ(norm_only.sum, ref.sum) << shape << " (NormLinear)";
+    double nx_err = 0;
+    for (int64_t i = 0; i < c.k; ++i)
+      nx_err = std::max<double>(nx_err, std::fabs(norm_only.x[i] - ref.x[i]) / std::max(1e-3f, std::fabs(ref.x[i])));
+    EXPECT_LE(nx_err, 1.0 / 128) << shape << " (NormLinear)";
+    const double ne = RelError(norm_only.out, ref.out);
+    Record("NormLinear.out", shape, ne, kBf16Tol);
+    EXPECT_LT(ne, kBf16Tol) << shape << " (NormLinear)";
   }
 }
 

@@ -217,6 +217,14 @@ struct KernelTuning {
   // for 5 an SM (96 registers, spills: 2.485 vs 2.332-2.339 ms) and for 6 with 12 chunks in flight
   // (2.365-2.368). Not yet measured. COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE=1 sets it.
   bool moe_pair_gate_up_one_wave = false;
+  // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
+  // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
+  // sum as it stages x (NormLinear), so that no RmsNorm kernel runs between them (its release and
+  // run under the qkv copies: ~4.8 us a layer in session 15's eager timeline; the qkv GEMV's path
+  // grows from 4.3 to 7.6 us instead of 4.3 + 5.4). On an H200 (session 15, one call, Qwen3-30B-
+  // A3B, graph): 2.367-2.370 vs 2.423-2.424 ms at ctx 1024, 2.900-2.905 vs 2.943-2.947 at 8192.
+  // COROLLA_MOE_RESIDUAL_FOLD=0 turns it off.
+  bool moe_residual_fold = true;
   int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
