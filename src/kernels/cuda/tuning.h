@@ -215,7 +215,9 @@ struct KernelTuning {
   // for 6 CTAs an SM, keeping its 16 chunks a lane in flight: Qwen3-30B-A3B's 768 batch-1 CTAs in
   // one wave (the default's 106 registers allow 4 an SM: 528 + 240). Session 14 built the default
   // for 5 an SM (96 registers, spills: 2.485 vs 2.332-2.339 ms) and for 6 with 12 chunks in flight
-  // (2.365-2.368). Not yet measured. COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE=1 sets it.
+  // (2.365-2.368). Slower too (session 15, one call): 2.420-2.421 vs 2.355 ms at ctx 1024,
+  // 2.965-2.967 vs 2.899-2.901 at 8192: with all 768 CTAs resident the down kernel's CTAs cannot
+  // enter during gate/up's tail. COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE=1 sets it.
   bool moe_pair_gate_up_one_wave = false;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
