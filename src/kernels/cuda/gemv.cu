@@ -361,10 +361,10 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
       }
     }
   }
-  if (TimelineOn())
-    p.timeline = TimelineRecord(std::string(!norm ? "Gemv staged " : norm->y ? "RmsNormLinear staged " : "NormLinear staged ") + std::to_string(k) +
-                                    "->" + std::to_string(n),
-                                ctas, s);
+  if (TimelineOn()) {
+    const char* name = !norm ? "Gemv staged " : norm->y ? "RmsNormLinear staged " : "NormLinear staged ";
+    p.timeline = TimelineRecord(name + std::to_string(k) + "->" + std::to_string(n), ctas, s);
+  }
   SetCarveoutOnce(reinterpret_cast<const void*>(GemvStagedKernel), Tuning().gemv_staged_carveout);
   LaunchPdl(GemvStagedKernel, dim3(ctas), dim3(kStagedWarps * 32), static_cast<size_t>(smem), s, 1, p);
   if (traced) TraceStaged(p, ctas, s);
