@@ -70,17 +70,20 @@ struct ResidualNorm {
   bf16_t* x;        // [1, H]: the normed row, written by the last to arrive
 };
 // The fused ops' norm arguments, checked (one bf16 row each, a bf16 or f32 weight of H); false
-// where a layout rules the fused kernels out (not contiguous, not 16-byte aligned).
-inline bool MakeResidualNorm(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
+// where a layout rules the fused kernels out (not contiguous, not 16-byte aligned). y null
+// (NormLinear: sum already holds the row to norm) leaves norm->y null.
+inline bool MakeResidualNorm(const TensorView* y, const TensorView& norm_w, float eps, const TensorView& sum,
                              const TensorView& x, ResidualNorm* norm) {
-  COROLLA_CHECK(x.rank() == 2 && x.dim(0) == 1 && x.dtype == DType::kBF16 && y.dtype == DType::kBF16 &&
-                sum.dtype == DType::kBF16 && y.shape == x.shape && sum.shape == x.shape &&
-                (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) && norm_w.numel() == x.dim(1))
-      << "residual norm y " << y.ToString() << " sum " << sum.ToString() << " x " << x.ToString() << " norm "
-      << norm_w.ToString();
-  for (const TensorView* t : {&y, &sum, &x, &norm_w})
-    if (!t->is_contiguous() || reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
-  *norm = {y.ptr<bf16_t>(), sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps, x.ptr<bf16_t>()};
+  COROLLA_CHECK(x.rank() == 2 && x.dim(0) == 1 && x.dtype == DType::kBF16 &&
+                (y == nullptr || (y->dtype == DType::kBF16 && y->shape == x.shape)) && sum.dtype == DType::kBF16 &&
+                sum.shape == x.shape && (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) &&
+                norm_w.numel() == x.dim(1))
+      << "residual norm y " << (y ? y->ToString() : "none") << " sum " << sum.ToString() << " x " << x.ToString()
+      << " norm " << norm_w.ToString();
+  for (const TensorView* t : {y, &sum, &x, &norm_w})
+    if (t != nullptr && (!t->is_contiguous() || reinterpret_cast<uintptr_t>(t->data) % 16 != 0)) return false;
+  *norm = {y ? y->ptr<bf16_t>() : nullptr, sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps,
+           x.ptr<bf16_t>()};
   return true;
 }
 

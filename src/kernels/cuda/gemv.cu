@@ -438,7 +438,7 @@ bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, con
                    const TensorView& w, const TensorView& out, cudaStream_t s) {
   if (!Tuning().gemv_staged_norm || x.rank() != 2 || x.dim(0) != 1) return false;
   ResidualNorm norm;
-  if (!StagedNormFits(x, w, out, MakeResidualNorm(y, norm_w, eps, sum, x, &norm))) return false;
+  if (!StagedNormFits(x, w, out, MakeResidualNorm(&y, norm_w, eps, sum, x, &norm))) return false;
   auto* arrivals = static_cast<unsigned*>(StreamScratch(s, StreamScratchSlot::kStagedGemvNorm, 16));
   return arrivals != nullptr && LaunchStagedGemv(x, w, out, s, &norm, arrivals);
 }
@@ -447,10 +447,8 @@ bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, cons
                 const TensorView& out, cudaStream_t s) {
   if (x.rank() != 2 || x.dim(0) != 1) return false;
   ResidualNorm norm;
-  // (sum stands in for y in the checks; the kernel reads no y: StageNormedX<true>)
-  if (!StagedNormFits(x, w, out, MakeResidualNorm(sum, norm_w, eps, sum, x, &norm))) return false;
-  norm.y = nullptr;
-  return LaunchStagedGemv(x, w, out, s, &norm);
+  if (!StagedNormFits(x, w, out, MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))) return false;
+  return LaunchStagedGemv(x, w, out, s, &norm);  // (norm.y null: StageNormedX<true>)
 }
 
 }  // namespace corolla::cuda

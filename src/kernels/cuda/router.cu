@@ -362,7 +362,7 @@ bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, 
   const bool cluster = Tuning().cluster_norm_router > 0;
   if ((!cluster && !Tuning().staged_router_norm) || x.rank() != 2 || x.dim(0) != 1) return false;
   ResidualNorm norm;
-  const bool fits = MakeResidualNorm(y, norm_w, eps, sum, x, &norm);
+  const bool fits = MakeResidualNorm(&y, norm_w, eps, sum, x, &norm);
   const RouteParams route = CheckedRoute(x, w_router, routing, topk_ids, topk_weights);
   if (!fits) return false;
   if (cluster && LaunchClusterNormRouter(norm, w_router, route, routing.num_groups, s)) return true;

@@ -222,9 +222,10 @@ struct KernelTuning {
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
   // sum as it stages x (NormLinear), so that no RmsNorm kernel runs between them (its release and
-  // run under the qkv copies: ~4.8 us a layer in session 15's eager timeline; the qkv GEMV's path
-  // grows from 4.3 to 7.6 us instead of 4.3 + 5.4). On an H200 (session 15, one call, Qwen3-30B-
-  // A3B, graph): 2.367-2.370 vs 2.423-2.424 ms at ctx 1024, 2.900-2.905 vs 2.943-2.947 at 8192.
+  // run under the qkv copies: 4.8-5.4 us a layer in session 15's eager timelines; the qkv GEMV's path
+  // grows from 4.3 to 7.6 us instead of 4.3 + 5.4). On an H200 (session 15, Qwen3-30B-A3B, graph,
+  // two calls): 2.322-2.323 vs 2.351-2.352 and 2.367-2.370 vs 2.423-2.424 ms at ctx 1024,
+  // 2.898-2.902 vs 2.929-2.932 and 2.900-2.905 vs 2.943-2.947 at 8192.
   // COROLLA_MOE_RESIDUAL_FOLD=0 turns it off.
   bool moe_residual_fold = true;
   int moe_pair_down_rows = 8;
