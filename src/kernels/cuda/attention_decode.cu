@@ -23,9 +23,10 @@
 // pass); every warp then computes the softmax of all 64 keys itself (same max and sum in every
 // warp, so no cross-warp merge of O). Split-KV partials use split_kv_merge.cuh's format; the
 // last CTA of a (sequence, KV head) to arrive merges them (per-stream arrival counters shared
-// with attention_mma.cu, re-armed by that CTA, so a CUDA graph can replay the launch), or the
-// splits merge as one cluster (both merges, the parameters and the shared memory layout:
-// attention_decode.cuh).
+// with attention_mma.cu, re-armed by that CTA, so a CUDA graph can replay the launch), or, where
+// the whole grid fits the device at once, every split merges a share once all have arrived
+// (the wide merge), or the splits merge as one cluster (the merges, the parameters and the
+// shared memory layout: attention_decode.cuh).
 // Under programmatic dependent launch the first passes of cached keys are loaded before the
 // dependency wait (Tuning().attention_decode_prefetch), and QkNormRopeAttention folds the
 // prologue in (kPrologue: each CTA normalises and rotates its group's q heads; the split holding
@@ -241,7 +242,8 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
             const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + kvh * p.group + r) * p.num_splits + split;
             *reinterpret_cast<float2*>(p.part_ml + 2 * part) = make_float2(-INFINITY, 0.f);
           }
-          if (p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0, tl);
+          if (p.wide_merge) WideMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0, split, tl);
+          else if (p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0, tl);
         }
         if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);
         return;
@@ -475,7 +477,8 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl, dry);
     } else {
       tl.Mark(1);  // partials (or the output) written
-      if (p.num_splits > 1 && p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0, tl);
+      if (p.num_splits > 1 && p.wide_merge) WideMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0, split, tl);
+      else if (p.num_splits > 1 && p.counters != nullptr) ArriveAndMergeDecode<kD, kRowBlocks>(p, sm, b, kvh, q0, tl);
       tl.Mark(4);  // merged (the last CTA of the KV head; the others right away)
     }
     if (!dry) break;
@@ -483,7 +486,8 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   if constexpr (kOutProj) OutProjPhase(p, true, proj_smem);
 }
 
-std::atomic<int64_t> cluster_launches{0};  // AttentionDecodeClusterLaunches
+std::atomic<int64_t> cluster_launches{0};     // AttentionDecodeClusterLaunches
+std::atomic<int64_t> wide_merge_launches{0};  // AttentionDecodeWideMergeLaunches
 
 // Launches the decode kernel; with `cluster` (Tuning().attention_decode_cluster_merge_seqs) the splits
 // of each (sequence, KV head) as one cluster where the plan and the device allow it. True when
@@ -506,6 +510,14 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
   const auto kernel =
       prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
   if (p.trigger_at == 2) p.trigger_at = 1;  // (after the passes: the cluster merge only, Tuning())
+  if (p.wide_merge) {  // its splits wait for each other: every CTA must be resident at once
+    int device = 0, sms = 0, per_sm = 0;
+    COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+    COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    COROLLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+    p.wide_merge = int64_t{per_sm} * sms >= int64_t{grid.x} * grid.y * grid.z;
+    if (p.wide_merge) wide_merge_launches.fetch_add(1, std::memory_order_relaxed);
+  }
   SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   LaunchPdl(kernel, grid, dim3(kThreads), 0, s, 1, p);
   return false;
@@ -565,6 +577,7 @@ bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
 }  // namespace
 
 int64_t AttentionDecodeClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
+int64_t AttentionDecodeWideMergeLaunches() { return wide_merge_launches.load(std::memory_order_relaxed); }
 int64_t AttentionRegionLaunches() { return region_launches.load(std::memory_order_relaxed); }
 
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len) {
@@ -573,6 +586,17 @@ bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int ma
   return Tuning().attention_decode_kernel && max_q_len == 1 && cache.k.data != cache.v.data &&
          cache.v.dim(3) == d && (d == 64 || d == 128 || d == 256) && q.dim(1) % hk == 0 &&
          q.dim(1) / hk <= kMaxGroup && rows < (int64_t{1} << 31);
+}
+
+// Whether WideMergeDecode may run for this plan (LaunchDecode then checks that the grid fits the
+// device at once): Tuning().attention_decode_wide_merge, the counters, a split's share of the
+// items within the CTA's threads and its loads, its rows' (m, l) within the shared rows.
+bool WideMergeFits(int splits, int group, int d, int64_t pairs, bool counters) {
+  if (!Tuning().attention_decode_wide_merge || !counters || splits < 2 || pairs > kWideDepartures) return false;
+  const int items = group * (d / 4), per = (items + splits - 1) / splits;
+  if (per > kThreads) return false;
+  const int threads = kThreads / per, rows = per / (d / 4) + 2;
+  return (splits + threads - 1) / threads <= kWideLoads && rows * splits <= kMaxMergeRows;
 }
 
 // Declared in attention.cu (its only caller), which has checked the tensors (q/out [T, Hq, D]
@@ -631,6 +655,7 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        Tuning().attention_decode_trigger == 0 && !Tuning().pdl_early_trigger
                            ? 1
                            : Tuning().attention_decode_trigger,
+                       WideMergeFits(num_splits, group, d, pairs, counters != nullptr),
                        Tuning().attention_decode_prefetch,
                        Tuning().attention_decode_warm_merge,
                        prologue ? *prologue : DecodePrologue{},
@@ -649,6 +674,7 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
         static_cast<unsigned*>(StreamScratch(s, StreamScratchSlot::kAttentionRegion, 2 * sizeof(unsigned)));
     if (counters != nullptr) {
       DecodeParams pp = p;
+      pp.wide_merge = false;  // (its own residency rule)
       pp.proj = DecodeOutProj{proj_w->ptr<bf16_t>(), proj_out->ptr<bf16_t>(), static_cast<int>(proj_w->dim(0)),
                               static_cast<int>(proj_k), 0, static_cast<int>((2 * proj_k + 127) / 128 * 128), 0,
                               counters, Tuning().attention_region_late_copy};

@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/attention_prologue.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/split_kv_merge.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -74,6 +75,7 @@ struct DecodeParams {
   float* part_ml;  // [T * Hq, num_splits, 2]
   int* counters;   // [B, Hk] arrival counters (zero between launches), or null: merged after
   int trigger_at;      // TriggerDependents: 0 at entry, 1 after the wait, 2 after the passes (Tuning())
+  bool wide_merge;     // every split merges a share (WideMergeDecode; Tuning().attention_decode_wide_merge)
   bool prefetch;       // Tuning().attention_decode_prefetch
   bool warm_merge;     // Tuning().attention_decode_warm_merge
   DecodePrologue prologue;  // kPrologue only
@@ -199,6 +201,86 @@ __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlock
           static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride + 4 * c4);
       dst[0] = __floats2bfloat162_rn(acc[j].x * inv, acc[j].y * inv);
       dst[1] = __floats2bfloat162_rn(acc[j].z * inv, acc[j].w * inv);
+    }
+  }
+}
+
+// Where p.wide_merge (the host has checked that every CTA of the grid can be resident at once,
+// that a split's share of the items fits the CTA's threads and that the counters hold 2 x [B,
+// Hk]): each split of (sequence b, KV head kvh) counts itself in and waits until all have, then
+// merges its 1 / splits share of the (row, 4 dims) items instead of the last CTA merging them
+// all. An item's splits are spread over T = kThreads / share threads (kWideLoads loads a thread,
+// all issued before the weights are formed); their sums meet in shared memory in thread order.
+// The last CTA to leave re-arms both counters (arrivals [B, Hk], departures after them).
+constexpr int kWideLoads = 8;
+constexpr int kWideDepartures = kMaxSplitKvMergeCounters / 2;
+template <int kD, int kRowBlocks>
+__device__ void WideMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlocks>& sm, int b, int kvh, int q0, int split,
+                                const TimelineScope& tl) {
+  unsigned* arrivals = reinterpret_cast<unsigned*>(p.counters) + static_cast<int64_t>(b) * p.kv_heads + kvh;
+  __syncthreads();  // every thread's partials written
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(arrivals) : "memory");
+    wgmma::SpinUntil(arrivals, static_cast<unsigned>(p.num_splits));  // (then an acquire fence)
+  }
+  __syncthreads();
+  tl.Mark(2);
+  const int splits = p.num_splits, items = p.group * (kD / 4), per = (items + splits - 1) / splits;
+  const int i0 = split * per, n = min(per, items - i0);
+  if (n > 0) {
+    const int64_t row0 = static_cast<int64_t>(q0) * p.q_heads + static_cast<int64_t>(kvh) * p.group;
+    const int r_first = i0 / (kD / 4), nrows = (i0 + n - 1) / (kD / 4) - r_first + 1;
+    const int t = threadIdx.x, j = t % n, sub = t / n, threads = kThreads / n;
+    const int idx = i0 + j, r = idx / (kD / 4), c4 = idx % (kD / 4);
+    const float4* o = reinterpret_cast<const float4*>(p.part_o + (row0 + r) * splits * kD) + c4;
+    float4 ov[kWideLoads];
+#pragma unroll
+    for (int k = 0; k < kWideLoads; ++k) {
+      const int s = sub + k * threads;
+      if (sub < threads && s < splits) ov[k] = __ldcg(o + s * (kD / 4));  // L2: other SMs wrote them
+    }
+    const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + (row0 + r_first) * splits;
+    for (int i = t; i < nrows * splits; i += kThreads) sm.ml[i] = __ldcg(ml + i);
+    __syncthreads();
+    MergeWeights(sm, nrows, splits);
+    __syncthreads();
+    tl.Mark(3);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float2* rml = sm.ml + (r - r_first) * splits;
+#pragma unroll
+    for (int k = 0; k < kWideLoads; ++k) {
+      const int s = sub + k * threads;
+      if (sub >= threads || s >= splits) break;
+      const float wt = rml[s].x;
+      const bool seen = wt != 0.f;  // an empty split's o was never written: selected out
+      acc.x += seen ? wt * ov[k].x : 0.f;
+      acc.y += seen ? wt * ov[k].y : 0.f;
+      acc.z += seen ? wt * ov[k].z : 0.f;
+      acc.w += seen ? wt * ov[k].w : 0.f;
+    }
+    float4* red = &sm.s[0][0][0][0];  // the passes' scratch, free now: kThreads float4
+    red[t] = acc;
+    __syncthreads();
+    if (t < n) {
+      float4 v = red[t];
+      for (int k = 1; k < threads; ++k) {
+        const float4 w = red[t + k * n];
+        v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+      }
+      const float inv = sm.inv_l[r - r_first];
+      __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
+          p.out + static_cast<int64_t>(q0) * p.out_token_stride +
+          static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride + 4 * c4);
+      dst[0] = __floats2bfloat162_rn(v.x * inv, v.y * inv);
+      dst[1] = __floats2bfloat162_rn(v.z * inv, v.w * inv);
+    }
+  }
+  tl.Mark(4);
+  if (threadIdx.x == 0) {  // every split has passed its wait once all have left: re-arm
+    unsigned* departures = arrivals + kWideDepartures;
+    if (atomicAdd(departures, 1u) == static_cast<unsigned>(splits - 1)) {
+      atomicExch(arrivals, 0u);
+      atomicExch(departures, 0u);
     }
   }
 }

@@ -55,12 +55,14 @@ struct AttnVariant {
   int decode_merge_floats = 32768;  // Tuning().attention_decode_merge_floats
   bool decode_cluster = false;      // Tuning().attention_decode_cluster_merge_seqs: all
   bool decode_warm_merge = false;   // Tuning().attention_decode_warm_merge
+  bool decode_wide = false;         // Tuning().attention_decode_wide_merge
   int Kernel() const { return decode ? 3 : !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
     return std::string(decode ? "decode" : !mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (decode && decode_split_keys != 64 ? " splitkeys" + std::to_string(decode_split_keys) : "") +
            (decode && decode_merge_floats != 32768 ? " mergefloats" + std::to_string(decode_merge_floats) : "") +
            (decode && decode_cluster ? " clustermerge" : "") + (decode && decode_warm_merge ? " warm" : "") +
+           (decode && decode_wide ? " wide" : "") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
            (wgmma_variant != 0 ? " wgmma_variant" + std::to_string(wgmma_variant) : "") +
@@ -114,14 +116,27 @@ std::vector<AttnVariant> DecodeVariants() {
       v.push_back(a);
     }
   // The splits of a (sequence, KV head) as one cluster merging through shared memory (2-16
-  // splits, groups <= 8; other plans fall back to the counter merge).
+  // splits, groups <= 8; other plans fall back to the counter merge), and every split merging a
+  // share once all have counted in (WideMergeDecode, where the grid fits the device at once).
   for (auto [min_ctas, loose] : splits) {
     if (min_ctas == 0) continue;
     AttnVariant a{true, min_ctas, loose, true};
     a.decode = true;
+    a.decode_wide = true;
+    v.push_back(a);
+    a.decode_wide = false;
     a.decode_cluster = true;
     v.push_back(a);
     a.decode_warm_merge = true;  // the merge run dry first: the same output
+    v.push_back(a);
+  }
+  // The wide merge with 16-key splits and more merge floats: as many splits as its loads allow.
+  for (bool loose : {false, true}) {
+    AttnVariant a{true, 1 << 20, loose, true};
+    a.decode = true;
+    a.decode_wide = true;
+    a.decode_split_keys = 16;
+    a.decode_merge_floats = 1 << 20;
     v.push_back(a);
   }
   for (bool loose : {false, true}) {
@@ -258,6 +273,7 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_decode_split_keys = var.decode_split_keys;
     cuda::Tuning().attention_decode_merge_floats = var.decode_merge_floats;
     cuda::Tuning().attention_decode_cluster_merge_seqs = var.decode_cluster ? 1 << 20 : 0;
+    cuda::Tuning().attention_decode_wide_merge = var.decode_wide;
     cuda::Tuning().attention_decode_warm_merge = var.decode_warm_merge;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
@@ -467,6 +483,7 @@ TEST_F(CudaKernelTest, AttentionDecodeBatch64Ctx8k) {
 // cluster-merge variants must have run the cluster build (not only its fallback).
 TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   const int64_t cluster_launches = cuda::AttentionDecodeClusterLaunches();
+  const int64_t wide_launches = cuda::AttentionDecodeWideMergeLaunches();
   for (int group : {1, 4, 8, 16})
     for (int bs : {1, 5, 16, 64}) {
       RunAttention(gpu(), {128, group, {1, 1, 1}, {0, 6, 99}, 0, 2, false, bs, true, true});
@@ -489,6 +506,7 @@ TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   RunAttention(gpu(), {128, 8, {1}, {8191}, 0, 4, false, 16, true, true, true});
   RunAttention(gpu(), {64, 16, {1, 1, 1}, {0, 500, 77}, 0, 2, false, 5, true, true, true});
   EXPECT_GT(cuda::AttentionDecodeClusterLaunches(), cluster_launches) << "the cluster merge never ran";
+  EXPECT_GT(cuda::AttentionDecodeWideMergeLaunches(), wide_launches) << "the wide merge never ran";
 }
 
 // ---- perf ------------------------------------------------------------------------------------

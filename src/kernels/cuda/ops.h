@@ -113,6 +113,8 @@ AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k
 // attention_decode.cu: how many decode launches so far ran the cluster merge
 // (Tuning().attention_decode_cluster_merge_seqs), so tests can tell it from the fallback.
 int64_t AttentionDecodeClusterLaunches();
+// attention_decode.cu: how many decode launches so far merged their splits wide (WideMergeDecode).
+int64_t AttentionDecodeWideMergeLaunches();
 // attention_decode.cu: how many launches so far folded the o projection in (QkNormRopeAttentionProj).
 int64_t AttentionRegionLaunches();
 

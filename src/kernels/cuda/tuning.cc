@@ -57,6 +57,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MERGE"))
       t.attention_decode_cluster_merge_seqs = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WARM_MERGE")) t.attention_decode_warm_merge = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WIDE_MERGE"))
+      t.attention_decode_wide_merge = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_REGION")) t.attention_region = std::atoi(v) != 0;

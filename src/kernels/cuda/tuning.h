@@ -259,6 +259,16 @@ struct KernelTuning {
   // SASS keeps the index arithmetic on the uniform datapath: Session 12).
   // COROLLA_ATTN_DECODE_WARM_MERGE.
   bool attention_decode_warm_merge = false;
+  // The counter merge of the split-KV partials (more splits than a cluster, or batches past
+  // attention_decode_cluster_merge_seqs) done by every split instead of the last to arrive:
+  // each counts itself in, waits for all (a spin: only where the whole grid fits the device at
+  // once, LaunchDecode), then merges its share of the items (attention_decode.cuh,
+  // WideMergeDecode). The last CTA's merge of Qwen3-30B-A3B's 32 splits at ctx 8192 read them in
+  // eight L2 round trips (~9.7 us of the kernel's 17.4, session 11). On an H200 (batch 1, graph,
+  // session 16, same call) 2.829 vs 2.939-2.949 ms a step at ctx 8192; ctx 1024 (the cluster
+  // merge) 2.328-2.331 vs 2.325-2.334; batch 8 at 8192 (288 CTAs: more than fit at once, so the
+  // last-CTA merge) 11.003 vs 11.001. COROLLA_ATTN_DECODE_WIDE_MERGE=0 turns it off.
+  bool attention_decode_wide_merge = true;
   // That kernel loads its first two passes of cached keys (all but this step's, which the
   // prologue writes) before its dependency wait: earlier forwards wrote them, so they stream in
   // while the kernels before it finish (groups <= 8, D <= 128: registers). On an H200
