@@ -480,7 +480,7 @@ TEST_F(CudaKernelTest, AttentionDecodeBatch64Ctx8k) {
 // groups 1/4/8/16 (two row blocks past 8; 12 off both), block sizes 1/5/16/64, D 64/128/256,
 // batches 1/2/3/8/64, NaN in every cache slot past a sequence's end. Then CUDA-graph replays of
 // a step (fused merge: the counters re-arm, the output is poisoned before each replay). The
-// cluster-merge variants must have run the cluster build (not only its fallback).
+// cluster-merge and wide-merge variants must have run their builds (not only the fallbacks).
 TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   const int64_t cluster_launches = cuda::AttentionDecodeClusterLaunches();
   const int64_t wide_launches = cuda::AttentionDecodeWideMergeLaunches();
