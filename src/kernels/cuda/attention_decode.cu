@@ -510,15 +510,12 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
   const auto kernel =
       prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
   if (p.trigger_at == 2) p.trigger_at = 1;  // (after the passes: the cluster merge only, Tuning())
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   if (p.wide_merge) {  // its splits wait for each other: every CTA must be resident at once
-    int device = 0, sms = 0, per_sm = 0;
-    COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-    COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    COROLLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-    p.wide_merge = int64_t{per_sm} * sms >= int64_t{grid.x} * grid.y * grid.z;
+    p.wide_merge = ResidentCtas(reinterpret_cast<const void*>(kernel), kThreads, 0) >=
+                   int64_t{grid.x} * grid.y * grid.z;
     if (p.wide_merge) wide_merge_launches.fetch_add(1, std::memory_order_relaxed);
   }
-  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   LaunchPdl(kernel, grid, dim3(kThreads), 0, s, 1, p);
   return false;
 }
@@ -543,6 +540,9 @@ bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
   cudaFuncAttributes attrs{};
   COROLLA_CUDA_CHECK(cudaFuncGetAttributes(&attrs, reinterpret_cast<const void*>(kernel)));
   OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
+  // (At the driver's carveout for ~150 KB, 164 KB, the norm-router's CTAs cannot wait beside
+  // these: Tuning().attention_decode_carveout 100 lets them.) Set before the occupancy queries.
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   // As many rows of clusters as the SMs hold one CTA an SM, fewer (more rows of w a CTA) where the
   // device cannot hold that many clusters at once, never fewer than the attention's.
   int rows_y = std::max(p.kv_heads, sms / splits);
@@ -555,9 +555,7 @@ bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
     if (fits && cluster) {
       fits = ClusterCapacity(reinterpret_cast<const void*>(kernel), splits, kThreads, smem) >= rows_y;
     } else if (fits) {
-      int per_sm = 0;
-      COROLLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-      fits = int64_t{per_sm} * sms >= int64_t{splits} * rows_y;
+      fits = ResidentCtas(reinterpret_cast<const void*>(kernel), kThreads, smem) >= int64_t{splits} * rows_y;
     }
     if (fits) break;
     if (rows_y == p.kv_heads) return false;
@@ -565,9 +563,6 @@ bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
   const int ctas = splits * rows_y;
   p.proj.attention_ctas = splits * p.kv_heads;
   p.timeline = TimelineRecord("AttentionRegion", ctas, s);
-  // (At the driver's carveout for ~150 KB, 164 KB, the norm-router's CTAs cannot wait beside
-  // these: Tuning().attention_decode_carveout 100 lets them.)
-  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   LaunchPdl(kernel, dim3(splits, rows_y, 1), dim3(kThreads), smem, s, cluster ? splits : 1, p);
   if (cluster) cluster_launches.fetch_add(1, std::memory_order_relaxed);
   region_launches.fetch_add(1, std::memory_order_relaxed);

@@ -63,6 +63,24 @@ inline void OptInSharedMemoryOnce(const void* kernel) {
                                           max_smem - static_cast<int>(attrs.sharedSizeBytes)));
 }
 
+// How many CTAs of `kernel` (`threads` each, `smem` bytes of dynamic shared memory) this device
+// holds at once: its occupancy per SM times the SMs, kept per (device, kernel, threads, smem).
+inline int64_t ResidentCtas(const void* kernel, int threads, size_t smem) {
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int64_t> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(device, kernel, threads, smem);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  COROLLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t ctas = int64_t{per_sm} * sms;
+  known.emplace(key, ctas);
+  return ctas;
+}
+
 // How many clusters of `ctas` CTAs of `kernel` (`threads` each, `smem` bytes of dynamic shared
 // memory) this device can hold at once (cudaOccupancyMaxActiveClusters; 0 where it refuses), and
 // whether it can place one at all (ClusterFits); sizes past the portable 8 are allowed first. The
