@@ -182,11 +182,7 @@ __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlock
         for (int i = 0; i < kBatch; ++i) {
           if (s0 + i >= splits) break;
           const float wt = rml[s0 + i].x;
-          const bool seen = wt != 0.f;
-          acc[j].x += seen ? wt * ov[j][i].x : 0.f;
-          acc[j].y += seen ? wt * ov[j][i].y : 0.f;
-          acc[j].z += seen ? wt * ov[j][i].z : 0.f;
-          acc[j].w += seen ? wt * ov[j][i].w : 0.f;
+          AddWeighted(acc[j], wt, wt != 0.f, ov[j][i]);
         }
       }
     }
@@ -252,11 +248,7 @@ __device__ void WideMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlocks>& s
       const int s = sub + k * threads;
       if (sub >= threads || s >= splits) break;
       const float wt = rml[s].x;
-      const bool seen = wt != 0.f;  // an empty split's o was never written: selected out
-      acc.x += seen ? wt * ov[k].x : 0.f;
-      acc.y += seen ? wt * ov[k].y : 0.f;
-      acc.z += seen ? wt * ov[k].z : 0.f;
-      acc.w += seen ? wt * ov[k].w : 0.f;
+      AddWeighted(acc, wt, wt != 0.f, ov[k]);
     }
     float4* red = &sm.s[0][0][0][0];  // the passes' scratch, free now: kThreads float4
     red[t] = acc;
@@ -326,11 +318,7 @@ __device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, Clu
     for (int sp = 0; sp < kMaxClusterSplits; ++sp) {
       if (sp >= splits) break;
       const float wt = rml[sp].x;
-      const bool seen = wt != 0.f;  // an empty split's o was never written: selected out, never multiplied
-      acc.x += seen ? wt * ov[sp].x : 0.f;
-      acc.y += seen ? wt * ov[sp].y : 0.f;
-      acc.z += seen ? wt * ov[sp].z : 0.f;
-      acc.w += seen ? wt * ov[sp].w : 0.f;
+      AddWeighted(acc, wt, wt != 0.f, ov[sp]);
     }
     const float inv = sm.inv_l[r];
     __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(

@@ -183,10 +183,7 @@ __device__ void ArriveAndMerge(const MmaParams& p, int b, int kvh, int tile, int
         const bool seen = msp.x != -INFINITY;
         const float wt = seen ? exp2f(msp.x - mx) : 0.f;
         sum += seen ? wt * msp.y : 0.f;
-        acc.x += seen ? wt * ov[i].x : 0.f;
-        acc.y += seen ? wt * ov[i].y : 0.f;
-        acc.z += seen ? wt * ov[i].z : 0.f;
-        acc.w += seen ? wt * ov[i].w : 0.f;
+        AddWeighted(acc, wt, seen, ov[i]);
       }
     }
     const int row = row0 + r;

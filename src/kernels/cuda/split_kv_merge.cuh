@@ -10,6 +10,15 @@
 
 namespace corolla::cuda {
 
+// acc += wt * o where the split was seen (wt != 0 in the merges that form the weights first):
+// an empty split's o was never written, so it is selected out, never multiplied.
+__device__ __forceinline__ void AddWeighted(float4& acc, float wt, bool seen, const float4& o) {
+  acc.x += seen ? wt * o.x : 0.f;
+  acc.y += seen ? wt * o.y : 0.f;
+  acc.z += seen ? wt * o.z : 0.f;
+  acc.w += seen ? wt * o.w : 0.f;
+}
+
 // The keys [begin, end) split `split` of `num_splits` reads of a sequence of seq_len keys: each
 // split ceil(seq_len / num_splits) keys rounded up to whole `align`-key tiles, end clipped to
 // `limit` (the keys the CTA may see: seq_len for decode). Empty when begin >= end.
@@ -59,7 +68,8 @@ __global__ void SplitKvMergeKernel(const __grid_constant__ SplitMergeParams p) {
 }
 
 // Arrival counters of the merges fused into the split kernels (the last split CTA of a row
-// group to arrive merges, then re-arms its counter): kMaxSplitKvMergeCounters ints per stream,
+// group to arrive merges, then re-arms its counter; the decode kernel's wide merge counts its
+// departures in the second half): kMaxSplitKvMergeCounters ints per stream,
 // zeroed in stream order on the stream's first use, left zero by every launch, so kernels of one
 // stream share them (each reads them only after its GridDependencyWait). Null when that first
 // use would be inside a stream capture (the zeroing would only run at replay): that launch
