@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_options.h"
+#include "engine/kv_budget.h"
 #include "engine/kv_cache.h"
 #include "kernels/profiling_backend.h"
 #include "model/config.h"
@@ -154,6 +155,7 @@ struct Loaded {
   ProfilingBackend* profiler = nullptr;  // with --breakdown
   ProfilingBackend* skipper = nullptr;   // with --breakdown, --skip-op or --marginal
   std::vector<std::string> skip;         // --skip-op's labels
+  int64_t free_bytes = -1;               // the device's free memory once loaded (-1: not reported)
 };
 
 // Comma-separated labels.
@@ -202,7 +204,27 @@ Result<Loaded> Load(const BenchOptions& o) {
     if (o.layers > 0) return InvalidArgument("--layers needs --random-weights");
     ASSIGN_OR_RETURN(l.model, LoadModel(o.model, *l.backend, l.shard));
   }
+  if (Result<Backend::MemoryInfo> memory = l.device->QueryMemory(); memory.ok()) l.free_bytes = memory->free_bytes;
   return l;
+}
+
+// Whether B sequences of `tokens` cached tokens each (their KV blocks and activations,
+// EstimateActivationBytes) fit the memory free once the model was loaded; prints why not, so
+// that a sweep goes on past a combination the device cannot hold instead of aborting in the
+// allocator. (Blocks freed by the combination before sit in the allocator's cache, which it
+// releases before it gives up.)
+bool StepFits(const Loaded& l, const char* what, int num_seqs, int tokens, int new_tokens) {
+  if (l.free_bytes < 0) return true;
+  constexpr int kBlockSize = 16;  // MakeStepBatch's
+  const int64_t blocks = int64_t{num_seqs} * ((tokens + kBlockSize - 1) / kBlockSize);
+  const int64_t kv = blocks * KvCache::BytesPerBlock(l.model->kv_cache_spec(), kBlockSize, l.device->activation_dtype());
+  const int64_t need = kv + EstimateActivationBytes(l.model->config(), num_seqs * new_tokens, num_seqs);
+  if (need <= l.free_bytes) return true;
+  std::printf("%s: batch %d, %d tokens a sequence: skipped, its KV cache (%.1f GB) and activations need %.1f GB, "
+              "%.1f GB free after loading\n",
+              what, num_seqs, tokens, kv / 1e9, need / 1e9, l.free_bytes / 1e9);
+  std::fflush(stdout);
+  return false;
 }
 
 // Weights one token's forward reads per layer (bytes of bf16), apart from the routed experts.
@@ -530,6 +552,7 @@ Status BenchDecode(int argc, char** argv, bool* help) {
 }
 
 void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy_bw, int num_seqs, int ctx) {
+  if (!StepFits(l, "decode", num_seqs, ctx, 1)) return;
   Backend& backend = *l.device;
   Model& model = *l.model;
   const ModelConfig& c = model.config();
@@ -602,6 +625,7 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   if (l.profiler) PrintBreakdown(l, graph, graph_ms > 0 ? graph_ms : eager_ms, step);
   if (o.marginal)
     PrintMarginalCosts(l, timer, static_cast<int>(o.steps), graph_ms > 0, graph_ms > 0 ? graph_ms : eager_ms, step);
+  std::fflush(stdout);  // each combination's lines out before the next one runs
 }
 
 Status BenchPrefill(int argc, char** argv, bool* help) {
@@ -618,6 +642,7 @@ Status BenchPrefill(int argc, char** argv, bool* help) {
 }
 
 void PrefillOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double peak, int num_seqs, int len) {
+  if (!StepFits(l, "prefill", num_seqs, len, len)) return;
   Backend& backend = *l.device;
   Model& model = *l.model;
   const ModelConfig& c = model.config();
@@ -639,6 +664,7 @@ void PrefillOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double pea
   std::printf("  %.3f ms, %.0f tokens/s, %.1f TFLOP/s = %.1f%% of the matmul peak\n", ms, tokens / (ms * 1e-3),
               rate / 1e12, 100.0 * rate / peak);
   if (l.profiler) PrintBreakdown(l, /*graph=*/false, ms, step);
+  std::fflush(stdout);
 }
 
 }  // namespace
