@@ -412,9 +412,15 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
   });
 }
 
+bool FusesDecodePrologue(const AttentionBatch& batch) {
+  const int min_keys = Tuning().attention_fused_prologue_min_keys;
+  return Tuning().attention_fused_prologue ||
+         (min_keys > 0 && batch.seq_lens.numel() == 1 && batch.max_seq_len >= min_keys);
+}
+
 namespace {
 
-// QkNormRopeAttention in one launch (Tuning().attention_fused_prologue); with proj_w the o
+// QkNormRopeAttention in one launch (FusesDecodePrologue); with proj_w the o
 // projection folded in as well, or nothing (whatever that knob says).
 AttentionResult FusedDecodeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
@@ -423,7 +429,7 @@ AttentionResult FusedDecodeAttention(const TensorView& q, const TensorView& k, c
                                      const TensorView& out, const TensorView* proj_w, const TensorView* proj_out,
                                      CachingAllocator& alloc, cudaStream_t s) {
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
-  if (!(Tuning().attention_fused_prologue || proj_w != nullptr) || max_q_len != 1 || q.rank() != 3 ||
+  if (!(FusesDecodePrologue(batch) || proj_w != nullptr) || max_q_len != 1 || q.rank() != 3 ||
       out.rank() != 3 ||
       out.dim(2) != q.dim(2) ||
       !QkNormRopeKvWriteServes(q, k, v, q_norm_w, k_norm_w, positions, rope, cache, batch))
@@ -460,8 +466,10 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
                          const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
                          const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,
                          const TensorView& out, CachingAllocator& alloc, cudaStream_t s) {
-  return FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
-                              nullptr, nullptr, alloc, s) != AttentionResult::kNone;
+  const bool folded = FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch,
+                                           scale, out, nullptr, nullptr, alloc, s) != AttentionResult::kNone;
+  SetStagedGemvBesideFoldedAttention(s, folded);
+  return folded;
 }
 
 AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -470,12 +478,15 @@ AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k
                                         const KvCacheView& cache, const AttentionBatch& batch, float scale,
                                         const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
                                         CachingAllocator& alloc, cudaStream_t s) {
-  if (Tuning().attention_region && FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq,
-                                                        cache, batch, scale, out, &w_o, &proj_out, alloc,
-                                                        s) == AttentionResult::kProjected)
-    return AttentionResult::kProjected;
-  return FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
-                              nullptr, nullptr, alloc, s);
+  AttentionResult r = AttentionResult::kNone;
+  if (Tuning().attention_region)
+    r = FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
+                             &w_o, &proj_out, alloc, s);
+  if (r != AttentionResult::kProjected)
+    r = FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
+                             nullptr, nullptr, alloc, s);
+  SetStagedGemvBesideFoldedAttention(s, r != AttentionResult::kNone);
+  return r;
 }
 
 }  // namespace corolla::cuda

@@ -52,7 +52,7 @@ struct AttnVariant {
   // max_seq_len only. decode_split_keys: Tuning().attention_decode_split_keys.
   bool decode = false;
   int decode_split_keys = 64;
-  int decode_merge_floats = 32768;  // Tuning().attention_decode_merge_floats
+  int decode_merge_floats = 65536;  // Tuning().attention_decode_merge_floats
   bool decode_cluster = false;      // Tuning().attention_decode_cluster_merge_seqs: all
   bool decode_warm_merge = false;   // Tuning().attention_decode_warm_merge
   bool decode_wide = false;         // Tuning().attention_decode_wide_merge
@@ -60,7 +60,7 @@ struct AttnVariant {
   std::string Name() const {
     return std::string(decode ? "decode" : !mma ? "simt" : wgmma ? "mma" : "mma.sync") +
            (decode && decode_split_keys != 64 ? " splitkeys" + std::to_string(decode_split_keys) : "") +
-           (decode && decode_merge_floats != 32768 ? " mergefloats" + std::to_string(decode_merge_floats) : "") +
+           (decode && decode_merge_floats != 65536 ? " mergefloats" + std::to_string(decode_merge_floats) : "") +
            (decode && decode_cluster ? " clustermerge" : "") + (decode && decode_warm_merge ? " warm" : "") +
            (decode && decode_wide ? " wide" : "") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +

@@ -246,7 +246,7 @@ void CudaBackend::QkNormRopeKvWrite(const TensorView& q, const TensorView& k, co
     Backend::QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch);
 }
 bool CudaBackend::fuses_qk_norm_rope_attention(const AttentionBatch& batch) const {
-  return cuda::Tuning().attention_fused_prologue && batch.max_q_len == 1;
+  return batch.max_q_len == 1 && cuda::FusesDecodePrologue(batch);
 }
 void CudaBackend::QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,

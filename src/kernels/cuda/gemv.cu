@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -218,6 +220,9 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
 // dependency wait. After it the CTA copies x to shared memory, and each warp multiplies its rows
 // (groups of 4, then the last 1-3) once its copy has landed.
 // At most 64 registers (2 CTAs' worth an SM): a CTA must fit beside the kernel before it.
+// kBeside: the same kernel as a second function, so that it keeps a carveout of its own (function
+// attributes are per function): the one launched beside a folded decode attention.
+template <bool kBeside>
 __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const __grid_constant__ StagedGemvParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   TimelineScope tl(p.timeline);
@@ -319,6 +324,15 @@ void TraceStaged(const StagedGemvParams& p, int ctas, cudaStream_t s) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+std::mutex beside_mu;
+std::set<cudaStream_t> beside_streams;  // SetStagedGemvBesideFoldedAttention(s, true)
+std::atomic<int64_t> beside_launches{0};  // StagedGemvBesideLaunches
+
+bool StagedGemvBesideFoldedAttention(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(beside_mu);
+  return beside_streams.count(s) != 0;
+}
+
 // Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
 // one CTA an SM; false leaves the call to GemvKernel.
 bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
@@ -335,8 +349,9 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
   static std::atomic<uint64_t> attrs_set{0};
   const uint64_t device_bit = uint64_t{1} << (device % 64);
   if (!(attrs_set.load(std::memory_order_acquire) & device_bit)) {
-    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(GemvStagedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kStagedMaxSmem)));
+    for (const auto kernel : {GemvStagedKernel<false>, GemvStagedKernel<true>})
+      COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(kStagedMaxSmem)));
     attrs_set.fetch_or(device_bit, std::memory_order_acq_rel);
   }
   StagedGemvParams p{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
@@ -365,13 +380,25 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     const char* name = !norm ? "Gemv staged " : norm->y ? "RmsNormLinear staged " : "NormLinear staged ";
     p.timeline = TimelineRecord(name + std::to_string(k) + "->" + std::to_string(n), ctas, s);
   }
-  SetCarveoutOnce(reinterpret_cast<const void*>(GemvStagedKernel), Tuning().gemv_staged_carveout);
-  LaunchPdl(GemvStagedKernel, dim3(ctas), dim3(kStagedWarps * 32), static_cast<size_t>(smem), s, 1, p);
+  const bool beside = StagedGemvBesideFoldedAttention(s);
+  const auto kernel = beside ? GemvStagedKernel<true> : GemvStagedKernel<false>;
+  if (beside) beside_launches.fetch_add(1, std::memory_order_relaxed);
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel),
+                  beside ? Tuning().gemv_staged_carveout_folded : Tuning().gemv_staged_carveout);
+  LaunchPdl(kernel, dim3(ctas), dim3(kStagedWarps * 32), static_cast<size_t>(smem), s, 1, p);
   if (traced) TraceStaged(p, ctas, s);
   return true;
 }
 
 }  // namespace
+
+int64_t StagedGemvBesideLaunches() { return beside_launches.load(std::memory_order_relaxed); }
+
+void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded) {
+  std::lock_guard<std::mutex> lock(beside_mu);
+  if (folded) beside_streams.insert(s);
+  else beside_streams.erase(s);
+}
 
 bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);

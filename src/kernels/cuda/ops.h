@@ -37,6 +37,12 @@ class ScratchBuffer {
 // programmatic dependent launch: it reads w before the previous kernel has finished (w must be
 // a weight, which nothing writes during a forward).
 bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s);
+// Where the last decode attention on stream s folded its prologue in (QkNormRopeAttention and
+// QkNormRopeAttentionProj set it), the staged GEMV launches there at Tuning().gemv_staged_carveout_folded, so that the
+// attention's CTAs fit beside the qkv GEMV's; else at gemv_staged_carveout. Every layer of a step
+// plans alike: only a step's first GEMV follows the step before.
+void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded);
+int64_t StagedGemvBesideLaunches();  // tests: launches of the staged GEMV beside a folded attention
 // gemv.cu: Backend::RmsNormLinear of one row in one launch (the staged GEMV with the norm folded
 // in) when Tuning().gemv_staged_norm is on and the shapes fit; false (nothing launched) otherwise.
 bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
@@ -87,10 +93,14 @@ bool QkNormRopeKvWriteServes(const TensorView& q, const TensorView& k, const Ten
 // attention.cu
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
+// Whether decode attention (every sequence one query token) folds its prologue in for this
+// batch: Tuning().attention_fused_prologue, or one sequence of max_seq_len at least
+// attention_fused_prologue_min_keys.
+bool FusesDecodePrologue(const AttentionBatch& batch);
 // Backend::QkNormRopeAttention in one launch: the prologue folded into the small-batch decode
-// attention (attention_decode.cu) when Tuning().attention_fused_prologue is on, every sequence
-// has one query token, the decode kernel serves the shapes and QkNormRopeKvWriteServes; false
-// (nothing launched) otherwise. inv_freq: device [D / 2], RopeInvFreq(rope).
+// attention (attention_decode.cu) where FusesDecodePrologue, the decode kernel serves the shapes
+// and QkNormRopeKvWriteServes; false (nothing launched) otherwise. inv_freq: device [D / 2],
+// RopeInvFreq(rope).
 bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
                          const TensorView& k_norm_w, float eps, const TensorView& positions, const RopeParams& rope,
                          const float* inv_freq, const KvCacheView& cache, const AttentionBatch& batch, float scale,

@@ -30,6 +30,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_TMA")) t.attention_wgmma_tma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_CARVEOUT")) t.pdl_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_CARVEOUT")) t.gemv_staged_carveout = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_GEMV_STAGED_CARVEOUT_FOLDED")) t.gemv_staged_carveout_folded = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CARVEOUT")) t.attention_decode_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_SPREAD_NS")) t.gemv_staged_spread_ns = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
@@ -61,6 +62,8 @@ KernelTuning& Tuning() {
       t.attention_decode_wide_merge = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE_MIN_KEYS"))
+      t.attention_fused_prologue_min_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_REGION")) t.attention_region = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_REGION_LATE_COPY")) t.attention_region_late_copy = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;

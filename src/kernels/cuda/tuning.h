@@ -149,6 +149,14 @@ struct KernelTuning {
   // have landed, against 1.1-1.9). COROLLA_GEMV_STAGED_CARVEOUT, COROLLA_ATTN_DECODE_CARVEOUT.
   int gemv_staged_carveout = -1;
   int attention_decode_carveout = -1;
+  // The staged GEMV's carveout on a stream whose decode attention folds its prologue in
+  // (attention_fused_prologue_min_keys; SetStagedGemvBesideFoldedAttention): 84, the 196 KB
+  // carveout, holds qkv's 161 KB and an attention CTA's ~13 KB side by side. On an H200
+  // (Qwen3-30B-A3B, batch 1, graph, session 17, call 3) folded at ctx 8192 2.648-2.656 ms with
+  // it, 2.725-2.726 without; on every stream it cost 1k a little (2.348 vs 2.340-2.341 in call 4,
+  // 2.363-2.364 vs 2.350-2.351 in call 5), hence only beside the folded attention.
+  // COROLLA_GEMV_STAGED_CARVEOUT_FOLDED.
+  int gemv_staged_carveout_folded = 84;
   // The staged GEMV's warps issue their bulk copies spread over this many nanoseconds after the
   // CTA's entry (warp w after w / 16 of it) instead of all at once (0), so that the kernels on
   // the critical path do not wait behind copies at the full HBM rate. Off: slower on an H200
@@ -184,7 +192,9 @@ struct KernelTuning {
   // 2.411-2.420 ms at ctx 1024, 2.908-2.909 vs 2.936 at 8192; in a second call 2.445-2.454 vs
   // 2.492-2.495 and 2.922-2.931 vs 2.941-2.944. 2 against 1 (a third call): 2.336-2.344 vs
   // 2.380-2.383 at 1024 (the attention's path 6.9 vs 7.5 us, o_proj's 5.3 vs 5.4), and at 8192
-  // (the counter merge) after the passes too 2.918-2.923 vs 2.908-2.913: there it stays at 1.
+  // (the counter merge) after the passes too 2.918-2.923 vs 2.908-2.913: there it stays at 1;
+  // after the passes beside the wide merge too (session 17, ctx 8192, 64 splits): a tie, 2.712-
+  // 2.719 vs 2.711-2.718.
   // Batch 8 / 64 (no cluster) unchanged: 8.366 vs 8.374 ms, 19.967 vs 19.935.
   // COROLLA_ATTN_DECODE_TRIGGER sets it.
   int attention_decode_trigger = 2;
@@ -239,10 +249,14 @@ struct KernelTuning {
   // That kernel's split-KV plan: at least this many keys a split (16..; rounded to 16). Fewer
   // keys mean more CTAs but more partials for the last CTA to merge. COROLLA_ATTN_DECODE_SPLIT_KEYS.
   int attention_decode_split_keys = 64;
-  // And at most this many f32 partials (group x splits x D) for the last CTA of a KV head to
-  // merge: 32768 caps Qwen3's 8k-key decode (group 8, D 128) at 32 splits of 256 keys; 65536
-  // (64 of 128) took 3.058 vs 2.964 ms a step on an H200. COROLLA_ATTN_DECODE_MERGE_FLOATS.
-  int attention_decode_merge_floats = 32768;
+  // And at most this many f32 partials (group x splits x D) for a KV head's merge: 65536 lets
+  // Qwen3's 8k-key decode (group 8, D 128) run 64 splits of 128 keys (kMaxMergeRows / group caps
+  // it there), which the wide merge (below) takes at batch 1. On an H200 (Qwen3-30B-A3B, batch 1,
+  // graph, session 17, same call) 2.710-2.711 vs 2.809-2.813 ms a step at ctx 8192 (32 splits of
+  // 256 keys at 32768); 1k unchanged (16 splits either way: 2.310 vs 2.308-2.310); batches past 4
+  // sequences plan fewer splits (attention_split_min_ctas) and do not change. Under the last-CTA
+  // merge 65536 lost (session 11: 3.058 vs 2.964). COROLLA_ATTN_DECODE_MERGE_FLOATS.
+  int attention_decode_merge_floats = 65536;
   // In decode batches of at most this many sequences (0: never), that kernel's splits of a
   // (sequence, KV head) run as one thread block cluster (2-16 splits, groups <= 8) and merge
   // through distributed shared memory instead of global partials, a fence and an arrival
@@ -281,6 +295,15 @@ struct KernelTuning {
   // the prefetch: 2.769 vs 2.759 ms at ctx 1024, 3.235 vs 3.157 at 8192).
   // COROLLA_ATTN_FUSED_PROLOGUE=1 turns it on.
   bool attention_fused_prologue = false;
+  // With the knob above off, one sequence folds it in from this many keys (its max_seq_len hint:
+  // the engine's graphs plan on their context bucket); 0: never. Where the splits merge wide
+  // (more than a cluster's 16) the fold pays. On an H200 (Qwen3-30B-A3B, batch 1, graph, session
+  // 17, both with gemv_staged_carveout 84), from 2048 against never: 2.481-2.484 vs 2.510 ms at
+  // ctx 2048, 2.513-2.517 (4096 then) vs 2.597-2.598 at 4096, 2.641-2.645 vs 2.735-2.737 at 8192
+  // (call 4); 1k keeps the separate prologue (folded there: 2.439-2.441 vs 2.307-2.309 in call
+  // 3). Batch 8 at 8192 loses with it (11.09-11.10 vs 10.96): more sequences keep it separate.
+  // COROLLA_ATTN_FUSED_PROLOGUE_MIN_KEYS.
+  int attention_fused_prologue_min_keys = 2048;
   // Backend::QkNormRopeAttentionProj of one token runs the prologue, the decode attention and the
   // o projection as one launch (attention_decode.cuh, DecodeOutProj; group <= 8, the splits
   // merged as a cluster or by the merge counters): CTAs past the attention's hold o_proj's rows
