@@ -415,7 +415,8 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
 bool FusesDecodePrologue(const AttentionBatch& batch) {
   const int min_keys = Tuning().attention_fused_prologue_min_keys;
   return Tuning().attention_fused_prologue ||
-         (min_keys > 0 && batch.seq_lens.numel() == 1 && batch.max_seq_len >= min_keys);
+         (min_keys > 0 && batch.seq_lens.numel() <= Tuning().attention_fused_prologue_max_seqs &&
+          batch.max_seq_len >= min_keys);
 }
 
 namespace {

@@ -64,6 +64,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE")) t.attention_fused_prologue = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE_MIN_KEYS"))
       t.attention_fused_prologue_min_keys = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_FUSED_PROLOGUE_MAX_SEQS"))
+      t.attention_fused_prologue_max_seqs = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_REGION")) t.attention_region = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_REGION_LATE_COPY")) t.attention_region_late_copy = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;

@@ -295,7 +295,7 @@ struct KernelTuning {
   // the prefetch: 2.769 vs 2.759 ms at ctx 1024, 3.235 vs 3.157 at 8192).
   // COROLLA_ATTN_FUSED_PROLOGUE=1 turns it on.
   bool attention_fused_prologue = false;
-  // With the knob above off, one sequence folds it in from this many keys (its max_seq_len hint:
+  // With the knob above off, one sequence folds it in from this many keys (the max_seq_len hint:
   // the engine's graphs plan on their context bucket); 0: never. Where the splits merge wide
   // (more than a cluster's 16) the fold pays. On an H200 (Qwen3-30B-A3B, batch 1, graph, session
   // 17, both with gemv_staged_carveout 84), from 2048 against never: 2.481-2.484 vs 2.510 ms at
@@ -304,6 +304,9 @@ struct KernelTuning {
   // 3). Batch 8 at 8192 loses with it (11.09-11.10 vs 10.96): more sequences keep it separate.
   // COROLLA_ATTN_FUSED_PROLOGUE_MIN_KEYS.
   int attention_fused_prologue_min_keys = 2048;
+  // ... in decode batches of at most this many sequences (batches of 2-4 also merge wide at 8k
+  // but were not measured with the fold). COROLLA_ATTN_FUSED_PROLOGUE_MAX_SEQS.
+  int attention_fused_prologue_max_seqs = 1;
   // Backend::QkNormRopeAttentionProj of one token runs the prologue, the decode attention and the
   // o projection as one launch (attention_decode.cuh, DecodeOutProj; group <= 8, the splits
   // merged as a cluster or by the merge counters): CTAs past the attention's hold o_proj's rows
