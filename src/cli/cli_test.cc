@@ -126,6 +126,19 @@ TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
   EXPECT_NE(r.output.find("2 layers"), std::string::npos) << r.output;
 }
 
+// A combination whose KV cache cannot fit the free memory (here 2 x 1e8 cached tokens, ~300 GB of
+// host RAM) is skipped with the reason; the sweep goes on to the next one instead of aborting.
+TEST(Cli, BenchSkipsABatchThatDoesNotFit) {
+  RunResult r = RunCorolla("bench decode --config tests/data/models/qwen3-moe/config.json --random-weights "
+                           "--device cpu --batch 2 --context 100000000,20 --steps 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("decode: batch 2, 100000000 tokens a sequence: skipped, its KV "
+                                                     "cache \\([0-9.]+ GB\\) and activations need [0-9.]+ GB")))
+      << r.output;
+  EXPECT_NE(r.output.find("batch 2, context 20"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+}
+
 // --tp: one process per rank, the experts split over them; rank 0 reports per-rank bytes.
 TEST(Cli, BenchDecodeTensorParallelOnTheCpu) {
   RunResult r = RunCorolla("bench decode --config tests/data/models/qwen3-moe/config.json --random-weights "
