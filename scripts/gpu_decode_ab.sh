@@ -13,6 +13,8 @@
 #   AB_ROUNDS    (default 2); AB_CONFIG (default tests/data/configs/qwen3-30b-a3b.json)
 #   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000, batch 1, ctx 1024) per
 #                build and variant (src/kernels/cuda/notes/decode_timeline.md)
+#   AB_TESTS     a gtest filter of gpu-bundle/cuda_kernels_test to run first (the bundle unpacked
+#                here), e.g. "CudaKernelTest.QkNormRope*"; its log in $OUT/ab_tests.log
 # Two builds and the test binary exceed the 64 MiB a call carries: bundle and pack them here with
 # `COROLLA_PACK=1 COROLLA_BASE=<previous corolla> scripts/build_gpu.sh` and carry ["mgpu-bundle"];
 # this script unpacks that into gpu-bundle/ first.
@@ -32,6 +34,11 @@ config=${AB_CONFIG:-tests/data/configs/qwen3-30b-a3b.json}
 for bin in $bins; do
   if [ ! -x "$bin" ]; then echo "gpu_decode_ab.sh: $bin missing" >&2; exit 1; fi
 done
+if [ -n "${AB_TESTS:-}" ]; then
+  timeout 300 gpu-bundle/cuda_kernels_test --gtest_filter="$AB_TESTS" >"$OUT/ab_tests.log" 2>&1
+  echo "=== cuda_kernels_test --gtest_filter=$AB_TESTS: exit $?"
+  grep -E "^\[  (PASSED|FAILED)  \]|Failure" "$OUT/ab_tests.log" | head -20
+fi
 
 # bench LOG BIN VARIANT_ENV [ARGS...]: one run, its output in LOG.
 bench() {
