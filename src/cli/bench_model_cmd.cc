@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -218,7 +219,8 @@ bool StepFits(const Loaded& l, const char* what, int num_seqs, int tokens, int n
   constexpr int kBlockSize = 16;  // MakeStepBatch's
   const int64_t blocks = int64_t{num_seqs} * ((tokens + kBlockSize - 1) / kBlockSize);
   const int64_t kv = blocks * KvCache::BytesPerBlock(l.model->kv_cache_spec(), kBlockSize, l.device->activation_dtype());
-  const int64_t need = kv + EstimateActivationBytes(l.model->config(), num_seqs * new_tokens, num_seqs);
+  const int64_t batch_tokens = std::min<int64_t>(int64_t{num_seqs} * new_tokens, std::numeric_limits<int>::max());
+  const int64_t need = kv + EstimateActivationBytes(l.model->config(), static_cast<int>(batch_tokens), num_seqs);
   if (need <= l.free_bytes) return true;
   std::printf("%s: batch %d, %d tokens a sequence: skipped, its KV cache (%.1f GB) and activations need %.1f GB, "
               "%.1f GB free after loading\n",

@@ -298,7 +298,7 @@ struct KernelTuning {
   // With the knob above off, one sequence folds it in from this many keys (the max_seq_len hint:
   // the engine's graphs plan on their context bucket); 0: never. Where the splits merge wide
   // (more than a cluster's 16) the fold pays. On an H200 (Qwen3-30B-A3B, batch 1, graph, session
-  // 17, both with gemv_staged_carveout 84), from 2048 against never: 2.481-2.484 vs 2.510 ms at
+  // 17, both with the staged GEMVs at the 84% carveout), from 2048 against never: 2.481-2.484 vs 2.510 ms at
   // ctx 2048, 2.513-2.517 (4096 then) vs 2.597-2.598 at 4096, 2.641-2.645 vs 2.735-2.737 at 8192
   // (call 4); 1k keeps the separate prologue (folded there: 2.439-2.441 vs 2.307-2.309 in call
   // 3). Batch 8 at 8192 loses with it (11.09-11.10 vs 10.96): more sequences keep it separate.
