@@ -324,8 +324,11 @@ void TraceStaged(const StagedGemvParams& p, int ctas, cudaStream_t s) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+// The streams whose last decode attention folded its prologue in. A launch setting follows the
+// kernel that runs beside this one, which Linear's arguments do not carry, so the attention ops
+// record it per stream (ops.h, SetStagedGemvBesideFoldedAttention).
 std::mutex beside_mu;
-std::set<cudaStream_t> beside_streams;  // SetStagedGemvBesideFoldedAttention(s, true)
+std::set<cudaStream_t> beside_streams;  // GUARDED_BY(beside_mu)
 std::atomic<int64_t> beside_launches{0};  // StagedGemvBesideLaunches
 
 bool StagedGemvBesideFoldedAttention(cudaStream_t s) {
