@@ -665,6 +665,7 @@ Result<Value> Renderer::EvalBinary(const Expr& expr, const Value& a, const Value
     if ((seq->is_string() || seq->is_list()) && (count->is_int() || count->is_bool())) {
       int64_t n = std::max<int64_t>(0, count->as_int());
       size_t unit = seq->is_string() ? seq->as_string().size() : seq->as_list().size();
+      if (unit == 0) n = 0;  // '' * 10**18 is '': no 10**18 empty appends
       if (unit > 0 && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit + 1) {
         return CheckSize(limits_.max_output_bytes + 1);
       }
