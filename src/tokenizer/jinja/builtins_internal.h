@@ -38,9 +38,10 @@ std::string PyTitle(std::string_view s);
 // jinja2's title filter: words start after spaces and -({[<.
 std::string JinjaTitle(std::string_view s);
 
-// str.replace; count < 0 replaces all.
-std::string Replace(std::string_view s, std::string_view old, std::string_view with,
-                    int64_t count);
+// str.replace; count < 0 replaces all. Nothing once the output passes max_bytes (a huge `with`
+// times many matches is never built).
+std::optional<std::string> Replace(std::string_view s, std::string_view old, std::string_view with, int64_t count,
+                                   size_t max_bytes);
 // str.split / str.rsplit; sep None or Undefined splits on runs of whitespace.
 Result<List> Split(std::string_view s, const Value& sep, int64_t maxsplit, bool from_right);
 std::string HtmlEscape(std::string_view s);

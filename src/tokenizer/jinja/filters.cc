@@ -123,13 +123,13 @@ Result<Value> FilterInt(Renderer&, const Value& v, const CallArgs& args) {
   return fallback;
 }
 
-Result<Value> FilterIndent(Renderer&, const Value& v, const CallArgs& args) {
+Result<Value> FilterIndent(Renderer& r, const Value& v, const CallArgs& args) {
   ASSIGN_OR_RETURN(auto a, args.Bind("indent", {"width", "first", "blank"}));
-  std::string indent =
-      a[0].is_string() ? a[0].as_string()
-      : a[0].is_undefined()
-          ? std::string(4, ' ')
-          : std::string(std::max<int64_t>(0, a[0].is_number() ? a[0].as_int() : 4), ' ');
+  const int64_t width = a[0].is_undefined() || a[0].is_string()
+                            ? 4
+                            : std::max<int64_t>(0, a[0].is_number() ? a[0].as_int() : 4);
+  RETURN_IF_ERROR(r.CheckSize(static_cast<uint64_t>(width)));  // before a width of 10**12 is allocated
+  std::string indent = a[0].is_string() ? a[0].as_string() : std::string(width, ' ');
   std::string s = v.Str() + "\n";
   std::vector<std::string> lines;
   size_t pos = 0;
@@ -138,6 +138,8 @@ Result<Value> FilterIndent(Renderer&, const Value& v, const CallArgs& args) {
     lines.push_back(s.substr(pos, nl - pos));
     pos = nl + 1;
   }
+  // Every line may take the indent: the output's bound before it is built.
+  RETURN_IF_ERROR(r.CheckSize(s.size() + static_cast<uint64_t>(lines.size()) * indent.size()));
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (i > 0) {
@@ -256,9 +258,9 @@ Result<Value> FilterReplace(Renderer& r, const Value& v, const CallArgs& args) {
   ASSIGN_OR_RETURN(std::string with, ToStr(a[1], "replace new"));
   int64_t count = -1;
   if (a[2].is_int()) count = a[2].as_int();
-  std::string out = Replace(v.Str(), old, with, count);
-  RETURN_IF_ERROR(r.CheckSize(out.size()));
-  return Value::String(std::move(out));
+  std::optional<std::string> out = Replace(v.Str(), old, with, count, r.max_output_bytes());
+  if (!out) return r.CheckSize(r.max_output_bytes() + 1);  // the limit's error
+  return Value::String(std::move(*out));
 }
 
 Result<Value> FilterReverse(Renderer&, const Value& v, const CallArgs&) {

@@ -147,9 +147,9 @@ Result<Value> StrReplace(Renderer& r, const Value& self, const CallArgs& args) {
   if (!a[2].is_undefined()) {
     ASSIGN_OR_RETURN(count, ToInt(a[2], "replace count"));
   }
-  std::string out = Replace(self.as_string(), old, with, count);
-  RETURN_IF_ERROR(r.CheckSize(out.size()));
-  return Value::String(std::move(out));
+  std::optional<std::string> out = Replace(self.as_string(), old, with, count, r.max_output_bytes());
+  if (!out) return r.CheckSize(r.max_output_bytes() + 1);  // the limit's error
+  return Value::String(std::move(*out));
 }
 
 Result<Value> StrUpper(Renderer&, const Value& s, const CallArgs&) {

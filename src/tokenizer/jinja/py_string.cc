@@ -170,8 +170,8 @@ std::string JinjaTitle(std::string_view s) {
   return out;
 }
 
-std::string Replace(std::string_view s, std::string_view old, std::string_view with,
-                    int64_t count) {
+std::optional<std::string> Replace(std::string_view s, std::string_view old, std::string_view with, int64_t count,
+                                   size_t max_bytes) {
   std::string out;
   if (old.empty()) {  // Python inserts `with` around every code point
     std::vector<size_t> off = CodepointOffsets(s);
@@ -182,8 +182,10 @@ std::string Replace(std::string_view s, std::string_view old, std::string_view w
         ++n;
       }
       out.append(s.substr(off[i], off[i + 1] - off[i]));
+      if (out.size() > max_bytes) return std::nullopt;
     }
     if (count < 0 || n < count) out += with;
+    if (out.size() > max_bytes) return std::nullopt;
     return out;
   }
   size_t pos = 0;
@@ -193,10 +195,12 @@ std::string Replace(std::string_view s, std::string_view old, std::string_view w
     if (hit == std::string_view::npos) break;
     out.append(s.substr(pos, hit - pos));
     out += with;
+    if (out.size() > max_bytes) return std::nullopt;
     pos = hit + old.size();
     ++n;
   }
   out.append(s.substr(pos));
+  if (out.size() > max_bytes) return std::nullopt;
   return out;
 }
 

@@ -41,6 +41,7 @@ class Renderer {
   Result<bool> ApplyTest(std::string_view name, const Value& input, const CallArgs& args);
   // Error unless a string or list of `bytes` fits the output limit.
   Status CheckSize(size_t bytes) const;
+  size_t max_output_bytes() const { return limits_.max_output_bytes; }
   // Counts one step of work; error once over the limit.
   Status Step();
   // Marks `status` as raised by raise_exception: it propagates with its message unchanged.

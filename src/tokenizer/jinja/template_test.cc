@@ -155,6 +155,17 @@ TEST(JinjaTemplate, RunawayTemplatesStop) {
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   s = RenderError("{{ 'x' * 100000000000 }}");
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  // indent's width is output too: bounded before the string is made (it threw bad_alloc).
+  s = RenderError("{{ 'a\nb' | indent(1000000000000) }}");
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  s = RenderError("{{ ('x\n' * 100000) | indent(1000, blank=true) }}");
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  // replace's output is bounded as it grows, not after (10**9 bytes were built first).
+  s = RenderError("{{ ('x' * 1000000) | replace('x', 'y' * 1000) }}");
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  s = RenderError("{{ ('x' * 1000000).replace('', 'y' * 1000) }}");
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_EQ(MustRender("{{ 'a-b-c' | replace('-', '+', 1) }}|{{ 'ab'.replace('', '.') }}"), "a+b-c|.a.b.");
   // An empty string or list times a huge count is empty at once (the fuzzer's hang: 10**18
   // empty appends).
   EXPECT_EQ(MustRender("{{ ([] * 1000000000000000000) | length }}|{{ '' * 1000000000000000000 }}|"
