@@ -31,6 +31,7 @@ if [ -f src/tokenizer/tokenizer_fuzz.cc ]; then
 fi
 
 for f in "$out"/*_fuzz; do
+  [ -f "$f" ] && [ -x "$f" ] || continue  # (the corpus_*_fuzz folders of earlier runs)
   name=$(basename "$f")
   mkdir -p "$out/corpus_$name"
   echo "fuzz: running $name for ${seconds}s"
