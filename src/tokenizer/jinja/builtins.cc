@@ -134,6 +134,9 @@ Result<bool> Contains(const Value& container, const Value& item) {
   }
 }
 
+// A %-format's width or precision past this is an error, not a string of that size.
+constexpr int64_t kMaxFormatWidth = 1 << 20;
+
 Result<std::string> PercentFormat(const std::string& fmt, const Value& args) {
   List positional;
   const Dict* mapping = nullptr;
@@ -185,19 +188,40 @@ Result<std::string> PercentFormat(const std::string& fmt, const Value& args) {
         v = &positional[next++];
       }
     }
-    char buf[512];
     if (spec.size() > 20) return Unsupported("format spec " + spec);
+    // Width and precision (the digits after the flags, after the '.'), bounded: a width is output.
+    auto number = [](std::string_view d) {  // saturates past kMaxFormatWidth
+      int64_t n = 0;
+      for (char ch : d) n = std::min<int64_t>(n * 10 + (ch - '0'), kMaxFormatWidth + 1);
+      return n;
+    };
+    const size_t digits = spec.find_first_not_of("%-+ 0#"), dot = spec.find('.');
+    const std::string_view spec_view(spec);
+    const int64_t width = digits == std::string::npos ? 0 : number(spec_view.substr(digits, dot - digits));
+    const int64_t precision = dot == std::string::npos ? -1 : number(spec_view.substr(dot + 1));
+    if (width > kMaxFormatWidth || precision > kMaxFormatWidth) {
+      return ResourceExhausted("format spec " + spec + ": a width or precision over " + std::to_string(kMaxFormatWidth));
+    }
+    // printf of one value into a string of its length (no fixed buffer to cut it short).
+    auto print = [&](const std::string& f, auto x) {
+      const int n = std::snprintf(nullptr, 0, f.c_str(), x);
+      std::string text(n > 0 ? n : 0, '\0');
+      if (n > 0) std::snprintf(text.data(), text.size() + 1, f.c_str(), x);
+      out += text;
+    };
     switch (conv) {
       case 's':
       case 'r': {
+        // Python counts code points: precision cuts, width pads ('-': on the right).
         std::string s = conv == 's' ? v->Str() : v->Repr();
-        if (spec == "%") {
-          out += s;
-        } else {
-          spec += 's';
-          std::snprintf(buf, sizeof(buf), spec.c_str(), s.c_str());
-          out += buf;
+        std::vector<size_t> off = CodepointOffsets(s);
+        int64_t chars = static_cast<int64_t>(off.size()) - 1;
+        if (precision >= 0 && precision < chars) {
+          s.resize(off[precision]);
+          chars = precision;
         }
+        const std::string pad(static_cast<size_t>(std::max<int64_t>(0, width - chars)), ' ');
+        out += spec.find('-') != std::string::npos ? s + pad : pad + s;
         break;
       }
       case 'd':
@@ -212,8 +236,7 @@ Result<std::string> PercentFormat(const std::string& fmt, const Value& args) {
         long long n = v->is_float() ? static_cast<long long>(v->as_float()) : v->as_int();
         spec += "ll";
         spec += conv == 'i' ? 'd' : conv;
-        std::snprintf(buf, sizeof(buf), spec.c_str(), n);
-        out += buf;
+        print(spec, n);
         break;
       }
       case 'f':
@@ -226,8 +249,7 @@ Result<std::string> PercentFormat(const std::string& fmt, const Value& args) {
           return InvalidArgument("must be real number, not " + v->TypeName());
         }
         spec += conv;
-        std::snprintf(buf, sizeof(buf), spec.c_str(), v->as_float());
-        out += buf;
+        print(spec, v->as_float());
         break;
       }
       default:

@@ -166,6 +166,13 @@ TEST(JinjaTemplate, RunawayTemplatesStop) {
   s = RenderError("{{ ('x' * 1000000).replace('', 'y' * 1000) }}");
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_EQ(MustRender("{{ 'a-b-c' | replace('-', '+', 1) }}|{{ 'ab'.replace('', '.') }}"), "a+b-c|.a.b.");
+  // %-format: widths and precisions count code points as Python does, no output is cut at a
+  // fixed buffer, and a width past the bound is an error rather than a string of that size.
+  EXPECT_EQ(MustRender("{{ '%5s|%-5s|%.2s|%3s|%05d' % ('ab', 'ab', 'abc', '\xc3\xa9', 42) }}"),
+            "   ab|ab   |ab|  \xc3\xa9|00042");
+  EXPECT_EQ(MustRender("{{ ('%5s' % ('x' * 600)) | length }}|{{ ('%600d' % 1) | length }}"), "600|600");
+  s = RenderError("{{ '%99999999999999999s' % 'a' }}");
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   // An empty string or list times a huge count is empty at once (the fuzzer's hang: 10**18
   // empty appends).
   EXPECT_EQ(MustRender("{{ ([] * 1000000000000000000) | length }}|{{ '' * 1000000000000000000 }}|"
