@@ -94,7 +94,7 @@ bool QkNormRopeKvWriteServes(const TensorView& q, const TensorView& k, const Ten
 void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                float scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);
 // Whether decode attention (every sequence one query token) folds its prologue in for this
-// batch: Tuning().attention_fused_prologue, or at most attention_fused_prologue_max_seqs (1)
+// batch: Tuning().attention_fused_prologue, or at most attention_fused_prologue_max_seqs (2)
 // sequences of max_seq_len at least attention_fused_prologue_min_keys.
 bool FusesDecodePrologue(const AttentionBatch& batch);
 // Backend::QkNormRopeAttention in one launch: the prologue folded into the small-batch decode

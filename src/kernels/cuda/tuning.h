@@ -304,9 +304,12 @@ struct KernelTuning {
   // 3). Batch 8 at 8192 loses with it (11.09-11.10 vs 10.96): more sequences keep it separate.
   // COROLLA_ATTN_FUSED_PROLOGUE_MIN_KEYS.
   int attention_fused_prologue_min_keys = 2048;
-  // ... in decode batches of at most this many sequences (batches of 2-4 also merge wide at 8k
-  // but were not measured with the fold). COROLLA_ATTN_FUSED_PROLOGUE_MAX_SEQS.
-  int attention_fused_prologue_max_seqs = 1;
+  // ... in decode batches of at most this many sequences. Two pay, three do not (H200, session
+  // 18, calls 2-3, ms a step at ctx 2048 / 4096 / 8192, folded vs apart): batch 2 3.794 /
+  // 3.902-3.907 / 4.268-4.271 vs 3.904-3.907 / 4.028-4.033 / 4.373-4.376; batch 3 5.218-5.219 /
+  // 5.415-5.417 / 5.774-5.782 vs 5.160-5.170 / 5.349-5.365 / 5.662-5.677; batch 4 at 8192
+  // 7.162-7.165 vs 6.995-7.007. COROLLA_ATTN_FUSED_PROLOGUE_MAX_SEQS.
+  int attention_fused_prologue_max_seqs = 2;
   // Backend::QkNormRopeAttentionProj of one token runs the prologue, the decode attention and the
   // o projection as one launch (attention_decode.cuh, DecodeOutProj; group <= 8, the splits
   // merged as a cluster or by the merge counters): CTAs past the attention's hold o_proj's rows
