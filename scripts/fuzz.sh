@@ -29,6 +29,16 @@ if [ -f src/tokenizer/tokenizer_fuzz.cc ]; then
   # shellcheck disable=SC2086
   build tokenizer_fuzz src/tokenizer/tokenizer_fuzz.cc $tok_srcs $(pkg-config --libs libpcre2-8) -lutf8proc
 fi
+if [ -f src/server/request_fuzz.cc ]; then
+  req_srcs=$(sources_of src/server/openai_protocol.cc src/tokenizer/*.cc src/tokenizer/jinja/*.cc)
+  # shellcheck disable=SC2086
+  build request_fuzz src/server/request_fuzz.cc $req_srcs $(pkg-config --libs libpcre2-8) -lutf8proc
+  # its seeds: request bodies of the kinds the server takes
+  mkdir -p "$out/corpus_request_fuzz"
+  printf '%s' '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}' >"$out/corpus_request_fuzz/chat"
+  printf '%s' '{"messages":[{"role":"user","content":"w?"},{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"1"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"chat_template_kwargs":{"enable_thinking":false}}' >"$out/corpus_request_fuzz/tools"
+  printf '%s' '{"prompt":[1,2,3],"echo":true,"logprobs":2,"stop":["x"],"seed":3}' >"$out/corpus_request_fuzz/completion"
+fi
 
 for f in "$out"/*_fuzz; do
   [ -f "$f" ] && [ -x "$f" ] || continue  # (the corpus_*_fuzz folders of earlier runs)

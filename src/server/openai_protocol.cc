@@ -14,7 +14,8 @@ std::string ApiError::ToJson() const {
             {"type", type},
             {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", code.empty() ? json(nullptr) : json(code)}};
-  return json{{"error", e}}.dump();
+  // (replace: a message may quote a client's string cut at a byte count)
+  return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 ApiError BadRequest(std::string message, std::string param) {
@@ -25,7 +26,31 @@ ApiError BadRequest(std::string message, std::string param) {
   return e;
 }
 
+int JsonNestingDepth(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 std::optional<ApiError> ParseJsonObject(const std::string& body, json* out) {
+  // Checked before parsing: the parsed value is copied, converted and destroyed recursively
+  // (and rendered by the chat template), so a body of nested brackets would overflow a stack.
+  if (JsonNestingDepth(body) > kMaxJsonDepth)
+    return BadRequest("the request body nests JSON arrays and objects more than " + std::to_string(kMaxJsonDepth) +
+                      " levels deep");
   *out = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (out->is_discarded()) return BadRequest("the request body is not valid JSON");
   if (!out->is_object()) return BadRequest("the request body must be a JSON object");

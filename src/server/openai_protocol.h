@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,7 +64,11 @@ constexpr int kMaxTopLogprobs = 20;
 std::optional<ApiError> ParseChatRequest(const std::string& body, ChatRequest* out);
 std::optional<ApiError> ParseCompletionRequest(const std::string& body, CompletionRequest* out);
 
-// Parses a JSON object body, or the 400 for malformed JSON / a non-object.
+// Parses a JSON object body, or the 400 for malformed JSON / a non-object / nesting deeper than
+// kMaxJsonDepth (a tool's parameter schema nests a few levels; 128 leave room for any real one).
+constexpr int kMaxJsonDepth = 128;
 std::optional<ApiError> ParseJsonObject(const std::string& body, nlohmann::json* out);
+// The deepest nesting of arrays and objects in JSON text (brackets inside strings not counted).
+int JsonNestingDepth(std::string_view text);
 
 }  // namespace corolla::server
