@@ -42,6 +42,41 @@ struct PrologueParams {
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
+// The row of head h of token t (q heads, then k, then v).
+__device__ __forceinline__ const bf16_t* HeadRow(const PrologueParams& p, int64_t t, int h) {
+  if (h < p.hq) return p.q + t * p.q_token_stride + h * p.q_head_stride;
+  if (h < p.hq + p.hk) return p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
+  return p.v + t * p.v_token_stride + (h - p.hq - p.hk) * p.v_head_stride;
+}
+
+// Head h of token t, its row `in`: a v head goes into the cache as it is; a q or k head is
+// normalised and rotated (NormRopeHead) in place, a k head into the cache too. The weights are
+// picked element by element: `is_q ? qw : kw` as arrays selects between two addresses, which put
+// both in local memory (an H200 profile at 8192 tokens: half the stalls on those loads).
+template <int kD>
+__device__ __forceinline__ void WriteHead(const PrologueParams& p, int64_t t, int h, const BfVec<kD / 32>& in,
+                                          const float (&qw)[kD / 32], const float (&kw)[kD / 32],
+                                          const LaneRope<kD>& rope, bool to_cache, int64_t block, int64_t offset,
+                                          int e0) {
+  using Vec = BfVec<kD / 32>;
+  auto cache_at = [&](bf16_t* cache, int kv_head) {
+    return cache + ((block * p.hk + kv_head) * p.block_size + offset) * kD + e0;
+  };
+  if (h >= p.hq + p.hk) {  // a v head
+    if (to_cache) *reinterpret_cast<Vec*>(cache_at(p.v_cache, h - p.hq - p.hk)) = in;
+    return;
+  }
+  const bool is_q = h < p.hq;
+  float w[kD / 32];
+#pragma unroll
+  for (int i = 0; i < kD / 32; ++i) w[i] = is_q ? qw[i] : kw[i];
+  const Vec out = NormRopeHead<kD>(in, w, p.eps, rope);
+  bf16_t* x = is_q ? p.q + t * p.q_token_stride + h * p.q_head_stride
+                   : p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
+  *reinterpret_cast<Vec*>(x + e0) = out;
+  if (!is_q && to_cache) *reinterpret_cast<Vec*>(cache_at(p.k_cache, h - p.hq)) = out;
+}
+
 // kHeads consecutive heads of one token per warp (the heads of a token are q, then k, then v):
 // the rotary angles of the lane's elements are computed once for all of them (sincosf with its
 // range reduction is most of a head's arithmetic at long positions), and the heads' loads are
@@ -69,7 +104,8 @@ __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p
   auto setup = [&] {
     slot = p.slots[t];
     if (h0 < p.hq + p.hk)
-      rope = MakeLaneRope<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
+      rope = kHeads > 1 ? MakeLaneRopeShared<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane)
+                        : MakeLaneRope<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
     // Only the weights of the warp's heads: q heads come first, then k, then v.
     if (h0 < p.hq) LaneNormWeights<kD>(p.q_w, p.q_w_f32, lane, qw);
     if (h0 < p.hq + p.hk && h0 + kHeads > p.hq) LaneNormWeights<kD>(p.k_w, p.k_w_f32, lane, kw);
@@ -79,36 +115,71 @@ __global__ void QkNormRopeKvWriteKernel(const __grid_constant__ PrologueParams p
   tl.Waited();
   if (!p.early_trigger) TriggerDependents();
   if (!active) return;
-  auto head_ptr = [&](int h) -> const bf16_t* {
-    if (h < p.hq) return p.q + t * p.q_token_stride + h * p.q_head_stride;
-    if (h < p.hq + p.hk) return p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
-    return p.v + t * p.v_token_stride + (h - p.hq - p.hk) * p.v_head_stride;
-  };
   Vec in[kHeads];
 #pragma unroll
   for (int j = 0; j < kHeads; ++j)
-    if (h0 + j < heads) in[j] = *reinterpret_cast<const Vec*>(head_ptr(h0 + j) + e0);
+    if (h0 + j < heads) in[j] = *reinterpret_cast<const Vec*>(HeadRow(p, t, h0 + j) + e0);
   if (!p.early_loads) setup();
   const bool to_cache = slot >= 0 && slot < p.num_slots;  // padding tokens have no slot
   const int64_t block = to_cache ? slot / p.block_size : 0, offset = to_cache ? slot % p.block_size : 0;
-  auto cache_at = [&](bf16_t* cache, int kv_head) {
-    return cache + ((block * p.hk + kv_head) * p.block_size + offset) * kD + e0;
-  };
   // Neox pairs (i, i + D/2): lanes 0-15 hold the first halves, lanes 16-31 their partners.
 #pragma unroll
   for (int j = 0; j < kHeads; ++j) {
-    const int h = h0 + j;
-    if (h >= heads) break;
-    if (h >= p.hq + p.hk) {  // a v head: into the cache as it is
-      if (to_cache) *reinterpret_cast<Vec*>(cache_at(p.v_cache, h - p.hq - p.hk)) = in[j];
-      continue;
+    if (h0 + j >= heads) break;
+    WriteHead<kD>(p, t, h0 + j, in[j], qw, kw, rope, to_cache, block, offset, e0);
+  }
+}
+
+// Many tokens (prefill): a warp per token walks all of its heads, kGroup at a time with the next
+// group's loads issued before this one's math, so that the rotation's angles (MakeLaneRopeShared),
+// the slot and the norm weights are formed once a token instead of once every few heads (an H200
+// profile of the kernel above at 8192 tokens: issue-bound, 70% of the schedulers' slots). Same
+// math per head (NormRopeHead): the same bits. Registers capped so that 32 warps fit an SM (D
+// 128: 64, no spills; D 256 at 128).
+template <int kD>
+__global__ void __launch_bounds__(128, kD <= 128 ? 8 : 4) QkNormRopeKvWriteTokenKernel(const __grid_constant__ PrologueParams p) {
+  constexpr int kGroup = 4;
+  TimelineScope tl(p.timeline);
+  if (p.early_trigger) TriggerDependents();  // safe: pdl.cuh
+  constexpr int kPer = kD / 32;
+  using Vec = BfVec<kPer>;
+  const int heads = p.hq + 2 * p.hk;
+  const int64_t t = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, e0 = lane * kPer;
+  const bool active = t < p.tokens;  // whole warps
+  int slot = 0;
+  LaneRope<kD> rope;
+  float qw[kPer], kw[kPer];
+  auto setup = [&] {  // (as the kernel above: safe before the wait)
+    slot = p.slots[t];
+    rope = MakeLaneRopeShared<kD>(static_cast<float>(p.positions[t]), p.inv_freq, p.attention_factor, lane);
+    LaneNormWeights<kD>(p.q_w, p.q_w_f32, lane, qw);
+    LaneNormWeights<kD>(p.k_w, p.k_w_f32, lane, kw);
+  };
+  if (p.early_loads && active) setup();
+  GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh)
+  tl.Waited();
+  if (!p.early_trigger) TriggerDependents();
+  if (!active) return;
+  auto load_group = [&](int h0, Vec (&in)[kGroup]) {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j)
+      if (h0 + j < heads) in[j] = *reinterpret_cast<const Vec*>(HeadRow(p, t, h0 + j) + e0);
+  };
+  Vec cur[kGroup], next[kGroup];
+  load_group(0, cur);
+  if (!p.early_loads) setup();
+  const bool to_cache = slot >= 0 && slot < p.num_slots;  // padding tokens have no slot
+  const int64_t block = to_cache ? slot / p.block_size : 0, offset = to_cache ? slot % p.block_size : 0;
+  for (int h0 = 0; h0 < heads; h0 += kGroup) {
+    if (h0 + kGroup < heads) load_group(h0 + kGroup, next);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      if (h0 + j >= heads) break;
+      WriteHead<kD>(p, t, h0 + j, cur[j], qw, kw, rope, to_cache, block, offset, e0);
     }
-    const bool is_q = h < p.hq;
-    const Vec out = NormRopeHead<kD>(in[j], is_q ? qw : kw, p.eps, rope);
-    bf16_t* x = is_q ? p.q + t * p.q_token_stride + h * p.q_head_stride
-                     : p.k + t * p.k_token_stride + (h - p.hq) * p.k_head_stride;
-    *reinterpret_cast<Vec*>(x + e0) = out;
-    if (!is_q && to_cache) *reinterpret_cast<Vec*>(cache_at(p.k_cache, h - p.hq)) = out;
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) cur[j] = next[j];
   }
 }
 
@@ -151,21 +222,23 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
                    inv_freq, rope.attention_factor, cache.k.ptr<bf16_t>(), cache.v.ptr<bf16_t>(),
                    batch.slot_mapping.ptr<int32_t>(), cache.k.dim(0) * cache.block_size(), cache.block_size(),
                    tokens, static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1))};
-  // A warp per head below kManyTokens tokens; kHeadsPerWarp heads a warp from there. 4: on an
-  // H200 (Qwen3-30B-A3B, 8192 tokens) 110.9 us a layer against 122.2 with 8 (80 registers, 35%
-  // occupancy) and slower again with 2 (the rotary angles shared by fewer heads).
+  // A warp per head below kManyTokens tokens (the few tokens spread over more SMs); from there
+  // Tuning().prologue_warp_per_token: a warp per token (QkNormRopeKvWriteTokenKernel), or
+  // kHeadsPerWarp heads a warp (on an H200, Qwen3-30B-A3B, 8192 tokens: 110.9 us a layer
+  // against 122.2 with 8 heads a warp and slower again with 2).
   constexpr int64_t kManyTokens = 64;
   constexpr int kHeadsPerWarp = 4;
   const int64_t heads = q.dim(1) + 2 * k.dim(1);
-  const bool many = tokens >= kManyTokens;
-  const int64_t warps = tokens * (many ? CeilDiv(heads, kHeadsPerWarp) : heads);
+  const bool many = tokens >= kManyTokens, per_token = many && Tuning().prologue_warp_per_token;
+  const int64_t warps = per_token ? tokens : tokens * (many ? CeilDiv(heads, kHeadsPerWarp) : heads);
   const dim3 grid(CeilDiv(warps * 32, 128));
   p.early_trigger = Tuning().prologue_early_trigger;
   p.early_loads = Tuning().prologue_early_loads;
-  p.timeline = TimelineRecord("QkNormRopeKvWrite", grid.x, s);
+  p.timeline = TimelineRecord(per_token ? "QkNormRopeKvWrite per token" : "QkNormRopeKvWrite", grid.x, s);
   auto launch = [&](auto d_tag) {
     constexpr int kD = decltype(d_tag)::value;
-    if (many) LaunchPdl(QkNormRopeKvWriteKernel<kD, kHeadsPerWarp>, grid, dim3(128), 0, s, 1, p);
+    if (per_token) LaunchPdl(QkNormRopeKvWriteTokenKernel<kD>, grid, dim3(128), 0, s, 1, p);
+    else if (many) LaunchPdl(QkNormRopeKvWriteKernel<kD, kHeadsPerWarp>, grid, dim3(128), 0, s, 1, p);
     else LaunchPdl(QkNormRopeKvWriteKernel<kD, 1>, grid, dim3(128), 0, s, 1, p);
   };
   if (d == 64) launch(std::integral_constant<int, 64>{});

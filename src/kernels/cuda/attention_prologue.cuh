@@ -58,6 +58,38 @@ __device__ __forceinline__ LaneRope<kD> MakeLaneRope(float pos, const float* inv
   return r;
 }
 
+// The same bits with half the sincosf: lanes l and l ^ 16 rotate by the same D/32 angles (element
+// i and its partner i + D/2), so each computes half of them and takes the rest from its partner.
+// Fewer instructions (a prefill prologue, issue-bound, was mostly sincosf) but a longer chain (the
+// shuffles after the sincosf): MakeLaneRope where few tokens make latency the cost (the batch-1
+// decode step was ~0.01 ms slower with this one). Every lane of the warp must call it.
+template <int kD>
+__device__ __forceinline__ LaneRope<kD> MakeLaneRopeShared(float pos, const float* inv_freq, float attention_factor,
+                                                           int lane) {
+  constexpr int kPer = kD / 32, kHalf = kD / 2, kMine = kPer / 2;
+  static_assert(kPer % 2 == 0, "D a multiple of 64");
+  // This lane computes angles [first, first + kMine) of its elements; lane l ^ 16 the others.
+  const int first = lane < 16 ? 0 : kMine;
+  LaneRope<kD> r;
+#pragma unroll
+  for (int i = 0; i < kMine; ++i) {
+    float s_mine, c_mine;
+    sincosf(pos * inv_freq[(lane * kPer + first + i) % kHalf], &s_mine, &c_mine);
+    const float s_other = __shfl_xor_sync(0xffffffffu, s_mine, 16);
+    const float c_other = __shfl_xor_sync(0xffffffffu, c_mine, 16);
+    r.sn[i] = lane < 16 ? s_mine : s_other;
+    r.cs[i] = lane < 16 ? c_mine : c_other;
+    r.sn[kMine + i] = lane < 16 ? s_other : s_mine;
+    r.cs[kMine + i] = lane < 16 ? c_other : c_mine;
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    r.cs[i] *= attention_factor;
+    r.sn[i] *= lane < 16 ? -attention_factor : attention_factor;
+  }
+  return r;
+}
+
 // The lane's D/32 norm weights (elements [lane D/32, (lane + 1) D/32)) as floats.
 template <int kD>
 __device__ __forceinline__ void LaneNormWeights(const void* w, bool w_f32, int lane, float (&out)[kD / 32]) {

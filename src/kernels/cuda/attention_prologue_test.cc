@@ -36,15 +36,16 @@ std::array<TensorView, 3> QkvViews(const Tensor& row, int64_t t, int64_t hq, int
 // The fused prologue (attention_prologue.cu) against the CPU backend's four ops, on q/k/v laid
 // out as Qwen3's forward has them: strided views into one [T, q | k | v] row (q heads 2D apart
 // when an output gate sits between them), norm weights in f32 and bf16, scattered cache slots;
-// with Tuning().prologue_early_loads the same bits.
+// with Tuning().prologue_early_loads, and with 4 heads a warp instead of a warp per token (64+
+// tokens), the same bits.
 TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   struct Case { int64_t tokens, hq, hk, d; bool gate; DType w; };
   for (Case c : {Case{1, 32, 4, 128, false, DType::kF32}, Case{7, 8, 8, 64, false, DType::kBF16},
                  Case{130, 16, 2, 128, true, DType::kF32}, Case{5, 4, 2, 256, false, DType::kBF16},
                  Case{33, 32, 4, 128, false, DType::kBF16},
-                 // 64+ tokens: 4 heads a warp (a warp of only v heads; one of k and v heads; D 256;
-                 // 7 heads: a last warp of q, k and v with a lane group past the heads)
+                 // 64+ tokens: a warp per token, or 4 heads a warp (a warp of only v heads; one of k
+                 // and v heads; D 256; 7 heads: a last group of q, k and v past the heads)
                  Case{100, 8, 8, 64, false, DType::kF32}, Case{70, 4, 2, 256, false, DType::kBF16},
                  Case{65, 5, 1, 128, false, DType::kBF16}}) {
     const int64_t t = c.tokens, d = c.d, q_cols = c.hq * d * (c.gate ? 2 : 1), width = q_cols + 2 * c.hk * d;
@@ -74,8 +75,9 @@ TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
     Tensor gqw = Upload(gpu(), qw, {d}, c.w), gkw = Upload(gpu(), kw, {d}, c.w);
     Tensor gpos = UploadI32(gpu(), pos, {t}), gslots = UploadI32(gpu(), slots, {t});
     AttentionBatch gb{Tensor(), Tensor(), Tensor(), gslots, 1, 1};
-    auto run = [&](bool early_loads) {
+    auto run = [&](bool early_loads, bool per_token) {
       cuda::Tuning().prologue_early_loads = early_loads;
+      cuda::Tuning().prologue_warp_per_token = per_token;
       Tensor gqkv = Upload(gpu(), qkv, {t, width}, DType::kBF16), gkc = Upload(gpu(), kc, cshape, DType::kBF16);
       Tensor gvc = Upload(gpu(), vc, cshape, DType::kBF16);
       auto [gq, gk, gv] = views(gqkv);
@@ -83,8 +85,11 @@ TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
       cuda::Tuning() = DefaultTuning();
       return std::array<std::vector<float>, 3>{Download(gpu(), gqkv), Download(gpu(), gkc), Download(gpu(), gvc)};
     };
-    const auto got = run(false), early = run(true);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(early[i], got[i]) << shape << " early loads, output " << i;
+    const auto got = run(false, true), early = run(true, true), heads = run(false, false);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(early[i], got[i]) << shape << " early loads, output " << i;
+      EXPECT_EQ(heads[i], got[i]) << shape << " 4 heads a warp instead of a warp per token, output " << i;
+    }
     const double e_qkv = RelError(got[0], std::vector<float>(cqkv.ptr<float>(), cqkv.ptr<float>() + t * width));
     const int64_t cn = int64_t{blocks} * c.hk * bs * d;
     const double e_k = RelError(got[1], std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cn));

@@ -41,6 +41,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_RMSNORM_EARLY_TRIGGER")) t.rmsnorm_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_TRIGGER")) t.prologue_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_LOADS")) t.prologue_early_loads = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_PROLOGUE_WARP_PER_TOKEN")) t.prologue_warp_per_token = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ROWS")) t.moe_pair_gate_up_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_ROWS")) t.moe_pair_down_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE"))

@@ -215,6 +215,13 @@ struct KernelTuning {
   // v and the math after it. Not yet measured (session 12 wrote it after the device budget was
   // spent): off. COROLLA_PROLOGUE_EARLY_LOADS sets it.
   bool prologue_early_loads = false;
+  // QkNormRopeKvWrite of many tokens (prefill) with a warp per token walking all its heads (the
+  // rotation's angles and the norm weights formed once a token) instead of a warp per 4 heads.
+  // On an H200 (Qwen3-30B-A3B, prefill of 8192 tokens, session 18 call 8) 147.73-147.82 ms a
+  // prompt against 148.99-149.00 with the build before (a warp per 4 heads, every lane all its
+  // angles, the norm weights in local memory) and 148.60-149.30 with it off; the op ~86 us a layer
+  // (`--breakdown`, eager) instead of ~105. COROLLA_PROLOGUE_WARP_PER_TOKEN=0 turns it off.
+  bool prologue_warp_per_token = true;
   // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
   // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
   // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
