@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool's `run`, from the repository root): an A/B of the
-# decode step (`corolla bench decode`, graph replay) across builds and environment variants.
+# decode step (`corolla bench decode`, graph replay) or a prompt (AB_BENCH=prefill) across builds
+# and environment variants.
 # Every (build, variant) runs once a round and the rounds are interleaved, so that each figure's
 # baseline ran on the same machine minutes apart (machines differ by ~0.03 ms a step: only
 # same-call pairs compare). Logs in $OUT/ab.tar.gz (ab/*.log, ab/summary.txt); a summary of the
-# graph lines at the end.
+# graph lines (prefill: the prompt lines) at the end.
+#   AB_BENCH     decode (default) or prefill (then AB_ARGS defaults to "--context 8192", 3 steps)
 #   AB_BINS      builds to compare (default gpu-bundle/corolla), e.g. "gpu-bundle/corolla
 #                gpu-bundle/base_corolla" with the previous build carried beside the new one
 #   AB_VARIANTS  NAME:ENV[,ENV...] each (default "default:"), e.g.
@@ -15,6 +17,10 @@
 #                build and variant (src/kernels/cuda/notes/decode_timeline.md)
 #   AB_TESTS     a gtest filter of gpu-bundle/cuda_kernels_test to run first (the bundle unpacked
 #                here), e.g. "CudaKernelTest.QkNormRope*"; its log in $OUT/ab_tests.log
+#   AB_NCU       a kernel-name regex: one launch of it (the fourth) profiled by ncu in the first
+#                build and variant, after the rounds; $OUT/ncu.log. Always --clock-control none:
+#                ncu's default locks the clocks to base while it profiles, and these machines'
+#                clocks are not ours to change.
 # Two builds and the test binary exceed the 64 MiB a call carries: bundle and pack them here with
 # `COROLLA_PACK=1 COROLLA_BASE=<previous corolla> scripts/build_gpu.sh` and carry ["mgpu-bundle"];
 # this script unpacks that into gpu-bundle/ first.
@@ -28,7 +34,12 @@ mkdir -p "$logs" gpu-bundle
 if [ -f mgpu-bundle/b.tar.xz ]; then tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi
 bins=${AB_BINS:-gpu-bundle/corolla}
 variants=${AB_VARIANTS:-default:}
-args=${AB_ARGS:---batch 1 --context 1024,8192}
+kind=${AB_BENCH:-decode}
+case $kind in
+  decode) args=${AB_ARGS:---batch 1 --context 1024,8192} steps=10 pattern='^ +graph' ;;
+  prefill) args=${AB_ARGS:---context 8192} steps=3 pattern='% of the matmul peak' ;;
+  *) echo "gpu_decode_ab.sh: AB_BENCH is decode or prefill, not $kind" >&2; exit 1 ;;
+esac
 rounds=${AB_ROUNDS:-2}
 config=${AB_CONFIG:-tests/data/configs/qwen3-30b-a3b.json}
 for bin in $bins; do
@@ -46,8 +57,8 @@ bench() {
   shift 3
   local -a env_args=()
   IFS=',' read -r -a env_args <<<"$envs"
-  timeout 300 env "${env_args[@]}" "$bin" bench decode --config "$config" --random-weights --device cuda \
-    --steps 10 "$@" >"$log" 2>&1
+  timeout 300 env "${env_args[@]}" "$bin" bench "$kind" --config "$config" --random-weights --device cuda \
+    --steps "$steps" "$@" >"$log" 2>&1
 }
 
 summary=()
@@ -59,12 +70,24 @@ for r in $(seq 1 "$rounds"); do
       # shellcheck disable=SC2086  # args holds several flags
       bench "$logs/$tag.log" "$bin" "$envs" $args
       rc=$?
-      line="$tag (rc $rc):$(grep -E '^ +graph' "$logs/$tag.log" | sed -E 's/ +graph +/ | /; s/, [0-9.]+ tokens\/s//' | tr -d '\n')"
+      line="$tag (rc $rc):$(grep -E "$pattern" "$logs/$tag.log" | sed -E 's/^ +(graph +)?/ | /; s/, [0-9.]+ tokens\/s//' | tr -d '\n')"
       echo "$line"
       summary+=("$line")
     done
   done
 done
+if [ -n "${AB_NCU:-}" ]; then
+  v=${variants%% *} bin=${bins%% *}
+  IFS=',' read -r -a ncu_env <<<"${v#*:}"
+  # shellcheck disable=SC2086  # args holds several flags
+  timeout 400 env "${ncu_env[@]}" /usr/local/cuda/bin/ncu --clock-control none --kernel-name "regex:$AB_NCU" \
+    --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
+    "$bin" bench "$kind" --config "$config" --random-weights --device cuda --steps 1 $args >"$OUT/ncu.log" 2>&1
+  echo "=== ncu $AB_NCU ($bin, ${v%%:*}): exit $?, $OUT/ncu.log"
+  grep -E "Duration|Throughput|Issued Warp|Executed Instructions |Registers Per|Achieved Occupancy" "$OUT/ncu.log" | head -20
+fi
 if [ "${AB_TIMELINE:-0}" = 1 ]; then
   for v in $variants; do
     name=${v%%:*} envs=${v#*:}
@@ -77,7 +100,7 @@ if [ "${AB_TIMELINE:-0}" = 1 ]; then
     done
   done
 fi
-echo "=== summary (ms a step, % of the copy bandwidth measured in the same run)"
+echo "=== summary ($kind: ms a step or a prompt, % of the limit measured in the same run)"
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 # The device tool returns at most 8 files from $OUT: the logs travel as one archive.
 tar czf "$OUT/ab.tar.gz" -C "$OUT" ab && rm -rf "$logs"
