@@ -18,6 +18,14 @@ std::string ApiError::ToJson() const {
   return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+ChatRenderOptions ChatRequest::RenderOptions() const {
+  ChatRenderOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.tools = tools;
+  o.extra_kwargs = chat_template_kwargs;
+  return o;
+}
+
 ApiError BadRequest(std::string message, std::string param) {
   ApiError e;
   e.status = 400;

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/chat_template.h"
+
 namespace corolla::server {
 
 // {"error": {"message", "type", "param", "code"}} with its HTTP status.
@@ -48,6 +50,9 @@ struct ChatRequest {
   nlohmann::json tools;     // null or a list
   nlohmann::json chat_template_kwargs;  // null or an object
   bool add_generation_prompt = true;
+
+  // What the chat template is rendered with besides the messages (the server, its fuzz tests).
+  ChatRenderOptions RenderOptions() const;
 };
 
 struct CompletionRequest {

@@ -34,11 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)e->ToJson();
     return 0;
   }
-  ChatRenderOptions o;
-  o.add_generation_prompt = chat.add_generation_prompt;
-  o.tools = chat.tools;
-  o.extra_kwargs = chat.chat_template_kwargs;
-  Result<std::string> text = chat_template->Render(chat.messages, o);
+  Result<std::string> text = chat_template->Render(chat.messages, chat.RenderOptions());
   if (text.ok()) (void)tokenizer->Encode(*text, /*add_special_tokens=*/false);
   return 0;
 }

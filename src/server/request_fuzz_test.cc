@@ -162,11 +162,7 @@ TEST(RequestFuzz, ChatBodiesAlwaysGetAnAnswer) {
     }
     ++accepted;
     const ChatTemplate& t = templates[rng() % templates.size()];
-    ChatRenderOptions o;
-    o.add_generation_prompt = chat.add_generation_prompt;
-    o.tools = chat.tools;
-    o.extra_kwargs = chat.chat_template_kwargs;
-    Result<std::string> text = t.Render(chat.messages, o);
+    Result<std::string> text = t.Render(chat.messages, chat.RenderOptions());
     if (!text.ok()) {
       EXPECT_FALSE(text.status().message().empty()) << body;
       continue;

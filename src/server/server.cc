@@ -423,11 +423,7 @@ ApiError NoTokenizer(const std::string& param = "") {
 
 Result<std::vector<int32_t>> RenderChat(const ServedModel& m, const ChatRequest& chat) {
   if (!m.chat_template) return InvalidArgument("this model has no chat template; use /v1/completions");
-  ChatRenderOptions o;
-  o.add_generation_prompt = chat.add_generation_prompt;
-  o.tools = chat.tools;
-  o.extra_kwargs = chat.chat_template_kwargs;
-  ASSIGN_OR_RETURN(std::string text, m.chat_template->Render(chat.messages, o));
+  ASSIGN_OR_RETURN(std::string text, m.chat_template->Render(chat.messages, chat.RenderOptions()));
   return m.tokenizer->Encode(text, /*add_special_tokens=*/false);
 }
 
