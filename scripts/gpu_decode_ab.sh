@@ -11,6 +11,8 @@
 #                gpu-bundle/base_corolla" with the previous build carried beside the new one
 #   AB_VARIANTS  NAME:ENV[,ENV...] each (default "default:"), e.g.
 #                "default: split128:COROLLA_ATTN_DECODE_SPLIT_KEYS=128"
+#   AB_BASE_VARIANTS  those of AB_VARIANTS that the builds after the first run (default: all),
+#                e.g. "default:" where the other variants' variables mean nothing to the baseline
 #   AB_ARGS      bench flags (default "--batch 1 --context 1024,8192")
 #   AB_ROUNDS    (default 2); AB_CONFIG (default tests/data/configs/qwen3-30b-a3b.json)
 #   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000, batch 1, ctx 1024) per
@@ -61,11 +63,20 @@ bench() {
     --steps "$steps" "$@" >"$log" 2>&1
 }
 
+# runs BIN VARIANT: whether the pair runs (the first build every variant, the others
+# AB_BASE_VARIANTS).
+first_bin=${bins%% *}
+runs() {
+  [ "$1" = "$first_bin" ] && return 0
+  case " ${AB_BASE_VARIANTS:-$variants} " in *" $2 "*) return 0 ;; esac
+  return 1
+}
 summary=()
 for r in $(seq 1 "$rounds"); do
   for v in $variants; do
     name=${v%%:*} envs=${v#*:}
     for bin in $bins; do
+      runs "$bin" "$v" || continue
       tag="$(basename "$bin").$name.r$r"
       # shellcheck disable=SC2086  # args holds several flags
       bench "$logs/$tag.log" "$bin" "$envs" $args
@@ -92,6 +103,7 @@ if [ "${AB_TIMELINE:-0}" = 1 ]; then
   for v in $variants; do
     name=${v%%:*} envs=${v#*:}
     for bin in $bins; do
+      runs "$bin" "$v" || continue
       tag="$(basename "$bin").$name.timeline"
       bench "$logs/$tag.log" "$bin" "COROLLA_TIMELINE=3000${envs:+,$envs}" --batch 1 --context 1024
       echo "=== $tag: $logs/$tag.log"
