@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
@@ -30,21 +31,39 @@ inline Backend* Gpu() {
   return be.get();
 }
 
+// Tuning() as the process started (environment applied), to restore after a sweep.
+inline const cuda::KernelTuning& DefaultTuning() {
+  static const cuda::KernelTuning defaults = cuda::Tuning();
+  return defaults;
+}
+
+// The tests' random generator. CudaKernelTest seeds it per test, from the test's name (FNV-1a:
+// the same on every build), so that a test draws the same inputs whatever ran before it: a
+// filtered run repeats what the whole suite saw. COROLLA_TEST_SEED mixes in another seed.
+inline std::mt19937& Rng() {
+  static std::mt19937 rng(12345);
+  return rng;
+}
+inline uint32_t TestSeed(const std::string& name) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : name) h = (h ^ c) * 16777619u;
+  if (const char* extra = std::getenv("COROLLA_TEST_SEED")) h ^= static_cast<uint32_t>(std::strtoul(extra, nullptr, 10));
+  return h;
+}
+
 class CudaKernelTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+    DefaultTuning();  // captured before any test changes Tuning() (a test's Restore goes back to it)
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    Rng().seed(TestSeed(std::string(info->test_suite_name()) + "." + info->name()));
   }
   Backend& gpu() { return *Gpu(); }
 };
 
 inline constexpr double kBf16Tol = 1e-2;
 inline constexpr double kF32Tol = 1e-4;
-
-inline std::mt19937& Rng() {
-  static std::mt19937 rng(12345);
-  return rng;
-}
 
 // n values uniform in [-scale, scale], rounded to bf16 so both backends see the same inputs.
 inline std::vector<float> RandomBf16(int64_t n, float scale = 1.0f) {
@@ -138,11 +157,6 @@ inline void Record(const std::string& kernel, const std::string& shape, double e
   Results().push_back({kernel, shape, error, tol});
 }
 
-// Tuning() as the process started (environment applied), to restore after a sweep.
-inline const cuda::KernelTuning& DefaultTuning() {
-  static const cuda::KernelTuning defaults = cuda::Tuning();
-  return defaults;
-}
 
 // Mean device time (us) of `iters` back-to-back calls of fn on `stream`, after one warm-up,
 // by CUDA events.
