@@ -157,7 +157,6 @@ inline void Record(const std::string& kernel, const std::string& shape, double e
   Results().push_back({kernel, shape, error, tol});
 }
 
-
 // Mean device time (us) of `iters` back-to-back calls of fn on `stream`, after one warm-up,
 // by CUDA events.
 inline double TimeUs(cudaStream_t stream, const std::function<void()>& fn, int iters) {
