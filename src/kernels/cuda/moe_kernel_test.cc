@@ -2,7 +2,8 @@
 // path: the grouped mma GEMMs of grouped_gemm.cu at each tile height (32, 64, 128 rows), the
 // 128-row tiles on wgmma + TMA (grouped_gemm_wgmma.cu; shapes it does not fit fall back to
 // mma.sync), the memory-bound decode GEMVs (one-CTA and 4-kernel permute) and the default
-// dispatch. K 768 / 2048 / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop and N tails.
+// dispatch; "mma tile 64 scalar combine" takes MoeCombine's scalar kernel and must give the
+// 16-byte kernel's bits. K 768 / 2048 / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop and N tails.
 // The sweep:
 // one token to 4096 (E 128, k 8, H 2048, I 768), K and N off the tiles (H 136/200, I 72/200),
 // one expert taking every row, most experts with zero rows (leading, interleaved, trailing),
@@ -18,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -108,10 +110,12 @@ struct MoePath {
   int tile_rows;  // mma: forced tile height (0: by rows per expert)
   bool fused_permute = true;
   bool wgmma = false;  // 128-row tiles on the wgmma kernels
+  bool combine_vec = true;  // MoeCombine's 16-byte kernel, else its scalar twin
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
     {"mma tile 64", false, false, 64},
+    {"mma tile 64 scalar combine", false, false, 64, true, false, false},
     {"mma tile 128", false, false, 128},
     {"wgmma tile 128", false, false, 128, true, true},
     {"gemv", false, true, 0},
@@ -127,6 +131,7 @@ void Apply(const MoePath& path) {
   t.moe_gemm_tile_rows = path.tile_rows;
   t.moe_fused_permute = path.fused_permute;
   t.moe_gemm_wgmma = path.wgmma;
+  t.moe_combine_vec = path.combine_vec;
 }
 
 void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
@@ -142,15 +147,21 @@ void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
   const std::vector<float> ref(cout.ptr<float>(), cout.ptr<float>() + t * h);
   Tensor gx = Upload(gpu, x, {t, h}, DType::kBF16);
   Tensor gids = UploadI32(gpu, ids, {t, c.k}), gw = Upload(gpu, w, {t, c.k}, DType::kF32);
+  std::vector<float> tile64;  // "mma tile 64": the scalar combine must give the same bits
   for (const MoePath& path : kMoePaths) {
     Apply(path);
     Tensor gout = gpu.Empty(DType::kBF16, {t, h});
     Poison(gpu, gout);
     gpu.MoeExperts(gx, gids, gw, wts.gpu_gate_up, wts.gpu_down, gout);
-    const double e = RelError(Download(gpu, gout), ref);
+    const std::vector<float> got = Download(gpu, gout);
+    const double e = RelError(got, ref);
     const std::string shape = Name(c) + " " + path.name;
     Record("MoeExperts", shape, e, kBf16Tol);
     EXPECT_LT(e, kBf16Tol) << shape;
+    if (std::string(path.name) == "mma tile 64") tile64 = got;
+    if (std::string(path.name) == "mma tile 64 scalar combine")
+      EXPECT_EQ(0, std::memcmp(got.data(), tile64.data(), got.size() * sizeof(float)))
+          << shape << ": the 16-byte and scalar combines differ";
   }
   cuda::Tuning() = DefaultTuning();
 }

@@ -22,6 +22,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_FUSED_ROUTER_MAX_TOKENS")) t.fused_router_max_tokens = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_SLOTS")) t.moe_pair_down_slots = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA")) t.moe_gemm_wgmma = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_COMBINE_VEC")) t.moe_combine_vec = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA")) t.attention_wgmma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_LINEAR_FP8_GEMV_MAX_ROWS")) t.linear_fp8_gemv_max_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_FP8_WGMMA")) t.moe_fp8_wgmma = std::atoi(v) != 0;

@@ -25,6 +25,9 @@ struct KernelTuning {
   bool moe_gemm_wgmma = true;
   // MoeExperts counts, scans and permutes in one CTA when the batch is small enough.
   bool moe_fused_permute = true;
+  // MoeCombine sums y with 16-byte loads, all slots' loads before their sums (CombineVecKernel,
+  // the same bits as the scalar kernel). COROLLA_MOE_COMBINE_VEC=0 takes the scalar kernel.
+  bool moe_combine_vec = true;
   // MoeExperts skips the permutation and runs one GEMV per (token, expert) pair, the down
   // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. 64: on an
   // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV.
