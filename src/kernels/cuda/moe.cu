@@ -307,7 +307,8 @@ __global__ void CombineVecKernel(const __grid_constant__ CombineParams p) {
 #pragma unroll
       for (int u = 0; u < kCombineBatch; ++u) {
         const int s = s0 + u;
-        v[u] = s < p.top_k && rows[s] >= 0 ? __ldcs(y + rows[s] * row_vecs + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u] = s < p.top_k && rows[s] >= 0 ? __ldcs(y + rows[s] * row_vecs + c)
+                                           : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < kCombineBatch; ++u) {
@@ -475,8 +476,9 @@ void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_
   CombineParams cp{y, slot_row, topk_weights.ptr<float>(), topk_weights.strides[0],
                    out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden, static_cast<int>(topk_weights.dim(1)),
                    static_cast<int>(hidden)};
-  const bool vec = Tuning().moe_combine_vec && hidden % 4 == 0 && cp.top_k <= kMaxTopK && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(cp.out) % 8 == 0 && cp.out_stride % 4 == 0;
+  const bool vec = Tuning().moe_combine_vec && hidden % 4 == 0 && cp.top_k <= kMaxTopK &&
+                   reinterpret_cast<uintptr_t>(y) % 16 == 0 && reinterpret_cast<uintptr_t>(cp.out) % 8 == 0 &&
+                   cp.out_stride % 4 == 0;
   if (vec)
     CombineVecKernel<<<tokens, 128, 0, s>>>(cp);
   else

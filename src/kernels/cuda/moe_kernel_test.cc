@@ -3,7 +3,8 @@
 // 128-row tiles on wgmma + TMA (grouped_gemm_wgmma.cu; shapes it does not fit fall back to
 // mma.sync), the memory-bound decode GEMVs (one-CTA and 4-kernel permute) and the default
 // dispatch; "mma tile 64 scalar combine" takes MoeCombine's scalar kernel and must give the
-// 16-byte kernel's bits. K 768 / 2048 / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop and N tails.
+// 16-byte kernel's bits. K 768 / 2048 / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop
+// and N tails.
 // The sweep:
 // one token to 4096 (E 128, k 8, H 2048, I 768), K and N off the tiles (H 136/200, I 72/200),
 // one expert taking every row, most experts with zero rows (leading, interleaved, trailing),
