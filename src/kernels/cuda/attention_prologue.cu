@@ -223,13 +223,15 @@ bool QkNormRopeKvWrite(const TensorView& q, const TensorView& k, const TensorVie
                    batch.slot_mapping.ptr<int32_t>(), cache.k.dim(0) * cache.block_size(), cache.block_size(),
                    tokens, static_cast<int>(q.dim(1)), static_cast<int>(k.dim(1))};
   // A warp per head below kManyTokens tokens (the few tokens spread over more SMs); from there
-  // Tuning().prologue_warp_per_token: a warp per token (QkNormRopeKvWriteTokenKernel), or
   // kHeadsPerWarp heads a warp (on an H200, Qwen3-30B-A3B, 8192 tokens: 110.9 us a layer
-  // against 122.2 with 8 heads a warp and slower again with 2).
+  // against 122.2 with 8 heads a warp and slower again with 2), and a warp per token
+  // (QkNormRopeKvWriteTokenKernel) from Tuning().prologue_warp_per_token_min_tokens.
   constexpr int64_t kManyTokens = 64;
   constexpr int kHeadsPerWarp = 4;
   const int64_t heads = q.dim(1) + 2 * k.dim(1);
-  const bool many = tokens >= kManyTokens, per_token = many && Tuning().prologue_warp_per_token;
+  const bool many = tokens >= kManyTokens;
+  const bool per_token = many && Tuning().prologue_warp_per_token &&
+                         tokens >= Tuning().prologue_warp_per_token_min_tokens;
   const int64_t warps = per_token ? tokens : tokens * (many ? CeilDiv(heads, kHeadsPerWarp) : heads);
   const dim3 grid(CeilDiv(warps * 32, 128));
   p.early_trigger = Tuning().prologue_early_trigger;

@@ -78,6 +78,7 @@ TEST_F(CudaKernelTest, QkNormRopeKvWrite) {
     auto run = [&](bool early_loads, bool per_token) {
       cuda::Tuning().prologue_early_loads = early_loads;
       cuda::Tuning().prologue_warp_per_token = per_token;
+      cuda::Tuning().prologue_warp_per_token_min_tokens = 0;  // the warp a token from 64 tokens
       Tensor gqkv = Upload(gpu(), qkv, {t, width}, DType::kBF16), gkc = Upload(gpu(), kc, cshape, DType::kBF16);
       Tensor gvc = Upload(gpu(), vc, cshape, DType::kBF16);
       auto [gq, gk, gv] = views(gqkv);

@@ -386,10 +386,37 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 int GroupedGemmTileRows(int64_t rows, int experts) {
   if (const int forced = Tuning().moe_gemm_tile_rows) return forced;
   // Rows per expert that has any, if routing spreads them (all experts busy once rows >= E).
+  // Above kSmallMaxRows the 64-row groups, which the wgmma kernels take as 128-row tiles
+  // (WgmmaTileRows): routing is uneven within a prompt (its tokens' hidden states share their
+  // context), and an expert's rows past a small tile cost another pass over its weights. On an
+  // H200, Qwen3-30B-A3B prompts of 384 / 512 / 1024 tokens (24 / 32 / 64 rows an expert on
+  // average) took 10.2 / 11.5 / 17.1 ms on the 128-row wgmma tiles against 14.4 / 16.3 / 25.8 on
+  // the 32- and 64-row mma.sync ones. 16: decode batches spread their rows evenly (one token a
+  // sequence), and at batch 256 (16 rows an expert) the 32-row tiles took 25.28 ms a step
+  // against 25.64 on the 128-row tiles (batch 32: 16.85 vs 17.17) — while a 256-token prompt
+  // would take 8.9 ms on the 128-row tiles against 11.3.
+  constexpr double kSmallMaxRows = 16;
   const double per_expert =
       static_cast<double>(rows) / std::max<int64_t>(1, std::min<int64_t>(experts, rows));
-  return per_expert <= 24 ? SmallTiles::kBM : per_expert <= 64 ? MediumTiles::kBM : LargeTiles::kBM;
+  return per_expert <= kSmallMaxRows ? SmallTiles::kBM
+         : per_expert <= 64          ? MediumTiles::kBM
+                                     : LargeTiles::kBM;
 }
+
+namespace {
+// The wgmma tile height (grouped_gemm_wgmma.cu) for groups that GroupedGemmTileRows gives
+// `tile_rows`, 0 for the mma.sync tiles: 128 for 128; for 64 the 128-row tiles (an expert's
+// uneven share of rows still fits one tile), or the 64-row ones with moe_gemm_wgmma_tile64 (a
+// forced 64 without it stays on mma.sync, which tests compare against).
+int WgmmaTileRows(int tile_rows) {
+  const KernelTuning& t = Tuning();
+  if (!t.moe_gemm_wgmma) return 0;
+  if (tile_rows == LargeTiles::kBM) return LargeTiles::kBM;
+  if (tile_rows != MediumTiles::kBM) return 0;
+  if (t.moe_gemm_wgmma_tile64) return MediumTiles::kBM;
+  return t.moe_gemm_tile_rows == 0 ? LargeTiles::kBM : 0;
+}
+}  // namespace
 
 void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int32_t* offsets,
                        const TensorView& w_gate_up, const TensorView& act, cudaStream_t s) {
@@ -414,9 +441,9 @@ void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int
                static_cast<int>(inter),
                static_cast<int>(hidden)};
   const int tile_rows = GroupedGemmTileRows(rows, p.experts);
-  if (tile_rows == LargeTiles::kBM && Tuning().moe_gemm_wgmma &&
-      GroupedWgmmaFits(inter, hidden, p.experts))
-    return GroupedWgmmaGateUp(x, x_stride, perm_token, offsets, w_gate_up, act, s);
+  if (const int wg = WgmmaTileRows(tile_rows);
+      wg != 0 && GroupedWgmmaFits(inter, hidden, p.experts))
+    return GroupedWgmmaGateUp(wg, x, x_stride, perm_token, offsets, w_gate_up, act, s);
   LaunchFor<true>(tile_rows, p, rows, s);
 }
 
@@ -442,9 +469,9 @@ void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const Tensor
                static_cast<int>(hidden),
                static_cast<int>(inter)};
   const int tile_rows = GroupedGemmTileRows(rows, p.experts);
-  if (tile_rows == LargeTiles::kBM && Tuning().moe_gemm_wgmma &&
-      GroupedWgmmaFits(hidden, inter, p.experts))
-    return GroupedWgmmaDown(act, offsets, w_down, y, s);
+  if (const int wg = WgmmaTileRows(tile_rows);
+      wg != 0 && GroupedWgmmaFits(hidden, inter, p.experts))
+    return GroupedWgmmaDown(wg, act, offsets, w_down, y, s);
   LaunchFor<false>(tile_rows, p, rows, s);
 }
 

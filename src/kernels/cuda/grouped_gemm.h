@@ -1,9 +1,9 @@
 // The two grouped GEMMs of MoeExperts (grouped_gemm.cu): bf16 mma.sync tiles with fp32
 // accumulation over expert-contiguous rows, scheduled on the device from the row offsets (no
-// host read of the counts); 128-row tiles run on wgmma + TMA (grouped_gemm_wgmma.cu) when
-// Tuning().moe_gemm_wgmma is on and the shapes fit. Internal to the CUDA backend (moe.cu, its
-// tests). Launchers enqueue on `s` without synchronising; the only state is per-kernel launch
-// attributes set once.
+// host read of the counts); groups that pick 64- or 128-row tiles run on wgmma + TMA
+// (grouped_gemm_wgmma.cu) when Tuning().moe_gemm_wgmma is on and the shapes fit. Internal to the
+// CUDA backend (moe.cu, its tests). Launchers enqueue on `s` without synchronising; the only
+// state is per-kernel launch attributes set once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,18 +30,20 @@ void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const Tensor
 
 // The rows of one CTA tile (32, 64 or 128) both launchers use for `rows` permuted rows over
 // `experts` experts: Tuning().moe_gemm_tile_rows when set, else chosen by the mean rows per
-// expert (decode-like groups get the small tile, prefill-like ones the 128 x 256 tile).
+// expert (decode-like groups, up to 16 rows an expert, get the small tile; the 64-row groups run
+// on the 128-row wgmma tiles where those fit, see grouped_gemm.cu).
 int GroupedGemmTileRows(int64_t rows, int experts);
 
-// grouped_gemm_wgmma.cu: the Hopper kernels behind the launchers above for 128-row tiles. Fits:
-// N (GateUp: I; Down: H) % 128 == 0, K % 64 == 0, an sm_90 device, the schedule of `experts`
-// in shared memory. The arguments are those of the launchers, already checked by them.
+// grouped_gemm_wgmma.cu: the Hopper kernels behind the launchers above for 64- and 128-row
+// tiles (tile_rows). Fits: N (GateUp: I; Down: H) % 128 == 0, K % 64 == 0, an sm_90 device, the
+// schedule of `experts` in shared memory. The other arguments are those of the launchers,
+// already checked by them.
 bool GroupedWgmmaFits(int64_t n, int64_t k, int experts);
-void GroupedWgmmaGateUp(const TensorView& x, int64_t x_stride, const int32_t* perm_token,
-                        const int32_t* offsets, const TensorView& w_gate_up, const TensorView& act,
-                        cudaStream_t s);
-void GroupedWgmmaDown(const TensorView& act, const int32_t* offsets, const TensorView& w_down,
-                      const TensorView& y, cudaStream_t s);
+void GroupedWgmmaGateUp(int tile_rows, const TensorView& x, int64_t x_stride,
+                        const int32_t* perm_token, const int32_t* offsets,
+                        const TensorView& w_gate_up, const TensorView& act, cudaStream_t s);
+void GroupedWgmmaDown(int tile_rows, const TensorView& act, const int32_t* offsets,
+                      const TensorView& w_down, const TensorView& y, cudaStream_t s);
 // c [64, 256] f32 = a [64, 64] b [256, 64]^T (bf16, contiguous) through one wgmma tile: A by
 // cp.async in the swizzled layout, B by TMA. Isolates layout bugs (CudaKernelTest.WgmmaTileProbe).
 void WgmmaTileProbe(const TensorView& a, const TensorView& b, const TensorView& c, cudaStream_t s);

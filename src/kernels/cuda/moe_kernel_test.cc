@@ -110,8 +110,9 @@ struct MoePath {
   bool gemv;      // the memory-bound decode GEMVs, else the grouped mma GEMMs
   int tile_rows;  // mma: forced tile height (0: by rows per expert)
   bool fused_permute = true;
-  bool wgmma = false;  // 128-row tiles on the wgmma kernels
-  bool combine_vec = true;  // MoeCombine's 16-byte kernel, else its scalar twin
+  bool wgmma = false;         // 128-row tiles on the wgmma kernels
+  bool combine_vec = true;    // MoeCombine's 16-byte kernel, else its scalar twin
+  bool wgmma_tile64 = false;  // the 64-row wgmma tiles (with wgmma)
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
@@ -119,6 +120,7 @@ const MoePath kMoePaths[] = {
     {"mma tile 64 scalar combine", false, false, 64, true, false, false},
     {"mma tile 128", false, false, 128},
     {"wgmma tile 128", false, false, 128, true, true},
+    {"wgmma tile 64", false, false, 64, true, true, true, true},
     {"gemv", false, true, 0},
     {"gemv 4-kernel permute", false, true, 0, false},
     {"default dispatch", true, false, 0},
@@ -133,6 +135,7 @@ void Apply(const MoePath& path) {
   t.moe_fused_permute = path.fused_permute;
   t.moe_gemm_wgmma = path.wgmma;
   t.moe_combine_vec = path.combine_vec;
+  t.moe_gemm_wgmma_tile64 = path.wgmma_tile64;
 }
 
 void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
@@ -250,10 +253,11 @@ TEST_F(CudaKernelTest, WgmmaTileProbe) {
     }
 }
 
-// The grouped GEMMs alone, wgmma (forced 128-row tiles) against mma.sync on the same inputs:
-// act (GateUp) and y (Down) over the rows offsets assign, outputs poisoned before each run.
-// Expert counts of every kind: empty (leading, interleaved, trailing), 1 row, 127/128/129,
-// several m-tiles; E 8..128; K/N 2048/768 (Qwen3-30B-A3B), 768/2048, 7168/256, 384/128.
+// The grouped GEMMs alone, wgmma against mma.sync at the same forced tile height (128, 64) on the
+// same inputs: act (GateUp) and y (Down) over the rows offsets assign, outputs poisoned before
+// each run. Expert counts of every kind: empty (leading, interleaved, trailing), 1 row, 63/64/65,
+// 127/128/129, several m-tiles; E 8..128; K/N 2048/768 (Qwen3-30B-A3B), 768/2048, 7168/256,
+// 384/128.
 TEST_F(CudaKernelTest, GroupedGemmWgmma) {
   cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu()).stream();
   struct Case {
@@ -264,8 +268,8 @@ TEST_F(CudaKernelTest, GroupedGemmWgmma) {
   for (const Case& c : {Case{8, 2048, 768}, Case{128, 512, 256}, Case{16, 768, 2048},
                         Case{8, 7168, 256}, Case{32, 384, 128}}) {
     std::vector<int32_t> counts(c.experts);
-    const int32_t kinds[] = {0, 1, 127, 128, 129, 300, 0, 513, 64};
-    for (int e = 0; e < c.experts; ++e) counts[e] = kinds[(e * 7 + c.experts) % 9];
+    const int32_t kinds[] = {0, 1, 127, 128, 129, 300, 0, 513, 64, 63, 65};
+    for (int e = 0; e < c.experts; ++e) counts[e] = kinds[(e * 7 + c.experts) % 11];
     counts.back() = 0;
     counts[0] = 0;
     std::vector<int32_t> offsets(c.experts + 1, 0);
@@ -284,28 +288,32 @@ TEST_F(CudaKernelTest, GroupedGemmWgmma) {
     Tensor act_in = Upload(gpu(), RandomBf16(rows * c.inter), {rows, c.inter}, DType::kBF16);
     Tensor goff = UploadI32(gpu(), offsets, {c.experts + 1}),
            gperm = UploadI32(gpu(), perm, {rows});
-    std::vector<float> act_out[2], y_out[2];
-    for (int wgmma = 0; wgmma < 2; ++wgmma) {
+    for (int tile : {128, 64}) {
+      std::vector<float> act_out[2], y_out[2];
+      for (int wgmma = 0; wgmma < 2; ++wgmma) {
+        cuda::Tuning() = DefaultTuning();
+        cuda::Tuning().moe_gemm_tile_rows = tile;
+        cuda::Tuning().moe_gemm_wgmma = wgmma != 0;
+        cuda::Tuning().moe_gemm_wgmma_tile64 = true;
+        Tensor act = gpu().Empty(DType::kBF16, {rows, c.inter});
+        Tensor y = gpu().Empty(DType::kF32, {rows, c.hidden});
+        Poison(gpu(), act);
+        Poison(gpu(), y);
+        cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
+        cuda::GroupedGemmDown(act_in, goff.ptr<int32_t>(), wd, y, stream);
+        act_out[wgmma] = Download(gpu(), act);
+        y_out[wgmma] = Download(gpu(), y);
+      }
       cuda::Tuning() = DefaultTuning();
-      cuda::Tuning().moe_gemm_tile_rows = 128;
-      cuda::Tuning().moe_gemm_wgmma = wgmma != 0;
-      Tensor act = gpu().Empty(DType::kBF16, {rows, c.inter});
-      Tensor y = gpu().Empty(DType::kF32, {rows, c.hidden});
-      Poison(gpu(), act);
-      Poison(gpu(), y);
-      cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
-      cuda::GroupedGemmDown(act_in, goff.ptr<int32_t>(), wd, y, stream);
-      act_out[wgmma] = Download(gpu(), act);
-      y_out[wgmma] = Download(gpu(), y);
+      const std::string shape = "tile " + std::to_string(tile) + " E" + std::to_string(c.experts) +
+                                " H" + std::to_string(c.hidden) + " I" + std::to_string(c.inter) +
+                                " rows " + std::to_string(rows);
+      const double e_act = RelError(act_out[1], act_out[0]), e_y = RelError(y_out[1], y_out[0]);
+      Record("GroupedGemmWgmma gate_up vs mma", shape, e_act, kBf16Tol);
+      Record("GroupedGemmWgmma down vs mma", shape, e_y, kBf16Tol);
+      EXPECT_LT(e_act, kBf16Tol) << shape;
+      EXPECT_LT(e_y, kBf16Tol) << shape;
     }
-    cuda::Tuning() = DefaultTuning();
-    const std::string shape = "E" + std::to_string(c.experts) + " H" + std::to_string(c.hidden) +
-                              " I" + std::to_string(c.inter) + " rows " + std::to_string(rows);
-    const double e_act = RelError(act_out[1], act_out[0]), e_y = RelError(y_out[1], y_out[0]);
-    Record("GroupedGemmWgmma gate_up vs mma", shape, e_act, kBf16Tol);
-    Record("GroupedGemmWgmma down vs mma", shape, e_y, kBf16Tol);
-    EXPECT_LT(e_act, kBf16Tol) << shape;
-    EXPECT_LT(e_y, kBf16Tol) << shape;
   }
 }
 
@@ -328,9 +336,9 @@ Tensor DevicePattern(Backend& gpu, Shape shape, float scale) {
 // per expert: the gate_up and down GEMMs alone at each tile height and the auto choice, then
 // the whole MoeExperts op (default dispatch, and the GEMV and mma paths forced at decode sizes).
 // Times are medians of event-timed launches on the backend's stream. Limits: 788 TFLOP/s (bf16
-// matmul measured through cuBLASLt, notes/history.md, v2) and 4.28 TB/s (HBM copy); "roof" is the time
-// those limits allow for the GEMM's FLOPs or its bytes (weights + activations read and written),
-// whichever is larger, over the measured time.
+// matmul measured through cuBLASLt, notes/history.md, v2) and 4.28 TB/s (HBM copy); "roof" is the
+// time those limits allow for the GEMM's FLOPs or its bytes (weights + activations read and
+// written), whichever is larger, over the measured time.
 TEST(CudaPerf, GroupedGemm) {
   if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
   Backend& gpu = *Gpu();
@@ -340,7 +348,9 @@ TEST(CudaPerf, GroupedGemm) {
   const int64_t hidden = 2048, inter = 768;
   Tensor wgu = DevicePattern(gpu, {experts, 2 * inter, hidden}, 1.f / std::sqrt(float(hidden)));
   Tensor wd = DevicePattern(gpu, {experts, hidden, inter}, 1.f / std::sqrt(float(inter)));
-  auto median_us = [&](const std::function<void()>& fn, int reps) { return MedianUs(stream, fn, reps); };
+  auto median_us = [&](const std::function<void()>& fn, int reps) {
+    return MedianUs(stream, fn, reps);
+  };
   std::printf(
       "grouped gemm perf: E %d H %ld I %ld k %d, uniform routing; limits %.0f TFLOP/s, %.2f TB/s\n",
       experts, static_cast<long>(hidden), static_cast<long>(inter), k, kPeakFlops / 1e12,
@@ -379,13 +389,19 @@ TEST(CudaPerf, GroupedGemm) {
                     wbytes / us / 1e3, 100 * roof);
       return std::string(buf);
     };
+    // The tile the defaults run (as grouped_gemm.cu's WgmmaTileRows): the 64-row groups on the
+    // 128-row wgmma tiles unless moe_gemm_wgmma_tile64.
+    const cuda::KernelTuning def = DefaultTuning();
     const int auto_rows = cuda::GroupedGemmTileRows(rows, experts);
+    const bool auto_wgmma = def.moe_gemm_wgmma && auto_rows >= 64;
+    const int auto_tile =
+        auto_wgmma && auto_rows == 64 && !def.moe_gemm_wgmma_tile64 ? 128 : auto_rows;
     double mma128_us[2] = {0, 0};  // gate_up, down of the 128-row mma.sync tiles
-    for (int variant = 0; variant < 4; ++variant) {
-      // 32, 64, 128 on mma.sync, then 128 on wgmma ("128w").
-      const int tile = variant == 3 ? 128 : 32 << variant;
-      const bool wgmma = variant == 3;
-      Apply({"mma", false, false, tile, true, wgmma});
+    for (int variant = 0; variant < 5; ++variant) {
+      // 32, 64, 128 on mma.sync, then 128 and 64 on wgmma ("128w", "64w").
+      const int tile = variant == 3 ? 128 : variant == 4 ? 64 : 32 << variant;
+      const bool wgmma = variant >= 3;
+      Apply({"mma", false, false, tile, true, wgmma, true, true});
       const double gu_us = median_us(
           [&] {
             cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
@@ -395,11 +411,11 @@ TEST(CudaPerf, GroupedGemm) {
           median_us([&] { cuda::GroupedGemmDown(act, goff.ptr<int32_t>(), wd, y, stream); }, reps);
       std::printf("grouped gemm perf: %5ld %6ld %4d%s%s | %s | %s\n", static_cast<long>(tpe),
                   static_cast<long>(tokens), tile, wgmma ? "w" : " ",
-                  tile == auto_rows && wgmma == DefaultTuning().moe_gemm_wgmma ? "*" : " ",
+                  tile == auto_tile && wgmma == auto_wgmma ? "*" : " ",
                   stats(gu_us, gu_flops, gu_wbytes, gu_bytes).c_str(),
                   stats(down_us, down_flops, down_wbytes, down_bytes).c_str());
       if (tile == 128 && !wgmma) mma128_us[0] = gu_us, mma128_us[1] = down_us;
-      if (wgmma)
+      if (wgmma && tile == 128)
         std::printf(
             "grouped gemm perf: %5ld wgmma vs mma.sync (128-row tiles): gate_up %.2fx (%.0f%% of "
             "%.0f TFLOP/s), down %.2fx (%.0f%%)\n",
@@ -425,6 +441,10 @@ TEST(CudaPerf, GroupedGemm) {
     };
     op({"default", true, false, 0});
     if (tpe >= 512) op({"mma.sync 128", false, false, 128});  // the whole op without wgmma
+    if (tpe >= 16 && tpe <= 64) {  // the wgmma tiles where mma.sync's 32/64-row tiles are chosen
+      op({"wgmma 64", false, false, 64, true, true, true, true});
+      op({"wgmma 128", false, false, 128, true, true});
+    }
     if (tpe <= 64) {  // around the GEMV threshold: both sides
       op({"gemv", false, true, 0});
       op({"mma", false, false, 0});

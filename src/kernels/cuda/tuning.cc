@@ -22,6 +22,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_FUSED_ROUTER_MAX_TOKENS")) t.fused_router_max_tokens = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_SLOTS")) t.moe_pair_down_slots = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA")) t.moe_gemm_wgmma = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA_TILE64")) t.moe_gemm_wgmma_tile64 = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_GEMM_TILE_ROWS")) t.moe_gemm_tile_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_COMBINE_VEC")) t.moe_combine_vec = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA")) t.attention_wgmma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_LINEAR_FP8_GEMV_MAX_ROWS")) t.linear_fp8_gemv_max_rows = std::atoi(v);
@@ -43,6 +45,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_TRIGGER")) t.prologue_early_trigger = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_EARLY_LOADS")) t.prologue_early_loads = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PROLOGUE_WARP_PER_TOKEN")) t.prologue_warp_per_token = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_PROLOGUE_WARP_PER_TOKEN_MIN_TOKENS"))
+      t.prologue_warp_per_token_min_tokens = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ROWS")) t.moe_pair_gate_up_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_ROWS")) t.moe_pair_down_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE"))

@@ -18,11 +18,19 @@ struct KernelTuning {
   // COROLLA_MOE_DECODE_MAX_PAIRS sets it.
   int64_t moe_decode_max_pairs = 64;
   // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
-  // forces one (tests and benchmarks sweep them).
+  // forces one (tests and benchmarks sweep them). COROLLA_MOE_GEMM_TILE_ROWS sets it.
   int moe_gemm_tile_rows = 0;
   // The 128-row tiles run on the wgmma + TMA kernels (grouped_gemm_wgmma.cu) where the shapes
   // fit (N % 128, K % 64), else on mma.sync. COROLLA_MOE_GEMM_WGMMA sets it.
   bool moe_gemm_wgmma = true;
+  // With moe_gemm_wgmma, the groups that pick 64-row tiles (17-64 rows an expert, or a forced
+  // 64) run on the 64-row wgmma tiles; off, the 128-row wgmma tiles take the groups that pick
+  // 64 (a forced 64 stays on mma.sync). Off: on an H200 (Qwen3-30B-A3B prompts, random weights,
+  // where routing leaves experts uneven) the 128-row tiles took a 1024-token prompt in 17.6 ms
+  // against 19.2 with the 64-row wgmma tiles and 25.9 with the mma.sync ones; the 64-row tiles
+  // win only for even groups (CudaPerf.GroupedGemm's uniform routing, 64 rows an expert: the
+  // op 367 vs 385 us). COROLLA_MOE_GEMM_WGMMA_TILE64 sets it.
+  bool moe_gemm_wgmma_tile64 = false;
   // MoeExperts counts, scans and permutes in one CTA when the batch is small enough.
   bool moe_fused_permute = true;
   // MoeCombine sums y with 16-byte loads, all slots' loads before their sums (CombineVecKernel,
@@ -223,8 +231,14 @@ struct KernelTuning {
   // On an H200 (Qwen3-30B-A3B, prefill of 8192 tokens, session 18 call 8) 147.73-147.82 ms a
   // prompt against 148.99-149.00 with the build before (a warp per 4 heads, every lane all its
   // angles, the norm weights in local memory) and 148.60-149.30 with it off; the op ~86 us a layer
-  // (`--breakdown`, eager) instead of ~105. COROLLA_PROLOGUE_WARP_PER_TOKEN=0 turns it off.
+  // (`--breakdown`, eager) instead of ~105. Below prologue_warp_per_token_min_tokens the warp a
+  // token leaves too few warps to fill the SMs. COROLLA_PROLOGUE_WARP_PER_TOKEN=0 turns it off.
   bool prologue_warp_per_token = true;
+  // The fewest tokens that take the warp a token (above). 2048: on an H200 (Qwen3-30B-A3B
+  // prompts, session 22) the warp per 4 heads took 512 / 1024 tokens in 15.59-15.66 / 25.32-25.43
+  // ms against 16.22-16.29 / 25.83-25.89, tied at 2048 (31.18-31.47 vs 31.08-31.20) and lost at
+  // 8192 (145.22-145.36 vs 144.14-144.63). COROLLA_PROLOGUE_WARP_PER_TOKEN_MIN_TOKENS sets it.
+  int64_t prologue_warp_per_token_min_tokens = 2048;
   // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
   // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
   // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
