@@ -388,6 +388,12 @@ class Backend {
     RmsNorm(sum, norm_w, eps, x, nullptr);
     Linear(x, w, out);
   }
+  // --- the step's shape, for kernel planning (new virtuals go at the end) ------------------
+  // A model's Forward calls this first with its batch's attention metadata and its `tokens`; the
+  // ops until the next call may plan their kernels from its host-side hints. The default ignores
+  // it; the CUDA backend sizes the MoE grouped GEMM's tiles by whether one prompt chunk holds most
+  // of the step's tokens (their routing is uneven: tokens of one context share experts).
+  virtual void PlanStep(const AttentionBatch& /*batch*/, int64_t /*tokens*/) {}
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

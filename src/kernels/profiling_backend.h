@@ -34,6 +34,7 @@ class ProfilingBackend : public Backend {
  public:
   explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   Backend& inner() { return *inner_; }
+  void PlanStep(const AttentionBatch& batch, int64_t tokens) override { inner_->PlanStep(batch, tokens); }
 
   // Marks before each op (and once more at StopRecording) on `clock` until StopRecording.
   void StartRecording(OpClock* clock);

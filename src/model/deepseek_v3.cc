@@ -551,6 +551,7 @@ void DeepseekV3Model::Forward(const ForwardBatch& batch, std::span<const KvCache
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (ep_exchange_) ep_exchange_->SelectFixedCapacity(batch.ep_fixed_capacity);
   if (batch.token_ids.rank() == 1 && batch.token_ids.dim(0) == 0) return IdleStep();
+  backend_.PlanStep(batch.attention, batch.token_ids.dim(0));
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), c.num_layers);
   const bool absorbed = mode_ == MlaMode::kAbsorbed || (mode_ == MlaMode::kAuto && batch.attention.max_q_len <= 1);
   host_meta_.valid = false;

@@ -427,6 +427,7 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (ep_exchange_) ep_exchange_->SelectFixedCapacity(batch.ep_fixed_capacity);
   if (batch.token_ids.rank() == 1 && batch.token_ids.dim(0) == 0) return IdleStep();
+  backend_.PlanStep(batch.attention, batch.token_ids.dim(0));
   COROLLA_CHECK_EQ(static_cast<int>(kv_caches.size()), kv_cache_spec().num_layers);
   COROLLA_CHECK_EQ(static_cast<int>(batch.linear_states.size()), state_spec().num_layers);
 

@@ -350,7 +350,10 @@ void CudaBackend::RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w
 void CudaBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids,
                              const TensorView& topk_weights, const TensorView& w_gate_up,
                              const TensorView& w_down, const TensorView& out) {
-  cuda::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out, *alloc_, stream_);
+  cuda::MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out, *alloc_, stream_, prompt_step_);
+}
+void CudaBackend::PlanStep(const AttentionBatch& batch, int64_t tokens) {
+  prompt_step_ = batch.max_q_len > 1 && 2 * int64_t{batch.max_q_len} >= tokens;
 }
 bool CudaBackend::supports_moe_fp8(int64_t hidden, int64_t inter) const {
   return cuda::MoeFp8Supports(hidden, inter);

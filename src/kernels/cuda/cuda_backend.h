@@ -123,6 +123,9 @@ class CudaBackend final : public Backend {
                           const TensorView& sum) override;
   void NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
                   const TensorView& out) override;
+  // Notes whether one prompt chunk holds at least half the step's tokens; MoeExperts then takes
+  // the prompt's tile heights (GroupedGemmTileRows).
+  void PlanStep(const AttentionBatch& batch, int64_t tokens) override;
   // One token: the cluster norm-router or the staged router with the norm folded in (router.cu),
   // where one is on and applies.
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
@@ -160,6 +163,7 @@ class CudaBackend final : public Backend {
   };
   std::map<RopeKey, RopeTable> rope_freqs_;
   unsigned* decode_sync_ = nullptr;  // DecodeMoeStack's grid counters (zero between launches)
+  bool prompt_step_ = false;         // PlanStep: a prompt chunk holds most of the step's tokens
   HostStaging staging_;                              // pinned ring for CopyFromHost
   std::shared_ptr<HostIdsPool> host_ids_;            // SampleAsync's pinned buffers
 };

@@ -383,7 +383,7 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-int GroupedGemmTileRows(int64_t rows, int experts) {
+int GroupedGemmTileRows(int64_t rows, int experts, bool prompt) {
   if (const int forced = Tuning().moe_gemm_tile_rows) return forced;
   // Rows per expert that has any, if routing spreads them (all experts busy once rows >= E).
   // Above kSmallMaxRows the 64-row groups, which the wgmma kernels take as 128-row tiles
@@ -393,14 +393,16 @@ int GroupedGemmTileRows(int64_t rows, int experts) {
   // average) took 10.2 / 11.5 / 17.1 ms on the 128-row wgmma tiles against 14.4 / 16.3 / 25.8 on
   // the 32- and 64-row mma.sync ones. 16: decode batches spread their rows evenly (one token a
   // sequence), and at batch 256 (16 rows an expert) the 32-row tiles took 25.28 ms a step
-  // against 25.64 on the 128-row tiles (batch 32: 16.85 vs 17.17) — while a 256-token prompt
-  // would take 8.9 ms on the 128-row tiles against 11.3.
-  constexpr double kSmallMaxRows = 16;
+  // against 25.64 on the 128-row tiles (batch 32: 16.85 vs 17.17). A prompt's rows (`prompt`)
+  // leave the small tiles above 4 rows an expert: prompts of 128 / 256 tokens took 7.6 / 8.9 ms on
+  // the 128-row tiles against 8.2 / 11.3 (64 tokens, 4 rows an expert, tied at 7.05).
+  constexpr double kSmallMaxRows = 16, kPromptSmallMaxRows = 4;
   const double per_expert =
       static_cast<double>(rows) / std::max<int64_t>(1, std::min<int64_t>(experts, rows));
-  return per_expert <= kSmallMaxRows ? SmallTiles::kBM
-         : per_expert <= 64          ? MediumTiles::kBM
-                                     : LargeTiles::kBM;
+  const double small_max = prompt ? kPromptSmallMaxRows : kSmallMaxRows;
+  return per_expert <= small_max ? SmallTiles::kBM
+         : per_expert <= 64      ? MediumTiles::kBM
+                                 : LargeTiles::kBM;
 }
 
 namespace {
@@ -419,7 +421,8 @@ int WgmmaTileRows(int tile_rows) {
 }  // namespace
 
 void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int32_t* offsets,
-                       const TensorView& w_gate_up, const TensorView& act, cudaStream_t s) {
+                       const TensorView& w_gate_up, const TensorView& act, cudaStream_t s,
+                       bool prompt) {
   const int64_t rows = act.dim(0), inter = act.dim(1), hidden = x.dim(1);
   const int64_t x_stride = x.dim(0) > 1 ? x.strides[0] : hidden;
   COROLLA_CHECK(x.dtype == DType::kBF16 && w_gate_up.dtype == DType::kBF16 &&
@@ -440,7 +443,7 @@ void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int
                static_cast<int>(w_gate_up.dim(0)),
                static_cast<int>(inter),
                static_cast<int>(hidden)};
-  const int tile_rows = GroupedGemmTileRows(rows, p.experts);
+  const int tile_rows = GroupedGemmTileRows(rows, p.experts, prompt);
   if (const int wg = WgmmaTileRows(tile_rows);
       wg != 0 && GroupedWgmmaFits(inter, hidden, p.experts))
     return GroupedWgmmaGateUp(wg, x, x_stride, perm_token, offsets, w_gate_up, act, s);
@@ -448,7 +451,7 @@ void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int
 }
 
 void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const TensorView& w_down,
-                     const TensorView& y, cudaStream_t s) {
+                     const TensorView& y, cudaStream_t s, bool prompt) {
   const int64_t rows = act.dim(0), inter = act.dim(1), hidden = y.dim(1);
   COROLLA_CHECK(act.dtype == DType::kBF16 && w_down.dtype == DType::kBF16 &&
                 y.dtype == DType::kF32 && act.rank() == 2 && act.is_contiguous() &&
@@ -468,7 +471,7 @@ void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const Tensor
                static_cast<int>(w_down.dim(0)),
                static_cast<int>(hidden),
                static_cast<int>(inter)};
-  const int tile_rows = GroupedGemmTileRows(rows, p.experts);
+  const int tile_rows = GroupedGemmTileRows(rows, p.experts, prompt);
   if (const int wg = WgmmaTileRows(tile_rows);
       wg != 0 && GroupedWgmmaFits(hidden, inter, p.experts))
     return GroupedWgmmaDown(wg, act, offsets, w_down, y, s);

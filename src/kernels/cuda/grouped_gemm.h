@@ -20,19 +20,22 @@ namespace corolla::cuda {
 // act[r] = silu(x[perm_token[r]] W_gate[e]^T) * (x[perm_token[r]] W_up[e]^T) for each row r of e.
 // x [T, H] bf16 (row stride a multiple of 8), perm_token [TK] i32 (device),
 // w_gate_up [E, 2I, H] bf16 contiguous (gate rows first), act [TK, I] bf16 contiguous.
+// prompt: the rows are mostly one prompt's (GroupedGemmTileRows).
 void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int32_t* offsets,
-                       const TensorView& w_gate_up, const TensorView& act, cudaStream_t s);
+                       const TensorView& w_gate_up, const TensorView& act, cudaStream_t s,
+                       bool prompt = false);
 
 // y[r] = act[r] W_down[e]^T for each row r of e. act [TK, I] bf16 contiguous,
 // w_down [E, H, I] bf16 contiguous, y [TK, H] f32 contiguous.
 void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const TensorView& w_down,
-                     const TensorView& y, cudaStream_t s);
+                     const TensorView& y, cudaStream_t s, bool prompt = false);
 
 // The rows of one CTA tile (32, 64 or 128) both launchers use for `rows` permuted rows over
 // `experts` experts: Tuning().moe_gemm_tile_rows when set, else chosen by the mean rows per
-// expert (decode-like groups, up to 16 rows an expert, get the small tile; the 64-row groups run
-// on the 128-row wgmma tiles where those fit, see grouped_gemm.cu).
-int GroupedGemmTileRows(int64_t rows, int experts);
+// expert (decode-like groups, up to 16 rows an expert, or 4 when the rows are mostly one
+// prompt's, get the small tile; the 64-row groups run on the 128-row wgmma tiles where those
+// fit, see grouped_gemm.cu).
+int GroupedGemmTileRows(int64_t rows, int experts, bool prompt = false);
 
 // grouped_gemm_wgmma.cu: the Hopper kernels behind the launchers above for 64- and 128-row
 // tiles (tile_rows). Fits: N (GateUp: I; Down: H) % 128 == 0, K % 64 == 0, an sm_90 device, the

@@ -398,7 +398,7 @@ bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const T
 
 void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                 const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                CachingAllocator& alloc, cudaStream_t s) {
+                CachingAllocator& alloc, cudaStream_t s, bool prompt) {
   CheckMoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
   const int k = static_cast<int>(topk_ids.dim(1));
@@ -462,8 +462,8 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
   } else {
     const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);
     const TensorView y_view(y, DType::kF32, {pairs, hidden}, Device::kCuda, x.device_idx);
-    GroupedGemmGateUp(x, st.perm_token, st.offsets, w_gate_up, act_view, s);
-    GroupedGemmDown(act_view, st.offsets, w_down, y_view, s);
+    GroupedGemmGateUp(x, st.perm_token, st.offsets, w_gate_up, act_view, s, prompt);
+    GroupedGemmDown(act_view, st.offsets, w_down, y_view, s, prompt);
   }
 
   MoeCombine(y, st.slot_row, topk_weights, out, s);

@@ -113,6 +113,7 @@ struct MoePath {
   bool wgmma = false;         // 128-row tiles on the wgmma kernels
   bool combine_vec = true;    // MoeCombine's 16-byte kernel, else its scalar twin
   bool wgmma_tile64 = false;  // the 64-row wgmma tiles (with wgmma)
+  bool prompt = false;        // PlanStep says the tokens are one prompt chunk's
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
@@ -124,6 +125,7 @@ const MoePath kMoePaths[] = {
     {"gemv", false, true, 0},
     {"gemv 4-kernel permute", false, true, 0, false},
     {"default dispatch", true, false, 0},
+    {"default dispatch, prompt step", true, false, 0, true, false, true, false, true},
 };
 void Apply(const MoePath& path) {
   cuda::KernelTuning& t = cuda::Tuning();
@@ -156,6 +158,9 @@ void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
     Apply(path);
     Tensor gout = gpu.Empty(DType::kBF16, {t, h});
     Poison(gpu, gout);
+    AttentionBatch step;
+    step.max_q_len = path.prompt ? static_cast<int>(t) : 1;
+    gpu.PlanStep(step, t);
     gpu.MoeExperts(gx, gids, gw, wts.gpu_gate_up, wts.gpu_down, gout);
     const std::vector<float> got = Download(gpu, gout);
     const double e = RelError(got, ref);
@@ -218,6 +223,20 @@ TEST_F(CudaKernelTest, MoeExperts) {
   };
   WeightCache weights;
   for (const MoeCase& c : cases) RunMoe(gpu(), weights, c);
+}
+
+// The tile heights GroupedGemmTileRows picks (Qwen3-30B-A3B's 128 experts, top 8): decode
+// batches keep the 32-row tiles up to 16 rows an expert, a prompt's rows only up to 4.
+TEST(GroupedGemmPlan, PromptsLeaveTheSmallTilesSooner) {
+  cuda::Tuning() = DefaultTuning();
+  // tokens, the decode batch's tile rows, the prompt's
+  const std::tuple<int64_t, int, int> cases[] = {{8, 32, 32},     {64, 32, 32},  {65, 32, 64},
+                                                 {256, 32, 64},   {257, 64, 64}, {1024, 64, 64},
+                                                 {1025, 128, 128}};
+  for (const auto& [tokens, decode, prompt] : cases) {
+    EXPECT_EQ(cuda::GroupedGemmTileRows(tokens * 8, 128, false), decode) << tokens << " tokens";
+    EXPECT_EQ(cuda::GroupedGemmTileRows(tokens * 8, 128, true), prompt) << tokens << " tokens";
+  }
 }
 
 // One 64 x 256 x 64 wgmma tile (A by cp.async in the 128-byte swizzle, B by TMA) against a

@@ -155,9 +155,11 @@ void MlaDecode(const TensorView& q, const KvCacheView& cache, const AttentionBat
 // moe.cu
 void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
               const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s);
+// prompt: the tokens are mostly one prompt's (CudaBackend::PlanStep), whose routing is uneven;
+// the grouped GEMMs then take larger tiles from fewer rows an expert (GroupedGemmTileRows).
 void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                 const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                CachingAllocator& alloc, cudaStream_t s);
+                CachingAllocator& alloc, cudaStream_t s, bool prompt = false);
 // Backend::MoeExpertsResidual where the few-token pair path with the slot-wise down kernel takes
 // the batch (Tuning().moe_residual_fold): its CTAs also add their output rows into sum (RmsNorm's
 // rounding); false (nothing launched) otherwise.
