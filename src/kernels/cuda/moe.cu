@@ -1,8 +1,8 @@
 // Mixture of experts on the GPU. MoeRoute: one warp per token (RouteToken, moe_route.cuh: the
 // CPU twin's softmax/sigmoid, bias, group-limited top-k, renormalisation and scaling).
 // MoeExperts, all on the device with no host synchronisation:
-//   1. count tokens per expert, 2. exclusive scan -> row offsets and 64-row tile offsets,
-//   3. permute (token, slot) pairs into expert-contiguous rows,
+//   1-3. MoePermute (moe_permute.cu): count the pairs per expert, scan into row offsets,
+//   place the (token, slot) pairs into expert-contiguous rows,
 //   4. grouped GEMM gate_up over the gathered rows with the SiLU-mul epilogue -> act [TK, I],
 //   5. grouped GEMM down -> y [TK, H] f32, 6. weighted combine back to token order.
 // Steps 4-5 are grouped_gemm.cu's mma.sync GEMMs: a persistent grid schedules its tiles from
@@ -12,6 +12,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe_decode.h"
+#include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -38,113 +39,6 @@ __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
   RouteToken(p, t, p.logits + t * p.logits_stride, probs, probs + p.experts, probs + 2 * p.experts, lane);
 }
 
-// ---- permutation ------------------------------------------------------------------------
-constexpr int kBM = 64;  // rows per tile of tile_offsets (the grouped GEMM derives its own tiles)
-
-struct PermuteState {
-  int32_t* counts;       // [E]
-  int32_t* offsets;      // [E + 1] rows
-  int32_t* tile_offsets; // [E + 1] kBM-row tiles
-  int32_t* cursor;       // [E]
-  int32_t* perm_token;   // [TK] token of each expert-sorted row
-  int32_t* slot_row;     // [TK] row of each (token, slot) pair
-  int32_t* active;       // [E + 1]: the experts with tokens, in id order; active[E] = their number
-};
-
-struct PermuteParams {
-  const int32_t* ids;
-  int64_t ids_stride;
-  int64_t tokens;
-  int top_k, experts;
-  PermuteState st;
-};
-
-__global__ void CountKernel(const __grid_constant__ PermuteParams p) {
-  const int64_t n = p.tokens * p.top_k;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
-    if (e >= 0 && e < p.experts) atomicAdd(&p.st.counts[e], 1);
-  }
-}
-
-__global__ void ScanKernel(const __grid_constant__ PermuteParams p) {
-  if (threadIdx.x != 0) return;
-  int rows = 0, tiles = 0, num_active = 0;
-  for (int e = 0; e < p.experts; ++e) {
-    p.st.offsets[e] = rows;
-    p.st.tile_offsets[e] = tiles;
-    p.st.cursor[e] = 0;
-    if (p.st.counts[e] > 0) p.st.active[num_active++] = e;
-    rows += p.st.counts[e];
-    tiles += (p.st.counts[e] + kBM - 1) / kBM;
-  }
-  p.st.offsets[p.experts] = rows;
-  p.st.tile_offsets[p.experts] = tiles;
-  p.st.active[p.experts] = num_active;
-}
-
-__global__ void PermuteKernel(const __grid_constant__ PermuteParams p) {
-  const int64_t n = p.tokens * p.top_k;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
-    if (e < 0 || e >= p.experts) {
-      p.st.slot_row[i] = -1;
-      continue;
-    }
-    const int row = p.st.offsets[e] + atomicAdd(&p.st.cursor[e], 1);
-    p.st.perm_token[row] = static_cast<int32_t>(i / p.top_k);
-    p.st.slot_row[i] = row;
-  }
-}
-
-// Count, scan and permute in one CTA, for decode-sized batches (pairs <= kFusedPermuteMaxPairs,
-// experts <= kFusedPermuteMaxExperts): one launch instead of a memset and three. The order of
-// rows within an expert follows the shared-memory atomics; results do not depend on it (each
-// row is computed alone and combined through slot_row).
-constexpr int kFusedPermuteThreads = 1024;
-constexpr int kFusedPermuteMaxPairs = 8192;
-constexpr int kFusedPermuteMaxExperts = 1024;
-
-__global__ void __launch_bounds__(kFusedPermuteThreads) FusedPermuteKernel(const __grid_constant__ PermuteParams p) {
-  __shared__ int32_t count[kFusedPermuteMaxExperts], cursor[kFusedPermuteMaxExperts];
-  const int64_t n = p.tokens * p.top_k;
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) count[e] = 0;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
-    if (e >= 0 && e < p.experts) atomicAdd(&count[e], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int rows = 0, tiles = 0, num_active = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      p.st.counts[e] = count[e];
-      p.st.offsets[e] = rows;
-      p.st.tile_offsets[e] = tiles;
-      cursor[e] = rows;
-      if (count[e] > 0) p.st.active[num_active++] = e;
-      rows += count[e];
-      tiles += (count[e] + kBM - 1) / kBM;
-    }
-    p.st.offsets[p.experts] = rows;
-    p.st.tile_offsets[p.experts] = tiles;
-    p.st.active[p.experts] = num_active;
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
-    if (e < 0 || e >= p.experts) {
-      p.st.slot_row[i] = -1;
-      continue;
-    }
-    const int row = atomicAdd(&cursor[e], 1);
-    p.st.perm_token[row] = static_cast<int32_t>(i / p.top_k);
-    p.st.slot_row[i] = row;
-  }
-}
-
 // ---- memory-bound expert GEMV (decode) ----------------------------------------------------
 // For few tokens per expert the weights are the bytes that matter: one CTA per (active expert,
 // slice of output rows) streams each weight row once with 16-byte loads and multiplies it
@@ -164,7 +58,7 @@ struct DecodeGemvParams {
   bf16_t* act_out;  // GateUp output [TK, N]
   float* y_out;     // Down output [TK, N]
   const int32_t* offsets;
-  const int32_t* active;  // [E + 1], see PermuteState
+  const int32_t* active;  // [E + 1], see MoePermutation
   int experts, n, k;
 };
 
@@ -410,31 +304,18 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
     MoeExpertsPairGemv(x, topk_ids, topk_weights, w_gate_up, w_down, out, alloc, s);
     return;
   }
-  // One scratch block: counts, offsets, tile offsets, cursor, active, perm, slot rows | act | y.
-  const int64_t meta_ints = 5 * (experts + 1) + 2 * pairs;
+  // One scratch block: offsets, active, perm, slot rows, the permutation's scratch | act | y.
+  const int64_t meta_ints = 2 * (experts + 1) + 2 * pairs + MoePermuteScratchInts(pairs, experts);
   const int64_t meta_bytes = (meta_ints * 4 + 255) / 256 * 256;
   const int64_t act_bytes = (pairs * inter * 2 + 255) / 256 * 256;
   ScratchBuffer scratch(alloc, meta_bytes + act_bytes + pairs * hidden * 4);
   int32_t* meta = scratch.as<int32_t>();
-  PermuteState st{meta, meta + (experts + 1), meta + 2 * (experts + 1), meta + 3 * (experts + 1),
-                  meta + 5 * (experts + 1), meta + 5 * (experts + 1) + pairs, meta + 4 * (experts + 1)};
+  const MoePermutation st{meta, meta + 2 * (experts + 1), meta + 2 * (experts + 1) + pairs,
+                          meta + (experts + 1)};
   bf16_t* act = reinterpret_cast<bf16_t*>(scratch.as<char>() + meta_bytes);
   float* y = reinterpret_cast<float*>(scratch.as<char>() + meta_bytes + act_bytes);
-
-  PermuteParams pp{topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts, st};
-  if (pairs <= kFusedPermuteMaxPairs && experts <= kFusedPermuteMaxExperts && Tuning().moe_fused_permute) {
-    FusedPermuteKernel<<<1, kFusedPermuteThreads, 0, s>>>(pp);
-    COROLLA_CUDA_CHECK_LAUNCH();
-  } else {
-    COROLLA_CUDA_CHECK(cudaMemsetAsync(st.counts, 0, sizeof(int32_t) * experts, s));
-    const int elem_grid = std::min(CeilDiv(pairs, 256), 1024);
-    CountKernel<<<elem_grid, 256, 0, s>>>(pp);
-    COROLLA_CUDA_CHECK_LAUNCH();
-    ScanKernel<<<1, 32, 0, s>>>(pp);
-    COROLLA_CUDA_CHECK_LAUNCH();
-    PermuteKernel<<<elem_grid, 256, 0, s>>>(pp);
-    COROLLA_CUDA_CHECK_LAUNCH();
-  }
+  MoePermute(topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts, st,
+             meta + 2 * (experts + 1) + 2 * pairs, s);
 
   // The memory-bound GEMV path while the token rows of a pass fit shared memory and the
   // batch is small enough that weights, not arithmetic, bound the layer (Tuning()).

@@ -1,7 +1,7 @@
 // Backend::MoeExpertsFp8 on the GPU: routed experts with block-scaled e4m3 weights.
 //   few pairs (tokens x k <= Tuning().moe_pair_gemv_max_pairs): the pair GEMVs of moe_decode.cu
 //     over e4m3 weights (weight-only: x bf16, act f32);
-//   more: permute (one CTA), x quantised per token and 128-column group, grouped FP8 GEMM
+//   more: permute (MoePermute), x quantised per token and 128-column group, grouped FP8 GEMM
 //     gate_up with the SiLU-mul epilogue (act bf16), act quantised likewise, grouped FP8 GEMM
 //     down (y f32), weighted combine.
 // The grouped GEMM is grouped_gemm.cu's design (device schedule from the row offsets, persistent
@@ -24,60 +24,13 @@
 #include "kernels/cuda/grouped_gemm_schedule.cuh"
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/moe_fp8.h"
+#include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/ops.h"
 
 namespace corolla::cuda {
 namespace {
 
 constexpr int kGroup = static_cast<int>(kFp8Block);
-
-// ---- permutation (one CTA) ------------------------------------------------------------------
-// perm_token [TK]: token of each expert-sorted row; slot_row [TK]: row of each (token, slot)
-// pair (-1: skipped id); offsets [E + 1].
-constexpr int kPermuteThreads = 1024;
-constexpr int kPermuteMaxExperts = 1024;
-
-struct PermuteFp8Params {
-  const int32_t* ids;
-  int64_t ids_stride;
-  int64_t tokens;
-  int top_k, experts;
-  int32_t* offsets;
-  int32_t* perm_token;
-  int32_t* slot_row;
-};
-
-__global__ void __launch_bounds__(kPermuteThreads) PermuteFp8Kernel(const __grid_constant__ PermuteFp8Params p) {
-  __shared__ int32_t count[kPermuteMaxExperts], cursor[kPermuteMaxExperts];
-  const int64_t n = p.tokens * p.top_k;
-  for (int e = threadIdx.x; e < p.experts; e += blockDim.x) count[e] = 0;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
-    if (e >= 0 && e < p.experts) atomicAdd(&count[e], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int rows = 0;
-    for (int e = 0; e < p.experts; ++e) {
-      p.offsets[e] = rows;
-      cursor[e] = rows;
-      rows += count[e];
-    }
-    p.offsets[p.experts] = rows;
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int e = p.ids[(i / p.top_k) * p.ids_stride + i % p.top_k];
-    if (e < 0 || e >= p.experts) {
-      p.slot_row[i] = -1;
-      continue;
-    }
-    const int row = atomicAdd(&cursor[e], 1);
-    p.perm_token[row] = static_cast<int32_t>(i / p.top_k);
-    p.slot_row[i] = row;
-  }
-}
 
 // ---- 1 x 128 quantisation ---------------------------------------------------------------------
 // q [rows, K] e4m3 and scales [rows, ceil(K/128)] (row-major) from x [rows, K] bf16 (row stride
@@ -560,7 +513,7 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
                 d_scale.rank() == 3 && d_scale.dim(0) == experts && d_scale.dim(1) == h_groups &&
                 d_scale.dim(2) == i_groups && out.dim(0) == tokens && out.dim(1) == hidden &&
                 topk_ids.dim(0) == tokens && topk_weights.dim(1) == k && MoeFp8Supports(hidden, inter) &&
-                experts <= kPermuteMaxExperts && Aligned16(x.data) && (tokens <= 1 || x.strides[0] % 8 == 0))
+                experts <= kMoePermuteMaxExperts && Aligned16(x.data) && (tokens <= 1 || x.strides[0] % 8 == 0))
       << "moe fp8 x " << x.ToString() << " ids " << topk_ids.ToString() << " gate_up " << w_gate_up.ToString()
       << " gu_scale " << gu_scale.ToString() << " down " << w_down.ToString() << " d_scale " << d_scale.ToString()
       << " out " << out.ToString();
@@ -570,8 +523,9 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
     MoeExpertsPairGemvFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out, alloc, s);
     return;
   }
-  // One scratch block: offsets, perm, slot rows | xq | xs | act bf16 | actq | act scales | y.
-  const int64_t meta_bytes = Round256(4 * ((experts + 1) + 2 * pairs));
+  // One scratch block: offsets, perm, slot rows, the permutation's scratch | xq | xs | act bf16 |
+  // actq | act scales | y.
+  const int64_t meta_bytes = Round256(4 * ((experts + 1) + 2 * pairs + MoePermuteScratchInts(pairs, experts)));
   const int64_t xq_bytes = Round256(tokens * hidden), xs_bytes = Round256(tokens * h_groups * 4);
   const int64_t act_bytes = Round256(pairs * inter * 2), actq_bytes = Round256(pairs * inter);
   const int64_t as_bytes = Round256(pairs * i_groups * 4), y_bytes = pairs * hidden * 4;
@@ -593,9 +547,8 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
   cur += as_bytes;
   float* y = reinterpret_cast<float*>(cur);
 
-  PermuteFp8Params pp{topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts, offsets, perm_token, slot_row};
-  PermuteFp8Kernel<<<1, kPermuteThreads, 0, s>>>(pp);
-  COROLLA_CUDA_CHECK_LAUNCH();
+  MoePermute(topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts,
+             MoePermutation{offsets, perm_token, slot_row, nullptr}, slot_row + pairs, s);
   QuantizeRows(x.ptr<bf16_t>(), tokens > 1 ? x.strides[0] : hidden, tokens, hidden, xq, xs, s);
 
   const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);

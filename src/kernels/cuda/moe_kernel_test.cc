@@ -1,7 +1,7 @@
 // MoeExperts on the GPU against its CPU twin (cpu::MoeExperts). Every case runs through each
 // path: the grouped mma GEMMs of grouped_gemm.cu at each tile height (32, 64, 128 rows), the
 // 128-row tiles on wgmma + TMA (grouped_gemm_wgmma.cu; shapes it does not fit fall back to
-// mma.sync), the memory-bound decode GEMVs (one-CTA and 4-kernel permute) and the default
+// mma.sync), the memory-bound decode GEMVs (one-CTA and chunked permute) and the default
 // dispatch; "mma tile 64 scalar combine" takes MoeCombine's scalar kernel and must give the
 // 16-byte kernel's bits. K 768 / 2048 / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop
 // and N tails.
@@ -30,6 +30,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/moe_permute.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/test_util.h"
 
@@ -106,14 +107,14 @@ std::vector<int32_t> RouteIds(const MoeCase& c) {
 // The paths MoeExperts can take, each forced through Tuning() (`dispatch`: the defaults).
 struct MoePath {
   const char* name;
-  bool dispatch;  // leave the default choice
-  bool gemv;      // the memory-bound decode GEMVs, else the grouped mma GEMMs
-  int tile_rows;  // mma: forced tile height (0: by rows per expert)
-  bool fused_permute = true;
-  bool wgmma = false;         // 128-row tiles on the wgmma kernels
-  bool combine_vec = true;    // MoeCombine's 16-byte kernel, else its scalar twin
-  bool wgmma_tile64 = false;  // the 64-row wgmma tiles (with wgmma)
-  bool prompt = false;        // PlanStep says the tokens are one prompt chunk's
+  bool dispatch;                // leave the default choice
+  bool gemv;                    // the memory-bound decode GEMVs, else the grouped mma GEMMs
+  int tile_rows;                // mma: forced tile height (0: by rows per expert)
+  bool one_cta_permute = true;  // MoePermute's one-CTA kernel where the pairs fit
+  bool wgmma = false;           // 128-row tiles on the wgmma kernels
+  bool combine_vec = true;      // MoeCombine's 16-byte kernel, else its scalar twin
+  bool wgmma_tile64 = false;    // the 64-row wgmma tiles (with wgmma)
+  bool prompt = false;          // PlanStep says the tokens are one prompt chunk's
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
@@ -123,7 +124,7 @@ const MoePath kMoePaths[] = {
     {"wgmma tile 128", false, false, 128, true, true},
     {"wgmma tile 64", false, false, 64, true, true, true, true},
     {"gemv", false, true, 0},
-    {"gemv 4-kernel permute", false, true, 0, false},
+    {"gemv chunked permute", false, true, 0, false},
     {"default dispatch", true, false, 0},
     {"default dispatch, prompt step", true, false, 0, true, false, true, false, true},
 };
@@ -134,7 +135,7 @@ void Apply(const MoePath& path) {
   t.moe_pair_gemv_max_pairs = 0;
   t.moe_decode_max_pairs = path.gemv ? int64_t{1} << 40 : 0;
   t.moe_gemm_tile_rows = path.tile_rows;
-  t.moe_fused_permute = path.fused_permute;
+  if (!path.one_cta_permute) t.moe_permute_one_cta_max_pairs = 0;
   t.moe_gemm_wgmma = path.wgmma;
   t.moe_combine_vec = path.combine_vec;
   t.moe_gemm_wgmma_tile64 = path.wgmma_tile64;
@@ -168,9 +169,10 @@ void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
     Record("MoeExperts", shape, e, kBf16Tol);
     EXPECT_LT(e, kBf16Tol) << shape;
     if (std::string(path.name) == "mma tile 64") tile64 = got;
-    if (std::string(path.name) == "mma tile 64 scalar combine")
+    if (std::string(path.name) == "mma tile 64 scalar combine") {
       EXPECT_EQ(0, std::memcmp(got.data(), tile64.data(), got.size() * sizeof(float)))
           << shape << ": the 16-byte and scalar combines differ";
+    }
   }
   cuda::Tuning() = DefaultTuning();
 }
@@ -223,6 +225,120 @@ TEST_F(CudaKernelTest, MoeExperts) {
   };
   WeightCache weights;
   for (const MoeCase& c : cases) RunMoe(gpu(), weights, c);
+}
+
+// MoePermute's one-CTA and chunked paths against the ids:
+// expert e's rows are exactly its pairs (offsets from the host's counts, slot_row and perm_token
+// inverse to each other), skipped ids get -1, the active list is the experts with rows in id order.
+// Outputs poisoned first.
+TEST_F(CudaKernelTest, MoePermute) {
+  using R = Routing;
+  const MoeCase cases[] = {
+      {1, 8, 2, 0, 0},
+      {100, 128, 8, 0, 0},
+      {1024, 128, 8, 0, 0},
+      {1025, 128, 8, 0, 0},
+      {4096, 128, 8, 0, 0, R::kOneExpert},
+      {3000, 64, 4, 0, 0, R::kSparse},
+      {9000, 32, 4, 0, 0, R::kOtherRanks},
+      {2048, 512, 10, 0, 0},
+      {5000, 1024, 2, 0, 0},
+      {700, 16, 1, 0, 0, R::kOneExpert},
+  };
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu()).stream();
+  for (const MoeCase& c : cases) {
+    const int64_t pairs = c.tokens * c.k;
+    const std::vector<int32_t> ids = RouteIds(c);
+    std::vector<int64_t> count(c.experts, 0);
+    for (int32_t e : ids)
+      if (e >= 0 && e < c.experts) ++count[e];
+    Tensor gids = UploadI32(gpu(), ids, {c.tokens, c.k});
+    for (const bool one_cta : {true, false}) {
+      if (one_cta && pairs > 8192) continue;
+      const std::string name = Name(c) + (one_cta ? " one CTA" : " chunked");
+      cuda::Tuning() = DefaultTuning();
+      if (!one_cta) cuda::Tuning().moe_permute_one_cta_max_pairs = 0;
+      Tensor offsets = gpu().Empty(DType::kI32, {c.experts + 1});
+      Tensor active = gpu().Empty(DType::kI32, {c.experts + 1});
+      Tensor perm = gpu().Empty(DType::kI32, {pairs}), slot = gpu().Empty(DType::kI32, {pairs});
+      Tensor scratch = gpu().Empty(
+          DType::kI32, {std::max<int64_t>(1, cuda::MoePermuteScratchInts(pairs, c.experts))});
+      for (Tensor* t : {&offsets, &active, &perm, &slot, &scratch}) Poison(gpu(), *t);
+      cuda::MoePermute(
+          gids.ptr<int32_t>(), c.k, c.tokens, c.k, c.experts,
+          {offsets.ptr<int32_t>(), perm.ptr<int32_t>(), slot.ptr<int32_t>(), active.ptr<int32_t>()},
+          scratch.ptr<int32_t>(), stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << name;
+      const std::vector<int32_t> off = DownloadI32(gpu(), offsets),
+                                 act = DownloadI32(gpu(), active);
+      const std::vector<int32_t> pt = DownloadI32(gpu(), perm), sr = DownloadI32(gpu(), slot);
+      int64_t rows = 0;
+      std::vector<int32_t> want_active;
+      bool ok = off[0] == 0;
+      for (int e = 0; e < c.experts && ok; ++e) {
+        ok = off[e + 1] - off[e] == count[e];
+        if (count[e] > 0) want_active.push_back(e);
+        rows += count[e];
+      }
+      ASSERT_TRUE(ok) << name << ": offsets differ from the counts";
+      EXPECT_EQ(std::vector<int32_t>(act.begin(), act.begin() + want_active.size()), want_active)
+          << name;
+      EXPECT_EQ(act[c.experts], static_cast<int32_t>(want_active.size())) << name;
+      std::vector<char> taken(rows, 0);
+      for (int64_t i = 0; i < pairs; ++i) {
+        const int32_t e = ids[i];
+        if (e < 0 || e >= c.experts) {
+          ASSERT_EQ(sr[i], -1) << name << ": skipped pair " << i;
+          continue;
+        }
+        const int32_t r = sr[i];
+        ASSERT_TRUE(r >= off[e] && r < off[e + 1])
+            << name << ": pair " << i << " of expert " << e << " at row " << r;
+        ASSERT_FALSE(taken[r]) << name << ": row " << r << " twice";
+        taken[r] = 1;
+        ASSERT_EQ(pt[r], i / c.k) << name << ": row " << r;
+      }
+    }
+  }
+  cuda::Tuning() = DefaultTuning();
+}
+
+// MoePermute's time at prompt sizes (E 128, k 8; random routing, and every token's slot 0 on one
+// expert, as a prompt's shared context crowds its routing): one CTA against the chunked kernels,
+// replayed in a graph (no launch gaps).
+TEST(CudaPerf, MoePermute) {
+  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = *Gpu();
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu).stream();
+  for (const Routing routing : {Routing::kRandom, Routing::kOneExpert}) {
+    for (const int64_t tokens : {256, 512, 1024, 2048, 8192, 32768}) {
+      const MoeCase c{tokens, 128, 8, 0, 0, routing};
+      const int64_t pairs = tokens * c.k;
+      Tensor gids = UploadI32(gpu, RouteIds(c), {tokens, c.k});
+      Tensor meta = gpu.Empty(DType::kI32, {2 * (c.experts + 1) + 2 * pairs +
+                                            cuda::MoePermuteScratchInts(pairs, c.experts)});
+      int32_t* m = meta.ptr<int32_t>();
+      const cuda::MoePermutation out{m, m + 2 * (c.experts + 1), m + 2 * (c.experts + 1) + pairs,
+                                     m + c.experts + 1};
+      std::printf("moe permute perf: %6lld tokens x 8, E 128%s:", static_cast<long long>(tokens),
+                  routing == Routing::kOneExpert ? ", slot 0 on one expert" : "");
+      for (const bool one_cta : {true, false}) {
+        if (one_cta && pairs > 8192) continue;
+        cuda::Tuning() = DefaultTuning();
+        if (!one_cta) cuda::Tuning().moe_permute_one_cta_max_pairs = 0;
+        const double us = GraphUs(
+            stream,
+            [&] {
+              cuda::MoePermute(gids.ptr<int32_t>(), c.k, tokens, c.k, c.experts, out,
+                               m + 2 * (c.experts + 1) + 2 * pairs, stream);
+            },
+            20);
+        std::printf(" %s %.2f us", one_cta ? "one CTA" : "chunked", us);
+      }
+      std::printf("\n");
+    }
+  }
+  cuda::Tuning() = DefaultTuning();
 }
 
 // The tile heights GroupedGemmTileRows picks (Qwen3-30B-A3B's 128 experts, top 8): decode

@@ -157,43 +157,55 @@ inline void Record(const std::string& kernel, const std::string& shape, double e
   Results().push_back({kernel, shape, error, tol});
 }
 
-// Mean device time (us) of `iters` back-to-back calls of fn on `stream`, after one warm-up,
-// by CUDA events.
-inline double TimeUs(cudaStream_t stream, const std::function<void()>& fn, int iters) {
-  fn();
+// Milliseconds between CUDA events recorded on `stream` before and after fn() enqueues its work.
+inline float EventMs(cudaStream_t stream, const std::function<void()>& fn) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
   cudaEventRecord(a, stream);
-  for (int i = 0; i < iters; ++i) fn();
+  fn();
   cudaEventRecord(b, stream);
   cudaEventSynchronize(b);
   float ms = 0;
   cudaEventElapsedTime(&ms, a, b);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  return 1e3 * ms / iters;
+  return ms;
+}
+
+// Mean device time (us) of `iters` back-to-back calls of fn on `stream`, after one warm-up,
+// by CUDA events.
+inline double TimeUs(cudaStream_t stream, const std::function<void()>& fn, int iters) {
+  fn();
+  return 1e3 * EventMs(stream, [&] {
+           for (int i = 0; i < iters; ++i) fn();
+         }) / iters;
+}
+
+// Mean device time (us) of fn's work, captured `reps` times into one CUDA graph and replayed:
+// no host launch gaps, for work shorter than its launches. fn runs once first, uncaptured.
+inline double GraphUs(cudaStream_t stream, const std::function<void()>& fn, int reps) {
+  fn();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < reps; ++i) fn();
+  if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
+      cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+    return -1;
+  cudaGraphLaunch(exec, stream);
+  const float ms = EventMs(stream, [&] { cudaGraphLaunch(exec, stream); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return 1e3 * ms / reps;
 }
 
 // Median device time (us) of `reps` calls of fn on `stream`, each timed alone by CUDA events,
 // after one warm-up.
 inline double MedianUs(cudaStream_t stream, const std::function<void()>& fn, int reps) {
   fn();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
   std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a, stream);
-    fn();
-    cudaEventRecord(b, stream);
-    cudaEventSynchronize(b);
-    float t = 0;
-    cudaEventElapsedTime(&t, a, b);
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  for (int i = 0; i < reps; ++i) ms.push_back(EventMs(stream, fn));
   std::sort(ms.begin(), ms.end());
   return 1e3 * ms[ms.size() / 2];
 }

@@ -23,6 +23,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_SLOTS")) t.moe_pair_down_slots = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA")) t.moe_gemm_wgmma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA_TILE64")) t.moe_gemm_wgmma_tile64 = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_PERMUTE_ONE_CTA_MAX_PAIRS"))
+      t.moe_permute_one_cta_max_pairs = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_TILE_ROWS")) t.moe_gemm_tile_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_COMBINE_VEC")) t.moe_combine_vec = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA")) t.attention_wgmma = std::atoi(v) != 0;

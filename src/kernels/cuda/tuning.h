@@ -31,8 +31,12 @@ struct KernelTuning {
   // win only for even groups (CudaPerf.GroupedGemm's uniform routing, 64 rows an expert: the
   // op 367 vs 385 us). COROLLA_MOE_GEMM_WGMMA_TILE64 sets it.
   bool moe_gemm_wgmma_tile64 = false;
-  // MoeExperts counts, scans and permutes in one CTA when the batch is small enough.
-  bool moe_fused_permute = true;
+  // MoePermute (moe_permute.cu) takes up to this many (token, slot) pairs in one CTA (at most
+  // 8192), more in three launches of CTAs of 2048 pairs; 0: three launches at every size. 4096:
+  // on an H200 (E 128, k 8, `CudaPerf.MoePermute`) one CTA took 256 / 512 / 1024 tokens in 5.4 /
+  // 8.1 / 13.3 us, the three launches in 7.6 / 8.2 / 8.6. COROLLA_MOE_PERMUTE_ONE_CTA_MAX_PAIRS
+  // sets it.
+  int64_t moe_permute_one_cta_max_pairs = 4096;
   // MoeCombine sums y with 16-byte loads, all slots' loads before their sums (CombineVecKernel,
   // the same bits as the scalar kernel). COROLLA_MOE_COMBINE_VEC=0 takes the scalar kernel.
   bool moe_combine_vec = true;
