@@ -11,8 +11,8 @@
 // CTA turns offsets into each expert's first m-tile in shared memory (one warp scan over E),
 // then takes tiles blockIdx.x, + gridDim.x, ... in (m-tile, n-tile) order, n fastest, so the
 // CTAs running together share the A rows of an m-tile and one expert's weights in L2. Why not
-// the bound grid with early exit: the tile height differs per launch (permute's tile_offsets
-// are fixed 64-row tiles), the count-free bound (TK / kBM + E) x n-tiles is mostly empty CTAs
+// the bound grid with early exit: the tile height differs per launch (the permutation gives
+// row offsets only), the count-free bound (TK / kBM + E) x n-tiles is mostly empty CTAs
 // at decode sizes (E 512), and one CTA's pipeline runs on across its tiles: the loads of the
 // next tile are issued while the last k-blocks of the current one compute.
 //
