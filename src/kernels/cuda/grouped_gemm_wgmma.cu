@@ -9,11 +9,11 @@
 //
 // Warp specialisation, 384 threads: warpgroups 0 and 1 are consumers, warpgroup 2 the producer.
 // kBM 128: consumer wg takes tile rows 64 wg.. and all 256 weight rows (one m64n256k16 wgmma per
-// k16 step, 128 f32 accumulators a thread). kBM 64 (groups of ~24-64 rows an expert, where the
-// weights dominate): both consumers take the 64 rows, consumer wg the weight rows 128 wg.. (one
-// m64n128k16, 64 accumulators); GateUp's stage then holds [gate 64, up 64, gate 64, up 64], so
-// that each consumer's 128 rows are 64 gate rows and their up rows. Per k-block stage (a
-// kStages-deep ring):
+// k16 step, 128 f32 accumulators a thread). kBM 64 (Tuning().moe_gemm_wgmma_tile64: groups of
+// 17-64 rows an expert, where the weights dominate): both consumers take the 64 rows, consumer wg
+// the weight rows 128 wg.. (one m64n128k16, 64 accumulators); GateUp's stage then holds [gate 64,
+// up 64, gate 64, up 64], so that each consumer's 128 rows are 64 gate rows and their up rows. Per
+// k-block stage (a kStages-deep ring):
 // - B [256][64] bf16: TMA boxes (64 K-columns x 128 rows, or x 64 rows for kBM 64; 128-byte
 //   swizzle) over the weight tensor map [E * N_w, K], issued by producer thread 0 with expect_tx
 //   on full[stage];

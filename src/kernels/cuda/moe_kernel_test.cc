@@ -257,7 +257,7 @@ TEST_F(CudaKernelTest, MoePermute) {
       if (one_cta && pairs > 8192) continue;
       const std::string name = Name(c) + (one_cta ? " one CTA" : " chunked");
       cuda::Tuning() = DefaultTuning();
-      if (!one_cta) cuda::Tuning().moe_permute_one_cta_max_pairs = 0;
+      cuda::Tuning().moe_permute_one_cta_max_pairs = one_cta ? 8192 : 0;
       Tensor offsets = gpu().Empty(DType::kI32, {c.experts + 1});
       Tensor active = gpu().Empty(DType::kI32, {c.experts + 1});
       Tensor perm = gpu().Empty(DType::kI32, {pairs}), slot = gpu().Empty(DType::kI32, {pairs});
@@ -325,7 +325,7 @@ TEST(CudaPerf, MoePermute) {
       for (const bool one_cta : {true, false}) {
         if (one_cta && pairs > 8192) continue;
         cuda::Tuning() = DefaultTuning();
-        if (!one_cta) cuda::Tuning().moe_permute_one_cta_max_pairs = 0;
+        cuda::Tuning().moe_permute_one_cta_max_pairs = one_cta ? 8192 : 0;
         const double us = GraphUs(
             stream,
             [&] {
