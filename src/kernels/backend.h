@@ -67,7 +67,7 @@ struct MoeRouting {
   int num_groups = 1;
   int topk_groups = 1;
   float scaling_factor = 1.0f;  // multiplies the final weights (routed_scaling_factor)
-  TensorView correction_bias;   // [E] f32, or empty
+  TensorView correction_bias{};  // [E] f32, or empty
 };
 
 // One decoder layer of a Qwen3-MoE model as Backend::DecodeMoeStack takes it: attention with

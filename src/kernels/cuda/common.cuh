@@ -34,6 +34,32 @@ __device__ __forceinline__ Bf16x8 Pack8(const float f[8]) {
   return v;
 }
 
+// A 4 x 4 transpose of 32-bit words across the four lanes of a quad (lanes 4i .. 4i + 3): lane q
+// holds w[j], and leaves with v[s] = lane s's w[q]. Two shuffle stages (partners q ^ 2, q ^ 1),
+// each swapping the two words whose index bit differs from the lane's. The whole warp must call
+// it. An mma / wgmma accumulator fragment holds, per row, 2 columns of each 8-column group in each
+// of a quad's lanes; with w[j] the bf16 pair of group j0 + j, lane q leaves with all 8 columns of
+// group j0 + q, one 16-byte store instead of four 4-byte ones.
+__device__ __forceinline__ void QuadTranspose(uint32_t (&w)[4]) {
+  const int q = threadIdx.x % 4;
+#pragma unroll
+  for (int bit = 2; bit >= 1; bit /= 2) {
+    const bool hi = (q & bit) != 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j & bit) continue;
+      // Pair (j, j | bit): a lane keeps the word whose index bit matches its own and sends the
+      // other; what it receives lands in the sent word's slot.
+      const uint32_t send = hi ? w[j] : w[j | bit];
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, send, bit);
+      if (hi)
+        w[j] = got;
+      else
+        w[j | bit] = got;
+    }
+  }
+}
+
 // Eight bf16 as floats: from shared memory in one 128-bit load (a Bf16x8 copy can split into
 // four 32-bit loads), or from global memory through L2 (.cg: data an earlier kernel of the stream
 // wrote, which the read-only .nc path must not see under programmatic dependent launch).

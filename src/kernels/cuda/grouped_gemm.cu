@@ -5,7 +5,8 @@
 // rows of one expert times kBN rows of that expert's weight W [N_w, K] (row-major), over all
 // of K in 64-wide k-blocks. GateUp: the kBN weight rows of a tile are kBN/2 gate rows n and the
 // kBN/2 matching up rows I + n, and every warp holds the gate and up accumulators of the same
-// columns, so the epilogue writes silu(g) * u (bf16) from registers. Down writes y (f32).
+// columns, so the epilogue writes silu(g) * u (bf16) from registers. Down writes y in f32, or in
+// bf16 as 16-byte stores through a quad transpose of the fragments (common.cuh).
 //
 // Scheduling: a persistent grid (SMs x resident CTAs, capped by a bound on the tile count). A
 // CTA turns offsets into each expert's first m-tile in shared memory (one warp scan over E),
@@ -65,9 +66,10 @@ struct GemmParams {
   int64_t a_stride;
   const int32_t* perm_token;  // GateUp only
   const bf16_t* w;         // [E, N_w, K]: GateUp N_w = 2N (gate rows, then up rows); Down N_w = N
-  void* out;               // GateUp: act [TK, N] bf16; Down: y [TK, N] f32
+  void* out;               // GateUp: act [TK, N] bf16; Down: y [TK, N] f32, or bf16 (out_bf16)
   const int32_t* offsets;  // [E + 1]
   int experts, n, k;
+  bool out_bf16;  // Down: y in bf16
 };
 
 // ---- PTX wrappers (the loads and swizzle in grouped_gemm_schedule.cuh) ---------------------
@@ -276,33 +278,59 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // Epilogue of `tile`, from registers. Accumulator i of an m16n8 tile is row
     // lane / 4 + 8 (i / 2), column 2 (lane % 4) + i % 2.
     const TileCoord t = Locate<Cfg::kBM, kNPerTile>(sch, tile);
+    if (!kGateUp && p.out_bf16) {
+      // Down, y in bf16: four n8-tiles at a time through the quad transpose, so that each lane
+      // stores the 16 bytes of one n8-tile's row (the shuffles before the row test: whole warp).
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wm * Cfg::kWM + mt * 16 + lane / 4 + 8 * h;
-        if (r >= t.rows) continue;
-        const int64_t out_row = static_cast<int64_t>(t.row_begin + r) * p.n;
-        if constexpr (kGateUp) {
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * Cfg::kWM + mt * 16 + lane / 4 + 8 * h;
+          bf16_t* out = static_cast<bf16_t*>(p.out) + static_cast<int64_t>(t.row_begin + r) * p.n;
 #pragma unroll
-          for (int nt = 0; nt < kNT / 2; ++nt) {
-            const int col = t.n0 + wn * (Cfg::kWN / 2) + 8 * nt + 2 * (lane % 4);
-            if (col >= p.n) continue;  // N % 8 == 0: col < N implies col + 1 < N
-            const float g0 = acc[mt][nt][2 * h], g1 = acc[mt][nt][2 * h + 1];
-            const float u0 = acc[mt][nt + kNT / 2][2 * h], u1 = acc[mt][nt + kNT / 2][2 * h + 1];
-            *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16_t*>(p.out) + out_row + col) =
-                __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
-          }
-        } else {
+          for (int nt0 = 0; nt0 < kNT; nt0 += 4) {
+            uint32_t w[4];
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            const int col = t.n0 + wn * Cfg::kWN + 8 * nt + 2 * (lane % 4);
-            if (col >= p.n) continue;
-            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + out_row + col) =
-                make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+            for (int j = 0; j < 4; ++j) {
+              const __nv_bfloat162 v =
+                  __floats2bfloat162_rn(acc[mt][nt0 + j][2 * h], acc[mt][nt0 + j][2 * h + 1]);
+              memcpy(&w[j], &v, 4);
+            }
+            QuadTranspose(w);
+            const int col = t.n0 + wn * Cfg::kWN + 8 * (nt0 + lane % 4);  // N % 8 == 0
+            if (r < t.rows && col < p.n)
+              *reinterpret_cast<uint4*>(out + col) = make_uint4(w[0], w[1], w[2], w[3]);
           }
         }
-      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * Cfg::kWM + mt * 16 + lane / 4 + 8 * h;
+          if (r >= t.rows) continue;
+          const int64_t out_row = static_cast<int64_t>(t.row_begin + r) * p.n;
+          if constexpr (kGateUp) {
+#pragma unroll
+            for (int nt = 0; nt < kNT / 2; ++nt) {
+              const int col = t.n0 + wn * (Cfg::kWN / 2) + 8 * nt + 2 * (lane % 4);
+              if (col >= p.n) continue;  // N % 8 == 0: col < N implies col + 1 < N
+              const float g0 = acc[mt][nt][2 * h], g1 = acc[mt][nt][2 * h + 1];
+              const float u0 = acc[mt][nt + kNT / 2][2 * h], u1 = acc[mt][nt + kNT / 2][2 * h + 1];
+              *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16_t*>(p.out) + out_row + col) =
+                  __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
+            }
+          } else {
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              const int col = t.n0 + wn * Cfg::kWN + 8 * nt + 2 * (lane % 4);
+              if (col >= p.n) continue;
+              *reinterpret_cast<float2*>(static_cast<float*>(p.out) + out_row + col) =
+                  make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+            }
+          }
+        }
+    }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -442,7 +470,8 @@ void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int
                offsets,
                static_cast<int>(w_gate_up.dim(0)),
                static_cast<int>(inter),
-               static_cast<int>(hidden)};
+               static_cast<int>(hidden),
+               false};
   const int tile_rows = GroupedGemmTileRows(rows, p.experts, prompt);
   if (const int wg = WgmmaTileRows(tile_rows);
       wg != 0 && GroupedWgmmaFits(inter, hidden, p.experts))
@@ -454,11 +483,11 @@ void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const Tensor
                      const TensorView& y, cudaStream_t s, bool prompt) {
   const int64_t rows = act.dim(0), inter = act.dim(1), hidden = y.dim(1);
   COROLLA_CHECK(act.dtype == DType::kBF16 && w_down.dtype == DType::kBF16 &&
-                y.dtype == DType::kF32 && act.rank() == 2 && act.is_contiguous() &&
-                Aligned16(act.data) && w_down.rank() == 3 && w_down.is_contiguous() &&
-                Aligned16(w_down.data) && w_down.dim(1) == hidden && w_down.dim(2) == inter &&
-                y.rank() == 2 && y.is_contiguous() && y.dim(0) == rows && hidden % 8 == 0 &&
-                inter % 8 == 0)
+                (y.dtype == DType::kF32 || y.dtype == DType::kBF16) && act.rank() == 2 &&
+                act.is_contiguous() && Aligned16(act.data) && w_down.rank() == 3 &&
+                w_down.is_contiguous() && Aligned16(w_down.data) && w_down.dim(1) == hidden &&
+                w_down.dim(2) == inter && y.rank() == 2 && y.is_contiguous() && Aligned16(y.data) &&
+                y.dim(0) == rows && hidden % 8 == 0 && inter % 8 == 0)
       << "grouped gemm down: act " << act.ToString() << " w " << w_down.ToString() << " y "
       << y.ToString();
   if (rows == 0) return;
@@ -470,7 +499,8 @@ void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const Tensor
                offsets,
                static_cast<int>(w_down.dim(0)),
                static_cast<int>(hidden),
-               static_cast<int>(inter)};
+               static_cast<int>(inter),
+               y.dtype == DType::kBF16};
   const int tile_rows = GroupedGemmTileRows(rows, p.experts, prompt);
   if (const int wg = WgmmaTileRows(tile_rows);
       wg != 0 && GroupedWgmmaFits(hidden, inter, p.experts))

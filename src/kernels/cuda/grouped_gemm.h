@@ -26,7 +26,7 @@ void GroupedGemmGateUp(const TensorView& x, const int32_t* perm_token, const int
                        bool prompt = false);
 
 // y[r] = act[r] W_down[e]^T for each row r of e. act [TK, I] bf16 contiguous,
-// w_down [E, H, I] bf16 contiguous, y [TK, H] f32 contiguous.
+// w_down [E, H, I] bf16 contiguous, y [TK, H] f32 or bf16 contiguous, 16-byte aligned.
 void GroupedGemmDown(const TensorView& act, const int32_t* offsets, const TensorView& w_down,
                      const TensorView& y, cudaStream_t s, bool prompt = false);
 

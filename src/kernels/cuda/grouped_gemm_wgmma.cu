@@ -5,7 +5,8 @@
 // Tile: kBM (64 or 128) rows of one expert x 256 weight rows, over all of K in 64-wide k-blocks.
 // GateUp: the 256 weight rows are 128 gate rows n0.. and the 128 matching up rows N + n0.., so a
 // consumer thread holds g and u of the same output columns and writes silu(g) * u (bf16) from
-// registers. Down: 256 rows n0.. of W_down, f32 y (columns past N masked: N % 256 may be 128).
+// registers. Down: 256 rows n0.. of W_down, y in f32 or bf16 (bf16: 16-byte stores through a quad
+// transpose of the fragments; columns past N masked: N % 256 may be 128).
 //
 // Warp specialisation, 384 threads: warpgroups 0 and 1 are consumers, warpgroup 2 the producer.
 // kBM 128: consumer wg takes tile rows 64 wg.. and all 256 weight rows (one m64n256k16 wgmma per
@@ -89,9 +90,10 @@ struct WgmmaParams {
   const bf16_t* a;    // GateUp: x [T, K], row perm_token[r]; Down: act [TK, K], row r
   int64_t a_stride;
   const int32_t* perm_token;  // GateUp only
-  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32
+  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32, or bf16 (out_bf16)
   const int32_t* offsets;     // [E + 1]
   int experts, n, k;
+  bool out_bf16;  // Down: y in bf16
 };
 
 template <bool kGateUp, int kBM>
@@ -203,6 +205,30 @@ __device__ __forceinline__ void Consume(const WgmmaParams& p, const Schedule& sc
     const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
     constexpr int kPairs = kAcc / 8;  // GateUp: (gate, up) column pairs of 8
     const int col0 = tc.n0 + (kBM == 128 ? 0 : wg * (kGateUp ? T::kConsumerN / 2 : T::kConsumerN));
+    if (!kGateUp && p.out_bf16) {
+      // Down, y in bf16: four 8-column groups at a time through the quad transpose, so that each
+      // lane stores 16 bytes of its row (the shuffles before the row test: the whole warp).
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_off + warp * 16 + lane / 4 + 8 * h;
+        bf16_t* out = static_cast<bf16_t*>(p.out) + static_cast<int64_t>(tc.row_begin + r) * p.n;
+#pragma unroll
+        for (int j0 = 0; j0 < kAcc / 4; j0 += 4) {
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const __nv_bfloat162 v =
+                __floats2bfloat162_rn(acc[4 * (j0 + j) + 2 * h], acc[4 * (j0 + j) + 2 * h + 1]);
+            memcpy(&w[j], &v, 4);
+          }
+          QuadTranspose(w);
+          const int col = col0 + 8 * (j0 + lane % 4);
+          if (r < tc.rows && col < p.n)
+            *reinterpret_cast<uint4*>(out + col) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+      continue;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row_off + warp * 16 + lane / 4 + 8 * h;
@@ -392,6 +418,7 @@ void GroupedWgmmaGateUp(int tile_rows, const TensorView& x, int64_t x_stride,
   p.experts = static_cast<int>(experts);
   p.n = static_cast<int>(inter);
   p.k = static_cast<int>(hidden);
+  p.out_bf16 = false;  // act is always bf16
   if (tile_rows == 64)
     LaunchWgmma<true, 64>(p, act.dim(0), s);
   else
@@ -413,6 +440,7 @@ void GroupedWgmmaDown(int tile_rows, const TensorView& act, const int32_t* offse
   p.experts = static_cast<int>(experts);
   p.n = static_cast<int>(hidden);
   p.k = static_cast<int>(inter);
+  p.out_bf16 = y.dtype == DType::kBF16;
   if (tile_rows == 64)
     LaunchWgmma<false, 64>(p, act.dim(0), s);
   else

@@ -4,7 +4,8 @@
 //   1-3. MoePermute (moe_permute.cu): count the pairs per expert, scan into row offsets,
 //   place the (token, slot) pairs into expert-contiguous rows,
 //   4. grouped GEMM gate_up over the gathered rows with the SiLU-mul epilogue -> act [TK, I],
-//   5. grouped GEMM down -> y [TK, H] f32, 6. weighted combine back to token order.
+//   5. grouped GEMM down -> y [TK, H] (f32, or bf16 with Tuning().moe_y_bf16), 6. weighted
+//   combine back to token order.
 // Steps 4-5 are grouped_gemm.cu's mma.sync GEMMs: a persistent grid schedules its tiles from
 // the device-side row offsets (no host read of the counts).
 // Small batches (TK <= Tuning().moe_decode_max_pairs) take steps 4-5 as memory-bound GEMVs
@@ -56,10 +57,11 @@ struct DecodeGemvParams {
   const int32_t* perm_token;
   const bf16_t* w;  // [E, N_w, K]: GateUp N_w = 2 N (gate rows, then up rows); Down N_w = N
   bf16_t* act_out;  // GateUp output [TK, N]
-  float* y_out;     // Down output [TK, N]
+  void* y_out;      // Down output [TK, N]: f32, or bf16 (y_bf16)
   const int32_t* offsets;
   const int32_t* active;  // [E + 1], see MoePermutation
   int experts, n, k;
+  bool y_bf16;
 };
 
 // acc[r][t] += dot(w row r, token row t) over this lane's share of K (16-byte vectors).
@@ -142,8 +144,10 @@ __global__ void __launch_bounds__(kDecWarps * 32) DecodeGemvKernel(const __grid_
         if constexpr (kGateUp) {
           const float g = acc[2 * i][t], u = acc[2 * i + 1][t];
           p.act_out[out_row + n0 + i] = __float2bfloat16(g / (1.f + expf(-g)) * u);
+        } else if (p.y_bf16) {
+          static_cast<bf16_t*>(p.y_out)[out_row + n0 + i] = __float2bfloat16(acc[i][t]);
         } else {
-          p.y_out[out_row + n0 + i] = acc[i][t];
+          static_cast<float*>(p.y_out)[out_row + n0 + i] = acc[i][t];
         }
       }
     }
@@ -152,7 +156,7 @@ __global__ void __launch_bounds__(kDecWarps * 32) DecodeGemvKernel(const __grid_
 
 // ---- combine ----------------------------------------------------------------------------
 struct CombineParams {
-  const float* y;  // [TK, H]
+  const void* y;  // [TK, H] f32, or bf16 (CombineKernel / CombineVecKernel's Y)
   const int32_t* slot_row;
   const float* weights;
   int64_t weights_stride;
@@ -161,29 +165,55 @@ struct CombineParams {
   int top_k, hidden;
 };
 
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(bf16_t v) { return __bfloat162float(v); }
+
+template <typename Y>
 __global__ void CombineKernel(const __grid_constant__ CombineParams p) {
   const int64_t t = blockIdx.x;
+  const Y* y = static_cast<const Y*>(p.y);
   for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) {
     float acc = 0.f;
     for (int s = 0; s < p.top_k; ++s) {
       const int row = p.slot_row[t * p.top_k + s];
-      if (row >= 0) acc += p.weights[t * p.weights_stride + s] * p.y[static_cast<int64_t>(row) * p.hidden + c];
+      if (row >= 0)
+        acc += p.weights[t * p.weights_stride + s] *
+               ToFloat(y[static_cast<int64_t>(row) * p.hidden + c]);
     }
     p.out[t * p.out_stride + c] = __float2bfloat16(acc);
   }
 }
 
-// CombineKernel's sums, bit for bit (the same products added in slot order), four columns a
-// thread: the token's rows and weights read once into shared memory, then each slot's 16-byte
-// load of y issued before any of the sums that use them (kCombineBatch slots at a time), so that
-// the read of y [TK, H] f32 (prefill's largest stream after the weights) runs near the copy rate
-// instead of one dependent scalar load a slot. Needs H % 4 == 0, y 16-byte aligned and the output
-// rows 8-byte aligned (MoeCombine checks and otherwise takes CombineKernel).
+// CombineKernel's sums, bit for bit (the same products added in slot order), 16 bytes of a y row
+// a thread (4 columns of f32 y, 8 of bf16): the token's rows and weights read once into shared
+// memory, then each slot's 16-byte load of y issued before any of the sums that use them
+// (kCombineBatch slots at a time), so that the read of y [TK, H] (prefill's largest stream after
+// the weights) runs near the copy rate instead of one dependent scalar load a slot. Needs H a
+// multiple of the columns a thread, y 16-byte aligned and the output rows aligned to the columns'
+// bf16 (MoeCombine checks and otherwise takes CombineKernel).
 constexpr int kCombineBatch = 8;
-struct alignas(8) Bf16x4 {
-  __nv_bfloat162 h[2];
+template <typename Y>
+struct CombineVec {
+  static constexpr int kCols = 16 / sizeof(Y);
+  struct alignas(2 * kCols) Out {
+    __nv_bfloat162 h[kCols / 2];
+  };
+  __device__ static void ToFloats(const uint4& u, float (&f)[kCols]) {
+    if constexpr (sizeof(Y) == 4) {
+      f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z),
+      f[3] = __uint_as_float(u.w);
+    } else {
+      Bf16x8 v;
+      memcpy(&v, &u, sizeof(u));
+      Unpack8(v, f);
+    }
+  }
 };
+
+template <typename Y>
 __global__ void CombineVecKernel(const __grid_constant__ CombineParams p) {
+  using V = CombineVec<Y>;
+  constexpr int kCols = V::kCols;
   __shared__ int32_t rows[kMaxTopK];
   __shared__ float weights[kMaxTopK];
   const int64_t t = blockIdx.x;
@@ -192,31 +222,33 @@ __global__ void CombineVecKernel(const __grid_constant__ CombineParams p) {
     weights[threadIdx.x] = p.weights[t * p.weights_stride + threadIdx.x];
   }
   __syncthreads();
-  const float4* y = reinterpret_cast<const float4*>(p.y);
-  const int64_t row_vecs = p.hidden / 4;
+  const uint4* y = static_cast<const uint4*>(p.y);
+  const int64_t row_vecs = p.hidden / kCols;
   for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float acc[kCols] = {};
     for (int s0 = 0; s0 < p.top_k; s0 += kCombineBatch) {
-      float4 v[kCombineBatch];
+      uint4 v[kCombineBatch];
 #pragma unroll
       for (int u = 0; u < kCombineBatch; ++u) {
         const int s = s0 + u;
         v[u] = s < p.top_k && rows[s] >= 0 ? __ldcs(y + rows[s] * row_vecs + c)
-                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+                                           : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kCombineBatch; ++u) {
         const int s = s0 + u;
         if (s >= p.top_k || rows[s] < 0) continue;
         const float w = weights[s];
-        acc.x += w * v[u].x;
-        acc.y += w * v[u].y;
-        acc.z += w * v[u].z;
-        acc.w += w * v[u].w;
+        float f[kCols];
+        V::ToFloats(v[u], f);
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) acc[i] += w * f[i];
       }
     }
-    *reinterpret_cast<Bf16x4*>(p.out + t * p.out_stride + 4 * c) =
-        Bf16x4{{__floats2bfloat162_rn(acc.x, acc.y), __floats2bfloat162_rn(acc.z, acc.w)}};
+    typename V::Out o;
+#pragma unroll
+    for (int i = 0; i < kCols / 2; ++i) o.h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    *reinterpret_cast<typename V::Out*>(p.out + t * p.out_stride + kCols * c) = o;
   }
 }
 
@@ -308,12 +340,13 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
   const int64_t meta_ints = 2 * (experts + 1) + 2 * pairs + MoePermuteScratchInts(pairs, experts);
   const int64_t meta_bytes = (meta_ints * 4 + 255) / 256 * 256;
   const int64_t act_bytes = (pairs * inter * 2 + 255) / 256 * 256;
-  ScratchBuffer scratch(alloc, meta_bytes + act_bytes + pairs * hidden * 4);
+  const bool y_bf16 = Tuning().moe_y_bf16;
+  ScratchBuffer scratch(alloc, meta_bytes + act_bytes + pairs * hidden * (y_bf16 ? 2 : 4));
   int32_t* meta = scratch.as<int32_t>();
   const MoePermutation st{meta, meta + 2 * (experts + 1), meta + 2 * (experts + 1) + pairs,
                           meta + (experts + 1)};
   bf16_t* act = reinterpret_cast<bf16_t*>(scratch.as<char>() + meta_bytes);
-  float* y = reinterpret_cast<float*>(scratch.as<char>() + meta_bytes + act_bytes);
+  void* y = scratch.as<char>() + meta_bytes + act_bytes;
   MoePermute(topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts, st,
              meta + 2 * (experts + 1) + 2 * pairs, s);
 
@@ -332,38 +365,68 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
       attrs_set = true;
     }
     const int slots = static_cast<int>(std::min<int64_t>(pairs, experts));
-    DecodeGemvParams d1{x.ptr<bf16_t>(), x.strides[0], st.perm_token, w_gate_up.ptr<bf16_t>(), act, nullptr,
-                        st.offsets, st.active, experts, static_cast<int>(inter), static_cast<int>(hidden)};
+    DecodeGemvParams d1{x.ptr<bf16_t>(),
+                        x.strides[0],
+                        st.perm_token,
+                        w_gate_up.ptr<bf16_t>(),
+                        act,
+                        nullptr,
+                        st.offsets,
+                        st.active,
+                        experts,
+                        static_cast<int>(inter),
+                        static_cast<int>(hidden),
+                        false};
     DecodeGemvKernel<true><<<dim3(slots, CeilDiv(inter, kDecWarps * kDecRows / 2)), kDecWarps * 32, dec_smem_gu, s>>>(d1);
     COROLLA_CUDA_CHECK_LAUNCH();
-    DecodeGemvParams d2{act, inter, nullptr, w_down.ptr<bf16_t>(), nullptr, y, st.offsets, st.active, experts,
-                        static_cast<int>(hidden), static_cast<int>(inter)};
+    DecodeGemvParams d2{act,
+                        inter,
+                        nullptr,
+                        w_down.ptr<bf16_t>(),
+                        nullptr,
+                        y,
+                        st.offsets,
+                        st.active,
+                        experts,
+                        static_cast<int>(hidden),
+                        static_cast<int>(inter),
+                        y_bf16};
     DecodeGemvKernel<false><<<dim3(slots, CeilDiv(hidden, kDecWarps * kDecRows)), kDecWarps * 32, dec_smem_down, s>>>(d2);
     COROLLA_CUDA_CHECK_LAUNCH();
   } else {
     const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);
-    const TensorView y_view(y, DType::kF32, {pairs, hidden}, Device::kCuda, x.device_idx);
+    const TensorView y_view(y, y_bf16 ? DType::kBF16 : DType::kF32, {pairs, hidden}, Device::kCuda,
+                            x.device_idx);
     GroupedGemmGateUp(x, st.perm_token, st.offsets, w_gate_up, act_view, s, prompt);
     GroupedGemmDown(act_view, st.offsets, w_down, y_view, s, prompt);
   }
 
-  MoeCombine(y, st.slot_row, topk_weights, out, s);
+  MoeCombine(y, y_bf16 ? DType::kBF16 : DType::kF32, st.slot_row, topk_weights, out, s);
 }
 
-void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_weights, const TensorView& out,
-                cudaStream_t s) {
+void MoeCombine(const void* y, DType y_dtype, const int32_t* slot_row,
+                const TensorView& topk_weights, const TensorView& out, cudaStream_t s) {
+  COROLLA_CHECK(y_dtype == DType::kF32 || y_dtype == DType::kBF16)
+      << "moe_combine: y " << DTypeName(y_dtype);
   const int64_t tokens = out.dim(0), hidden = out.dim(1);
   if (tokens == 0) return;
   CombineParams cp{y, slot_row, topk_weights.ptr<float>(), topk_weights.strides[0],
                    out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden, static_cast<int>(topk_weights.dim(1)),
                    static_cast<int>(hidden)};
-  const bool vec = Tuning().moe_combine_vec && hidden % 4 == 0 && cp.top_k <= kMaxTopK &&
-                   reinterpret_cast<uintptr_t>(y) % 16 == 0 && reinterpret_cast<uintptr_t>(cp.out) % 8 == 0 &&
-                   cp.out_stride % 4 == 0;
-  if (vec)
-    CombineVecKernel<<<tokens, 128, 0, s>>>(cp);
+  const bool bf16 = y_dtype == DType::kBF16;
+  const int cols = bf16 ? CombineVec<bf16_t>::kCols : CombineVec<float>::kCols;  // a thread's
+  const bool vec = Tuning().moe_combine_vec && hidden % cols == 0 && cp.top_k <= kMaxTopK &&
+                   reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(cp.out) % (2 * cols) == 0 &&
+                   cp.out_stride % cols == 0;
+  if (vec && bf16)
+    CombineVecKernel<bf16_t><<<tokens, 128, 0, s>>>(cp);
+  else if (vec)
+    CombineVecKernel<float><<<tokens, 128, 0, s>>>(cp);
+  else if (bf16)
+    CombineKernel<bf16_t><<<tokens, 128, 0, s>>>(cp);
   else
-    CombineKernel<<<tokens, 128, 0, s>>>(cp);
+    CombineKernel<float><<<tokens, 128, 0, s>>>(cp);
   COROLLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -558,7 +558,7 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
   QuantizeRows(act, inter, pairs, inter, actq, act_scale, s);
   GroupedGemmFp8Down(actq, act_scale, offsets, w_down, d_scale, y_view, s);
 
-  MoeCombine(y, slot_row, topk_weights, out, s);
+  MoeCombine(y, DType::kF32, slot_row, topk_weights, out, s);
 }
 
 }  // namespace corolla::cuda

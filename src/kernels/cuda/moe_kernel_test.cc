@@ -3,19 +3,17 @@
 // 128-row tiles on wgmma + TMA (grouped_gemm_wgmma.cu; shapes it does not fit fall back to
 // mma.sync), the memory-bound decode GEMVs (one-CTA and chunked permute) and the default
 // dispatch; "mma tile 64 scalar combine" takes MoeCombine's scalar kernel and must give the
-// 16-byte kernel's bits. K 768 / 2048 / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop
-// and N tails.
-// The sweep:
-// one token to 4096 (E 128, k 8, H 2048, I 768), K and N off the tiles (H 136/200, I 72/200),
-// one expert taking every row, most experts with zero rows (leading, interleaved, trailing),
-// slots of another rank (id -1 or >= E), 512 experts with k 10. Fresh bf16-rounded random inputs,
-// outputs NaN-poisoned before each run, ||out - ref|| / ||ref|| < kBf16Tol.
-// CudaKernelTest.WgmmaTileProbe runs one 64 x 256 x 64 tile through the raw wgmma/TMA wrappers;
-// CudaKernelTest.GroupedGemmWgmma compares the wgmma GEMMs with the mma.sync ones directly.
-// CudaPerf.GroupedGemm times the two grouped GEMMs alone and the whole op on Qwen3-30B-A3B
-// shapes ("grouped gemm perf:" lines, tile "128w" = wgmma; scripts/bench_grouped_mm_torch.py
-// prints torch's table).
-// Needs a GPU; skips otherwise.
+// 16-byte kernel's bits; the "y bf16" paths keep the down GEMM's rows in bf16 as the default
+// dispatch does (the other forced paths in f32; the scalar combine bit for bit again). K 768 / 2048
+// / 7168 and N 1536 / 2048 cover the wgmma kernel's k-loop and N tails. The sweep: one token to
+// 4096 (E 128, k 8, H 2048, I 768), K and N off the tiles (H 136/200, I 72/200), one expert taking
+// every row, most experts with zero rows (leading, interleaved, trailing), slots of another rank
+// (id -1 or >= E), 512 experts with k 10. Fresh bf16-rounded random inputs, outputs NaN-poisoned
+// before each run, ||out - ref|| / ||ref|| < kBf16Tol. CudaKernelTest.WgmmaTileProbe runs one 64 x
+// 256 x 64 tile through the raw wgmma/TMA wrappers; CudaKernelTest.GroupedGemmWgmma compares the
+// wgmma GEMMs with the mma.sync ones directly. CudaPerf.GroupedGemm times the two grouped GEMMs
+// alone and the whole op on Qwen3-30B-A3B shapes ("grouped gemm perf:" lines, tile "128w" = wgmma;
+// scripts/bench_grouped_mm_torch.py prints torch's table). Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -106,15 +104,16 @@ std::vector<int32_t> RouteIds(const MoeCase& c) {
 
 // The paths MoeExperts can take, each forced through Tuning() (`dispatch`: the defaults).
 struct MoePath {
-  const char* name;
-  bool dispatch;                // leave the default choice
-  bool gemv;                    // the memory-bound decode GEMVs, else the grouped mma GEMMs
-  int tile_rows;                // mma: forced tile height (0: by rows per expert)
+  const char* name = "";
+  bool dispatch = false;        // leave the default choice
+  bool gemv = false;            // the memory-bound decode GEMVs, else the grouped mma GEMMs
+  int tile_rows = 0;            // mma: forced tile height (0: by rows per expert)
   bool one_cta_permute = true;  // MoePermute's one-CTA kernel where the pairs fit
   bool wgmma = false;           // 128-row tiles on the wgmma kernels
   bool combine_vec = true;      // MoeCombine's 16-byte kernel, else its scalar twin
   bool wgmma_tile64 = false;    // the 64-row wgmma tiles (with wgmma)
   bool prompt = false;          // PlanStep says the tokens are one prompt chunk's
+  bool y_bf16 = false;          // the down GEMM's y in bf16 (Tuning().moe_y_bf16)
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
@@ -127,6 +126,20 @@ const MoePath kMoePaths[] = {
     {"gemv chunked permute", false, true, 0, false},
     {"default dispatch", true, false, 0},
     {"default dispatch, prompt step", true, false, 0, true, false, true, false, true},
+    {.name = "mma tile 32 y bf16", .tile_rows = 32, .y_bf16 = true},
+    {.name = "mma tile 64 y bf16", .tile_rows = 64, .y_bf16 = true},
+    {.name = "mma tile 64 y bf16 scalar combine",
+     .tile_rows = 64,
+     .combine_vec = false,
+     .y_bf16 = true},
+    {.name = "mma tile 128 y bf16", .tile_rows = 128, .y_bf16 = true},
+    {.name = "wgmma tile 128 y bf16", .tile_rows = 128, .wgmma = true, .y_bf16 = true},
+    {.name = "wgmma tile 64 y bf16",
+     .tile_rows = 64,
+     .wgmma = true,
+     .wgmma_tile64 = true,
+     .y_bf16 = true},
+    {.name = "gemv y bf16", .gemv = true, .y_bf16 = true},
 };
 void Apply(const MoePath& path) {
   cuda::KernelTuning& t = cuda::Tuning();
@@ -139,6 +152,7 @@ void Apply(const MoePath& path) {
   t.moe_gemm_wgmma = path.wgmma;
   t.moe_combine_vec = path.combine_vec;
   t.moe_gemm_wgmma_tile64 = path.wgmma_tile64;
+  t.moe_y_bf16 = path.y_bf16;
 }
 
 void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
@@ -154,7 +168,8 @@ void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
   const std::vector<float> ref(cout.ptr<float>(), cout.ptr<float>() + t * h);
   Tensor gx = Upload(gpu, x, {t, h}, DType::kBF16);
   Tensor gids = UploadI32(gpu, ids, {t, c.k}), gw = Upload(gpu, w, {t, c.k}, DType::kF32);
-  std::vector<float> tile64;  // "mma tile 64": the scalar combine must give the same bits
+  // "mma tile 64" (and its y bf16 twin): the scalar combine must give the same bits.
+  std::vector<float> tile64, tile64_bf16;
   for (const MoePath& path : kMoePaths) {
     Apply(path);
     Tensor gout = gpu.Empty(DType::kBF16, {t, h});
@@ -168,9 +183,12 @@ void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
     const std::string shape = Name(c) + " " + path.name;
     Record("MoeExperts", shape, e, kBf16Tol);
     EXPECT_LT(e, kBf16Tol) << shape;
-    if (std::string(path.name) == "mma tile 64") tile64 = got;
-    if (std::string(path.name) == "mma tile 64 scalar combine") {
-      EXPECT_EQ(0, std::memcmp(got.data(), tile64.data(), got.size() * sizeof(float)))
+    const std::string name = path.name;
+    if (name == "mma tile 64") tile64 = got;
+    if (name == "mma tile 64 y bf16") tile64_bf16 = got;
+    if (name == "mma tile 64 scalar combine" || name == "mma tile 64 y bf16 scalar combine") {
+      const std::vector<float>& vec = path.y_bf16 ? tile64_bf16 : tile64;
+      EXPECT_EQ(0, std::memcmp(got.data(), vec.data(), got.size() * sizeof(float)))
           << shape << ": the 16-byte and scalar combines differ";
     }
   }
@@ -424,7 +442,7 @@ TEST_F(CudaKernelTest, GroupedGemmWgmma) {
     Tensor goff = UploadI32(gpu(), offsets, {c.experts + 1}),
            gperm = UploadI32(gpu(), perm, {rows});
     for (int tile : {128, 64}) {
-      std::vector<float> act_out[2], y_out[2];
+      std::vector<float> act_out[2], y_out[2], y_bf16[2];
       for (int wgmma = 0; wgmma < 2; ++wgmma) {
         cuda::Tuning() = DefaultTuning();
         cuda::Tuning().moe_gemm_tile_rows = tile;
@@ -432,12 +450,16 @@ TEST_F(CudaKernelTest, GroupedGemmWgmma) {
         cuda::Tuning().moe_gemm_wgmma_tile64 = true;
         Tensor act = gpu().Empty(DType::kBF16, {rows, c.inter});
         Tensor y = gpu().Empty(DType::kF32, {rows, c.hidden});
+        Tensor yb = gpu().Empty(DType::kBF16, {rows, c.hidden});
         Poison(gpu(), act);
         Poison(gpu(), y);
+        Poison(gpu(), yb);
         cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
         cuda::GroupedGemmDown(act_in, goff.ptr<int32_t>(), wd, y, stream);
+        cuda::GroupedGemmDown(act_in, goff.ptr<int32_t>(), wd, yb, stream);
         act_out[wgmma] = Download(gpu(), act);
         y_out[wgmma] = Download(gpu(), y);
+        y_bf16[wgmma] = Download(gpu(), yb);
       }
       cuda::Tuning() = DefaultTuning();
       const std::string shape = "tile " + std::to_string(tile) + " E" + std::to_string(c.experts) +
@@ -448,6 +470,17 @@ TEST_F(CudaKernelTest, GroupedGemmWgmma) {
       Record("GroupedGemmWgmma down vs mma", shape, e_y, kBf16Tol);
       EXPECT_LT(e_act, kBf16Tol) << shape;
       EXPECT_LT(e_y, kBf16Tol) << shape;
+      // y in bf16 is each kernel's f32 y rounded, bit for bit: the 16-byte stores of the quad
+      // transpose put every value where the f32 pairs went.
+      for (int wgmma = 0; wgmma < 2; ++wgmma) {
+        int64_t bad = -1;
+        for (size_t i = 0; i < y_out[wgmma].size() && bad < 0; ++i)
+          if (ToFloat(ToBf16(y_out[wgmma][i])) != y_bf16[wgmma][i]) bad = static_cast<int64_t>(i);
+        EXPECT_EQ(bad, -1) << shape << (wgmma ? " wgmma" : " mma") << ": y bf16 at row "
+                           << bad / c.hidden << " column " << bad % c.hidden << " is "
+                           << (bad < 0 ? 0.f : y_bf16[wgmma][bad]) << ", the f32 y "
+                           << (bad < 0 ? 0.f : y_out[wgmma][bad]);
+      }
     }
   }
 }

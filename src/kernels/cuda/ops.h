@@ -168,10 +168,10 @@ bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const T
                         const TensorView& sum, CachingAllocator& alloc, cudaStream_t s);
 
 // moe.cu: out[t] = sum_k topk_weights[t, k] * y[slot_row[t * K + k]] (rows < 0 skipped), f32
-// sums rounded to bf16 once; y [rows, H] f32, out [T, H] bf16. The last step of MoeExperts and
-// MoeExpertsFp8's grouped paths.
-void MoeCombine(const float* y, const int32_t* slot_row, const TensorView& topk_weights, const TensorView& out,
-                cudaStream_t s);
+// sums rounded to bf16 once; y [rows, H] f32 or bf16 (y_dtype), out [T, H] bf16. The last step of
+// MoeExperts and MoeExpertsFp8's grouped paths.
+void MoeCombine(const void* y, DType y_dtype, const int32_t* slot_row,
+                const TensorView& topk_weights, const TensorView& out, cudaStream_t s);
 
 // router.cu: Backend::RmsNormMoeRouter of one token in one launch where the shapes fit: the
 // cluster norm-router (router_norm.cu) when Tuning().cluster_norm_router is set, else the staged

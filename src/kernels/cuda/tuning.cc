@@ -27,6 +27,7 @@ KernelTuning& Tuning() {
       t.moe_permute_one_cta_max_pairs = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_TILE_ROWS")) t.moe_gemm_tile_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_COMBINE_VEC")) t.moe_combine_vec = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_Y_BF16")) t.moe_y_bf16 = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA")) t.attention_wgmma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_LINEAR_FP8_GEMV_MAX_ROWS")) t.linear_fp8_gemv_max_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_MOE_FP8_WGMMA")) t.moe_fp8_wgmma = std::atoi(v) != 0;

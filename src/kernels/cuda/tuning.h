@@ -40,6 +40,14 @@ struct KernelTuning {
   // MoeCombine sums y with 16-byte loads, all slots' loads before their sums (CombineVecKernel,
   // the same bits as the scalar kernel). COROLLA_MOE_COMBINE_VEC=0 takes the scalar kernel.
   bool moe_combine_vec = true;
+  // MoeExperts' grouped paths keep the down GEMM's per-row output y in bf16 (16-byte stores
+  // through a quad transpose of the fragments; the combine reads half the bytes) instead of f32.
+  // Each expert's row is rounded to bf16 before the weighted sum, as Hugging Face's bf16 MoE
+  // blocks do. On an H200 (Qwen3-30B-A3B, random weights) prompts of 256 / 1k / 2k / 8k tokens
+  // took 8.49-8.52 / 16.07-16.13 / 28.88-29.07 / 136.5-137.0 ms against 8.74-8.86 / 16.84-16.96 /
+  // 30.30-30.40 / 141.7-142.1 with y in f32; decode batch 64 / 256 at ctx 1k 18.68-18.69 /
+  // 24.46-24.47 against 18.85-18.87 / 24.65-24.67. COROLLA_MOE_Y_BF16=0 keeps f32.
+  bool moe_y_bf16 = true;
   // MoeExperts skips the permutation and runs one GEMV per (token, expert) pair, the down
   // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. 64: on an
   // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV.
