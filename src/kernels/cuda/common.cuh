@@ -60,6 +60,34 @@ __device__ __forceinline__ void QuadTranspose(uint32_t (&w)[4]) {
   }
 }
 
+// Stores an mma / wgmma accumulator fragment's rows as bf16, 16 bytes a lane: rows r0 and r0 + 8
+// (r0 = the fragment's first row + lane / 4) of `out` [.., n], kGroups 8-column groups from col0,
+// pair(j, h) the bf16 pair this lane holds of group j in row r0 + 8 h. Rows >= rows and columns
+// >= n (whole groups: n % 8 == 0) are not written. The whole warp must call it.
+template <int kGroups, class Pair>
+__device__ __forceinline__ void StoreFragmentBf16(bf16_t* out, int n, int rows, int r0, int col0,
+                                                  Pair pair) {
+  static_assert(kGroups % 4 == 0, "whole quads of 8-column groups");
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + 8 * h;
+    bf16_t* row = out + static_cast<int64_t>(r) * n;
+#pragma unroll
+    for (int j0 = 0; j0 < kGroups; j0 += 4) {
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 v = pair(j0 + j, h);
+        memcpy(&w[j], &v, 4);
+      }
+      QuadTranspose(w);
+      const int col = col0 + 8 * (j0 + static_cast<int>(threadIdx.x % 4));
+      if (r < rows && col < n)
+        *reinterpret_cast<uint4*>(row + col) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
 // Eight bf16 as floats: from shared memory in one 128-bit load (a Bf16x8 copy can split into
 // four 32-bit loads), or from global memory through L2 (.cg: data an earlier kernel of the stream
 // wrote, which the read-only .nc path must not see under programmatic dependent launch).

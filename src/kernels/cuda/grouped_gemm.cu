@@ -275,62 +275,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (++stage == Cfg::kStages) stage = 0;
     if (++kb < k_blocks) continue;
 
-    // Epilogue of `tile`, from registers. Accumulator i of an m16n8 tile is row
-    // lane / 4 + 8 (i / 2), column 2 (lane % 4) + i % 2.
+    // Epilogue of `tile`, from registers (grouped::MmaEpilogue).
     const TileCoord t = Locate<Cfg::kBM, kNPerTile>(sch, tile);
-    if (!kGateUp && p.out_bf16) {
-      // Down, y in bf16: four n8-tiles at a time through the quad transpose, so that each lane
-      // stores the 16 bytes of one n8-tile's row (the shuffles before the row test: whole warp).
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wm * Cfg::kWM + mt * 16 + lane / 4 + 8 * h;
-          bf16_t* out = static_cast<bf16_t*>(p.out) + static_cast<int64_t>(t.row_begin + r) * p.n;
-#pragma unroll
-          for (int nt0 = 0; nt0 < kNT; nt0 += 4) {
-            uint32_t w[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const __nv_bfloat162 v =
-                  __floats2bfloat162_rn(acc[mt][nt0 + j][2 * h], acc[mt][nt0 + j][2 * h + 1]);
-              memcpy(&w[j], &v, 4);
-            }
-            QuadTranspose(w);
-            const int col = t.n0 + wn * Cfg::kWN + 8 * (nt0 + lane % 4);  // N % 8 == 0
-            if (r < t.rows && col < p.n)
-              *reinterpret_cast<uint4*>(out + col) = make_uint4(w[0], w[1], w[2], w[3]);
-          }
-        }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wm * Cfg::kWM + mt * 16 + lane / 4 + 8 * h;
-          if (r >= t.rows) continue;
-          const int64_t out_row = static_cast<int64_t>(t.row_begin + r) * p.n;
-          if constexpr (kGateUp) {
-#pragma unroll
-            for (int nt = 0; nt < kNT / 2; ++nt) {
-              const int col = t.n0 + wn * (Cfg::kWN / 2) + 8 * nt + 2 * (lane % 4);
-              if (col >= p.n) continue;  // N % 8 == 0: col < N implies col + 1 < N
-              const float g0 = acc[mt][nt][2 * h], g1 = acc[mt][nt][2 * h + 1];
-              const float u0 = acc[mt][nt + kNT / 2][2 * h], u1 = acc[mt][nt + kNT / 2][2 * h + 1];
-              *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16_t*>(p.out) + out_row + col) =
-                  __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
-            }
-          } else {
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              const int col = t.n0 + wn * Cfg::kWN + 8 * nt + 2 * (lane % 4);
-              if (col >= p.n) continue;
-              *reinterpret_cast<float2*>(static_cast<float*>(p.out) + out_row + col) =
-                  make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-            }
-          }
-        }
-    }
+    grouped::MmaEpilogue<kGateUp>(acc, p.out, p.out_bf16, p.n, t, wm * Cfg::kWM,
+                                  t.n0 + wn * (kGateUp ? Cfg::kWN / 2 : Cfg::kWN));
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll

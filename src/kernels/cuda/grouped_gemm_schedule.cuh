@@ -1,10 +1,13 @@
-// The device-side tile schedule the grouped GEMMs (grouped_gemm.cu: mma.sync; grouped_gemm_wgmma.cu:
-// wgmma + TMA; moe_fp8.cu / moe_fp8_wgmma.cu: e4m3) share: offsets [E + 1] -> each expert's
-// first m-tile in shared memory, and tile index -> (expert, rows, first output column); and the
-// cp.async / ldmatrix wrappers and shared-memory swizzle of the mma.sync ones. Device code only.
+// The device-side tile schedule the grouped GEMMs (grouped_gemm.cu: mma.sync;
+// grouped_gemm_wgmma.cu: wgmma + TMA; moe_fp8.cu / moe_fp8_wgmma.cu: e4m3) share: offsets [E + 1]
+// -> each expert's first m-tile in shared memory, and tile index -> (expert, rows, first output
+// column); and the cp.async / ldmatrix wrappers, shared-memory swizzle and epilogue of the mma.sync
+// ones. Device code only.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cuda/common.cuh"
 
 namespace corolla::cuda::grouped {
 
@@ -86,6 +89,56 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
 // Byte offset of 16-byte chunk `chunk` of tile row `row` (128-byte rows, XOR swizzle).
 __device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// ---- the epilogue of the mma.sync kernels ----------------------------------------------------
+// Writes a warp's accumulators acc[kMT][kNT][4] of tile t (accumulator i of m16n8 tile (mt, nt):
+// row row0 + 16 mt + lane / 4 + 8 (i / 2), column col0 + 8 nt + 2 (lane % 4) + i % 2) to out
+// [.., n], row r of the tile at row t.row_begin + r. GateUp: n8-tiles nt < kNT / 2 are gate
+// columns, nt + kNT / 2 their up columns: silu(g) * u in bf16 pairs. Down: y in f32 pairs, or in
+// bf16 (out_bf16) 16 bytes a lane through StoreFragmentBf16. Rows >= t.rows and columns >= n (a
+// multiple of 8) are not written. The whole warp must call it.
+template <bool kGateUp, int kMT, int kNT>
+__device__ __forceinline__ void MmaEpilogue(const float (&acc)[kMT][kNT][4], void* out,
+                                            bool out_bf16, int n, const TileCoord& t, int row0,
+                                            int col0) {
+  const int lane = threadIdx.x % 32;
+  if (!kGateUp && out_bf16) {
+    bf16_t* y = static_cast<bf16_t*>(out) + static_cast<int64_t>(t.row_begin) * n;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+      StoreFragmentBf16<kNT>(y, n, t.rows, row0 + mt * 16 + lane / 4, col0, [&](int nt, int h) {
+        return __floats2bfloat162_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+      });
+    return;
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + mt * 16 + lane / 4 + 8 * h;
+      if (r >= t.rows) continue;
+      const int64_t out_row = static_cast<int64_t>(t.row_begin + r) * n;
+      if constexpr (kGateUp) {
+#pragma unroll
+        for (int nt = 0; nt < kNT / 2; ++nt) {
+          const int col = col0 + 8 * nt + 2 * (lane % 4);
+          if (col >= n) continue;  // n % 8 == 0: col < n implies col + 1 < n
+          const float g0 = acc[mt][nt][2 * h], g1 = acc[mt][nt][2 * h + 1];
+          const float u0 = acc[mt][nt + kNT / 2][2 * h], u1 = acc[mt][nt + kNT / 2][2 * h + 1];
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16_t*>(out) + out_row + col) =
+              __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const int col = col0 + 8 * nt + 2 * (lane % 4);
+          if (col >= n) continue;
+          *reinterpret_cast<float2*>(static_cast<float*>(out) + out_row + col) =
+              make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+        }
+      }
+    }
 }
 
 }  // namespace corolla::cuda::grouped

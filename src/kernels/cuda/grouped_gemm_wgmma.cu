@@ -205,37 +205,17 @@ __device__ __forceinline__ void Consume(const WgmmaParams& p, const Schedule& sc
     const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
     constexpr int kPairs = kAcc / 8;  // GateUp: (gate, up) column pairs of 8
     const int col0 = tc.n0 + (kBM == 128 ? 0 : wg * (kGateUp ? T::kConsumerN / 2 : T::kConsumerN));
-    if (!kGateUp && p.out_bf16) {
-      // Down, y in bf16: four 8-column groups at a time through the quad transpose, so that each
-      // lane stores 16 bytes of its row (the shuffles before the row test: the whole warp).
+    bf16_t* const out_bf16 = static_cast<bf16_t*>(p.out) + static_cast<int64_t>(tc.row_begin) * p.n;
+    const int r0 = row_off + warp * 16 + lane / 4;
+    if constexpr (kGateUp) {
+      // silu(g) * u as bf16 pairs, a quad's four 4-byte stores filling 16 bytes of a row: the
+      // quad transpose to 16-byte stores here made prompts slower (1k: 17.4 vs 16.1 ms on an
+      // H200), where it made Down's y faster.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = row_off + warp * 16 + lane / 4 + 8 * h;
-        bf16_t* out = static_cast<bf16_t*>(p.out) + static_cast<int64_t>(tc.row_begin + r) * p.n;
-#pragma unroll
-        for (int j0 = 0; j0 < kAcc / 4; j0 += 4) {
-          uint32_t w[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const __nv_bfloat162 v =
-                __floats2bfloat162_rn(acc[4 * (j0 + j) + 2 * h], acc[4 * (j0 + j) + 2 * h + 1]);
-            memcpy(&w[j], &v, 4);
-          }
-          QuadTranspose(w);
-          const int col = col0 + 8 * (j0 + lane % 4);
-          if (r < tc.rows && col < p.n)
-            *reinterpret_cast<uint4*>(out + col) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
-      }
-      continue;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row_off + warp * 16 + lane / 4 + 8 * h;
-      if (r >= tc.rows) continue;
-      const int64_t out_row = static_cast<int64_t>(tc.row_begin + r) * p.n;
-      if constexpr (kGateUp) {
-        bf16_t* out = static_cast<bf16_t*>(p.out) + out_row;
+        const int r = r0 + 8 * h;
+        if (r >= tc.rows) continue;
+        bf16_t* out = out_bf16 + static_cast<int64_t>(r) * p.n;
 #pragma unroll
         for (int j = 0; j < kPairs; ++j) {
           const int col = col0 + 8 * j + 2 * (lane % 4);  // N % 128 == 0: always < N
@@ -244,13 +224,22 @@ __device__ __forceinline__ void Consume(const WgmmaParams& p, const Schedule& sc
           *reinterpret_cast<__nv_bfloat162*>(out + col) =
               __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
         }
-      } else {
-        float* out = static_cast<float*>(p.out) + out_row;
+      }
+    } else if (p.out_bf16) {  // 16 bytes a lane (StoreFragmentBf16's quad transpose)
+      StoreFragmentBf16<kAcc / 4>(out_bf16, p.n, tc.rows, r0, col0, [&](int j, int h) {
+        return __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      });
+    } else {  // y in f32: a quad's float2 pairs fill a row's 32-byte sectors
+      float* const out_f32 = static_cast<float*>(p.out) + static_cast<int64_t>(tc.row_begin) * p.n;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + 8 * h;
+        if (r >= tc.rows) continue;
 #pragma unroll
         for (int j = 0; j < kAcc / 4; ++j) {
           const int col = col0 + 8 * j + 2 * (lane % 4);
           if (col >= p.n) continue;
-          *reinterpret_cast<float2*>(out + col) =
+          *reinterpret_cast<float2*>(out_f32 + static_cast<int64_t>(r) * p.n + col) =
               make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
       }

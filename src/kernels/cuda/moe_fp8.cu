@@ -107,9 +107,10 @@ struct Fp8GemmParams {
   const int32_t* perm_token;  // GateUp only
   const uint8_t* w;           // [E, N_w, K] e4m3: GateUp N_w = 2N (gate rows, then up rows)
   const float* w_scale;       // [E, scale_rows, k_groups]: GateUp scale_rows = 2 n_blocks
-  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32
+  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32, or bf16 (out_bf16)
   const int32_t* offsets;     // [E + 1]
   int experts, n, k, n_blocks, k_groups;
+  bool out_bf16;  // Down: y in bf16
 };
 
 // d += a b: a 16x32 e4m3 row-major, b 32x8 e4m3 "col" (rows of W, k contiguous), f32 d.
@@ -337,33 +338,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (++kb < k_blocks) continue;
 
     const TileCoord t = ct;
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wm * Cfg::kWM + mt * 16 + lane / 4 + 8 * h;
-        if (r >= t.rows) continue;
-        const int64_t out_row = static_cast<int64_t>(t.row_begin + r) * p.n;
-        if constexpr (kGateUp) {
-#pragma unroll
-          for (int nt = 0; nt < kNT / 2; ++nt) {
-            const int col = t.n0 + wn * (Cfg::kWN / 2) + 8 * nt + 2 * (lane % 4);
-            if (col >= p.n) continue;
-            const float g0 = acc[mt][nt][2 * h], g1 = acc[mt][nt][2 * h + 1];
-            const float u0 = acc[mt][nt + kNT / 2][2 * h], u1 = acc[mt][nt + kNT / 2][2 * h + 1];
-            *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16_t*>(p.out) + out_row + col) =
-                __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
-          }
-        } else {
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            const int col = t.n0 + wn * Cfg::kWN + 8 * nt + 2 * (lane % 4);
-            if (col >= p.n) continue;
-            *reinterpret_cast<float2*>(static_cast<float*>(p.out) + out_row + col) =
-                make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-          }
-        }
-      }
+    grouped::MmaEpilogue<kGateUp>(acc, p.out, p.out_bf16, p.n, t, wm * Cfg::kWM,
+                                  t.n0 + wn * (kGateUp ? Cfg::kWN / 2 : Cfg::kWN));
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -463,7 +439,8 @@ void GroupedGemmFp8GateUp(const uint8_t* xq, const float* xs, int64_t tokens_str
                   static_cast<int>(inter),
                   static_cast<int>(hidden),
                   CeilDiv(inter, kGroup),
-                  CeilDiv(hidden, kGroup)};
+                  CeilDiv(hidden, kGroup),
+                  false};
   const int tile_rows = GroupedGemmTileRows(rows, p.experts);
   if (TakesWgmma(tile_rows) && GroupedFp8WgmmaFits(inter, hidden, p.experts))
     return GroupedFp8WgmmaGateUp(xq, xs, tokens_stride, perm_token, offsets, w_gate_up, gu_scale, act, s);
@@ -486,7 +463,8 @@ void GroupedGemmFp8Down(const uint8_t* actq, const float* act_scale, const int32
                   static_cast<int>(hidden),
                   static_cast<int>(inter),
                   CeilDiv(hidden, kGroup),
-                  CeilDiv(inter, kGroup)};
+                  CeilDiv(inter, kGroup),
+                  y.dtype == DType::kBF16};
   const int tile_rows = GroupedGemmTileRows(rows, p.experts);
   if (TakesWgmma(tile_rows) && GroupedFp8WgmmaFits(hidden, inter, p.experts))
     return GroupedFp8WgmmaDown(actq, act_scale, offsets, w_down, d_scale, y, s);
@@ -528,7 +506,9 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
   const int64_t meta_bytes = Round256(4 * ((experts + 1) + 2 * pairs + MoePermuteScratchInts(pairs, experts)));
   const int64_t xq_bytes = Round256(tokens * hidden), xs_bytes = Round256(tokens * h_groups * 4);
   const int64_t act_bytes = Round256(pairs * inter * 2), actq_bytes = Round256(pairs * inter);
-  const int64_t as_bytes = Round256(pairs * i_groups * 4), y_bytes = pairs * hidden * 4;
+  const bool y_bf16 = Tuning().moe_y_bf16;
+  const int64_t as_bytes = Round256(pairs * i_groups * 4),
+                y_bytes = pairs * hidden * (y_bf16 ? 2 : 4);
   ScratchBuffer scratch(alloc, meta_bytes + xq_bytes + xs_bytes + act_bytes + actq_bytes + as_bytes + y_bytes);
   char* base = scratch.as<char>();
   int32_t* offsets = reinterpret_cast<int32_t*>(base);
@@ -545,20 +525,21 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
   cur += actq_bytes;
   float* act_scale = reinterpret_cast<float*>(cur);
   cur += as_bytes;
-  float* y = reinterpret_cast<float*>(cur);
+  void* y = cur;
 
   MoePermute(topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts,
              MoePermutation{offsets, perm_token, slot_row, nullptr}, slot_row + pairs, s);
   QuantizeRows(x.ptr<bf16_t>(), tokens > 1 ? x.strides[0] : hidden, tokens, hidden, xq, xs, s);
 
   const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);
-  const TensorView y_view(y, DType::kF32, {pairs, hidden}, Device::kCuda, x.device_idx);
+  const DType y_dtype = y_bf16 ? DType::kBF16 : DType::kF32;
+  const TensorView y_view(y, y_dtype, {pairs, hidden}, Device::kCuda, x.device_idx);
   GroupedGemmFp8GateUp(xq, xs, hidden, perm_token, offsets, w_gate_up, gu_scale, act_view, s);
   // Rows past offsets[E] (skipped ids) hold garbage act; their quantisation is never read.
   QuantizeRows(act, inter, pairs, inter, actq, act_scale, s);
   GroupedGemmFp8Down(actq, act_scale, offsets, w_down, d_scale, y_view, s);
 
-  MoeCombine(y, DType::kF32, slot_row, topk_weights, out, s);
+  MoeCombine(y, y_dtype, slot_row, topk_weights, out, s);
 }
 
 }  // namespace corolla::cuda

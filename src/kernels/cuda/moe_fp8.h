@@ -24,7 +24,8 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
 // The two grouped GEMMs (rows of expert e: [offsets[e], offsets[e + 1]), offsets [E + 1] on the
 // device). GateUp: act [TK, I] bf16 = silu(xq W_gate^T) * (xq W_up^T) over rows perm_token[r] of
 // xq [T, H] e4m3 (row stride tokens_stride) with scales xs [T, ceil(H/128)]. Down: y [TK, H] f32
-// = actq [TK, I] e4m3 (scales [TK, ceil(I/128)]) W_down^T. Weights and scales as MoeExpertsFp8's.
+// or bf16 (16-byte aligned) = actq [TK, I] e4m3 (scales [TK, ceil(I/128)]) W_down^T. Weights and
+// scales as MoeExpertsFp8's.
 void GroupedGemmFp8GateUp(const uint8_t* xq, const float* xs, int64_t tokens_stride, const int32_t* perm_token,
                           const int32_t* offsets, const TensorView& w_gate_up, const TensorView& gu_scale,
                           const TensorView& act, cudaStream_t s);

@@ -111,6 +111,7 @@ struct Fp8Path {
   bool wgmma = true;       // Tuning().moe_fp8_wgmma: 128-row tiles on moe_fp8_wgmma.cu, else mma.sync
   int tile_n = 256;        // Tuning().moe_fp8_wgmma_tile_n
   bool down_slots = true;  // pairs: Tuning().moe_pair_down_slots
+  bool y_bf16 = true;      // grouped: Tuning().moe_y_bf16 (the down GEMM's rows in bf16)
 };
 const Fp8Path kFp8Paths[] = {{"pair gemv", true, 0},
                              {"pair gemv, down by rows", true, 0, true, 256, false},
@@ -119,7 +120,10 @@ const Fp8Path kFp8Paths[] = {{"pair gemv", true, 0},
                              {"grouped 64", false, 64},
                              {"grouped 128 mma.sync", false, 128, false},
                              {"grouped 128 wgmma n128", false, 128, true, 128},
-                             {"grouped 128 wgmma n256", false, 128, true, 256}};
+                             {"grouped 128 wgmma n256", false, 128, true, 256},
+                             {"grouped 64 y f32", false, 64, true, 256, true, false},
+                             {"grouped 128 wgmma n128 y f32", false, 128, true, 128, true, false},
+                             {"grouped 128 wgmma n256 y f32", false, 128, true, 256, true, false}};
 
 void RunCase(Backend& gpu, const Fp8Experts& w, const Fp8Case& c) {
   const int64_t t = c.tokens, h = c.hidden;
@@ -148,6 +152,7 @@ void RunCase(Backend& gpu, const Fp8Experts& w, const Fp8Case& c) {
     tuning.moe_pair_down_slots = path.down_slots;
     tuning.moe_fp8_wgmma = path.wgmma;
     tuning.moe_fp8_wgmma_tile_n = path.tile_n;
+    tuning.moe_y_bf16 = path.y_bf16;
     Tensor gout = gpu.Empty(DType::kBF16, {t, h});
     Poison(gpu, gout);
     gpu.MoeExpertsFp8(gx, gids, gw, w.dev_gu, w.dev_gus, w.dev_d, w.dev_ds, gout);

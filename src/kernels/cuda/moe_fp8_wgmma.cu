@@ -91,9 +91,10 @@ struct Fp8WgmmaParams {
   const float* a_scale;       // [rows of a, k_groups]
   const int32_t* perm_token;  // GateUp only
   const float* w_scale;       // [E, scale_rows, k_groups]: GateUp scale_rows = 2 n_blocks
-  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32
+  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32, or bf16 (out_bf16)
   const int32_t* offsets;     // [E + 1]
   int experts, n, k, n_blocks, k_groups;
+  bool out_bf16;  // Down: y in bf16
 };
 
 template <int kBN, bool kGateUp>
@@ -238,31 +239,39 @@ __device__ __forceinline__ void Consume(const Fp8WgmmaParams& p, const Schedule&
 
     // Epilogue from registers: acc[4 j + 2 h + i] is tile row 64 wg + 16 warp + lane / 4 + 8 h,
     // column 8 j + 2 (lane % 4) + i of the kBN (GateUp: j < kJ / 2 gate, j + kJ / 2 the matching
-    // up).
+    // up). Down's bf16 y leaves 16 bytes a lane (StoreFragmentBf16's quad transpose).
+    if (!kGateUp && p.out_bf16) {
+      StoreFragmentBf16<kJ>(static_cast<bf16_t*>(p.out) + static_cast<int64_t>(tc.row_begin) * p.n,
+                            p.n, tc.rows, wg * 64 + warp * 16 + lane / 4, tc.n0, [&](int j, int h) {
+                              return __floats2bfloat162_rn(acc[4 * j + 2 * h],
+                                                           acc[4 * j + 2 * h + 1]);
+                            });
+    } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = wg * 64 + warp * 16 + lane / 4 + 8 * h;
-      if (r >= tc.rows) continue;
-      const int64_t out_row = static_cast<int64_t>(tc.row_begin + r) * p.n;
-      if constexpr (kGateUp) {
-        bf16_t* out = static_cast<bf16_t*>(p.out) + out_row;
+      for (int h = 0; h < 2; ++h) {
+        const int r = wg * 64 + warp * 16 + lane / 4 + 8 * h;
+        if (r >= tc.rows) continue;
+        const int64_t out_row = static_cast<int64_t>(tc.row_begin + r) * p.n;
+        if constexpr (kGateUp) {
+          bf16_t* out = static_cast<bf16_t*>(p.out) + out_row;
 #pragma unroll
-        for (int j = 0; j < kJ / 2; ++j) {
-          const int col = tc.n0 + 8 * j + 2 * (lane % 4);  // N % 64 == 0: < N at kBN 128
-          if (kBN > 128 && col >= p.n) continue;
-          const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
-          const float u0 = acc[4 * (j + kJ / 2) + 2 * h], u1 = acc[4 * (j + kJ / 2) + 2 * h + 1];
-          *reinterpret_cast<__nv_bfloat162*>(out + col) =
-              __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
-        }
-      } else {
-        float* out = static_cast<float*>(p.out) + out_row;
+          for (int j = 0; j < kJ / 2; ++j) {
+            const int col = tc.n0 + 8 * j + 2 * (lane % 4);  // N % 64 == 0: < N at kBN 128
+            if (kBN > 128 && col >= p.n) continue;
+            const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
+            const float u0 = acc[4 * (j + kJ / 2) + 2 * h], u1 = acc[4 * (j + kJ / 2) + 2 * h + 1];
+            *reinterpret_cast<__nv_bfloat162*>(out + col) =
+                __floats2bfloat162_rn(g0 / (1.f + expf(-g0)) * u0, g1 / (1.f + expf(-g1)) * u1);
+          }
+        } else {
+          float* out = static_cast<float*>(p.out) + out_row;
 #pragma unroll
-        for (int j = 0; j < kJ; ++j) {
-          const int col = tc.n0 + 8 * j + 2 * (lane % 4);
-          if (col >= p.n) continue;
-          *reinterpret_cast<float2*>(out + col) =
-              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          for (int j = 0; j < kJ; ++j) {
+            const int col = tc.n0 + 8 * j + 2 * (lane % 4);
+            if (col >= p.n) continue;
+            *reinterpret_cast<float2*>(out + col) =
+                make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          }
         }
       }
     }
@@ -443,6 +452,7 @@ void GroupedFp8WgmmaGateUp(const uint8_t* xq, const float* xs, int64_t tokens_st
   p.k = static_cast<int>(hidden);
   p.n_blocks = static_cast<int>(CeilDiv(inter, kGroup));
   p.k_groups = static_cast<int>(CeilDiv(hidden, kGroup));
+  p.out_bf16 = false;  // act is always bf16
   if (Tuning().moe_fp8_wgmma_tile_n == 256)
     LaunchFp8Wgmma<256, true>(p, rows, s);
   else
@@ -468,6 +478,7 @@ void GroupedFp8WgmmaDown(const uint8_t* actq, const float* act_scale, const int3
   p.k = static_cast<int>(inter);
   p.n_blocks = static_cast<int>(CeilDiv(hidden, kGroup));
   p.k_groups = static_cast<int>(CeilDiv(inter, kGroup));
+  p.out_bf16 = y.dtype == DType::kBF16;
   if (Tuning().moe_fp8_wgmma_tile_n == 256)
     LaunchFp8Wgmma<256, false>(p, rows, s);
   else
