@@ -235,8 +235,9 @@ struct DimPair {
   static constexpr bool kMma = kMma_;
 };
 using AttentionDimTable =
-    std::tuple<DimPair<32, 32, true>, DimPair<64, 64, true>, DimPair<128, 128, true>, DimPair<256, 256, true>,
-               DimPair<48, 32, false>, DimPair<192, 128, false>, DimPair<576, 512, false>>;
+    std::tuple<DimPair<32, 32, true>, DimPair<64, 64, true>, DimPair<128, 128, true>,
+               DimPair<256, 256, true>, DimPair<48, 32, false>, DimPair<192, 128, true>,
+               DimPair<576, 512, false>>;
 
 // Calls fn(Pair{}) for the table's pair (dk, dv); false if there is none.
 template <typename Fn, typename... Pairs>
@@ -283,12 +284,12 @@ bool RowsAligned16(const TensorView& t) {
 }  // namespace
 
 // attention_mma.cu (its only caller is Attention below): runs one plan on the tensor-core kernel;
-// kD = Dk = Dv, a kMma pair of the table. True when the kernel merged the splits itself (the
-// last split CTA of each row tile merges; Tuning().attention_fused_merge).
-template <int kD>
-bool AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
-                  int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
-                  const TensorView& out, cudaStream_t s);
+// (kDk, kDv) a kMma pair of the table. True when the kernel merged the splits itself (the last
+// split CTA of each row tile merges; Tuning().attention_fused_merge).
+template <int kDk, int kDv>
+bool AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                  float scale_log2, int rows_per_cta, int row_tiles, int num_splits, float* part_o,
+                  float* part_ml, const TensorView& out, cudaStream_t s);
 
 // attention_decode.cu (its only callers are below): the small-batch decode kernel for
 // one query token per sequence (max_q_len 1), Dk = Dv in {64, 128, 256}, separate K/V, group
@@ -382,8 +383,8 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
     bool launched = false, merged = false;
     if constexpr (decltype(dims)::kMma) {
       if (use_mma) {
-        merged = AttentionMma<kDk>(q, cache, batch, scale_log2, rows_per_cta, row_tiles, num_splits, part_o, part_ml,
-                                   out, s);
+        merged = AttentionMma<kDk, kDv>(q, cache, batch, scale_log2, rows_per_cta, row_tiles,
+                                        num_splits, part_o, part_ml, out, s);
         launched = true;
       }
     }

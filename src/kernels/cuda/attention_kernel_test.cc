@@ -300,7 +300,9 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
   // Shapes outside the mma kernels' tables run SIMT under both settings: one row for them. MLA
   // latent decode with exact hints goes to mla_decode.cu (loose hints' max_q_len keeps it SIMT).
   const bool mla_decode = c.shared && c.hk == 1 && max_q == 1 && ((d == 576 && dv == 512) || (d == 48 && dv == 32));
-  const bool mma_shape = (!c.shared && dv == d && (d == 32 || d == 64 || d == 128 || d == 256)) || mla_decode;
+  const bool mma_shape = (!c.shared && ((dv == d && (d == 32 || d == 64 || d == 128 || d == 256)) ||
+                                        (d == 192 && dv == 128))) ||
+                         mla_decode;
   // D 128 prefill: "mma" is the wgmma kernel (on sm_90), "mma.sync" attention_mma.cu.
   const bool wgmma_shape = mma_shape && !c.shared && d == 128 && max_q > 16;
   const bool decode_shape = !c.shared && dv == d && (d == 64 || d == 128 || d == 256) && max_q == 1 && c.group <= 16;
@@ -343,6 +345,11 @@ TEST_F(CudaKernelTest, KvWriteAndAttention) {
     RunAttention(gpu(), {dk, 1, {37, 100}, {0, 0}, dv, 4});             // prefill, 4 heads
     RunAttention(gpu(), {dk, 1, {5, 64, 1}, {40, 129, 77}, dv, 16});    // chunked
   }
+  // DeepSeek's decompressed 192 / 128 on the tensor cores too: longer prompts, decode and the
+  // split-KV edges (the split partials and their merge are Dv wide).
+  RunAttention(gpu(), {192, 1, {300, 129}, {0, 0}, 128, 8});
+  RunAttention(gpu(), {192, 1, {1, 1, 1}, {0, 16, 300}, 128, 16});
+  RunAttention(gpu(), {192, 1, {1, 2, 1, 1}, {31, 65, 1000, 7}, 128, 4});
 }
 
 // Prefill lengths off the 64-row / 64-key tiles, chunks over prefixes off them, many heads.

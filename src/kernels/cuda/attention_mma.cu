@@ -1,5 +1,6 @@
 // Tensor-core causal GQA attention (FlashAttention-2 style) over the paged, heads-major KV cache
-// ([num_blocks, Hk, block_size, D]) for Dk == Dv with separate K and V tensors. attention.cu owns
+// ([num_blocks, Hk, block_size, D]) with separate K and V tensors, Dv <= Dk (DeepSeek's
+// decompressed MLA prefill: 192 / 128; else Dk == Dv). attention.cu owns
 // the host entry: it validates, plans (rows per CTA, number of KV splits), allocates the split
 // partials and merges them; this file runs one plan. Semantics and query rows are the SIMT
 // kernel's: row r of a sequence is (token r / group, head kvh * group + r % group), so one K/V
@@ -14,6 +15,8 @@
 // states merged through shared memory at the end. Split-KV: each CTA derives its key range from
 // its own sequence's device-side length, so one plan serves any lengths under its hints
 // (CUDA-graph replay).
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -41,7 +44,7 @@ struct MmaParams {
   // else split s takes keys [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kBlockN),
   // and writes unnormalised partials for SplitKvMergeKernel (split_kv_merge.cuh).
   int row_tiles, num_splits;
-  float* part_o;   // [T * Hq, num_splits, D]
+  float* part_o;   // [T * Hq, num_splits, Dv]
   float* part_ml;  // [T * Hq, num_splits, 2]: running max (log2 domain) and sum
   // Fused merge (null: SplitKvMergeKernel runs after): [B, Hk, row_tiles] arrival counters,
   // zero between launches; the last split of a (sequence, KV head, row tile) to arrive merges.
@@ -50,35 +53,39 @@ struct MmaParams {
 
 // One CTA shape. kWarpsM warps stack 16-row slices of the tile; kWarpsN warps split each K/V
 // tile's keys between them (each with its own softmax state, merged at the end).
-template <int kD_, int kWarpsM_, int kWarpsN_, int kBlockN_>
+template <int kDk_, int kDv_, int kWarpsM_, int kWarpsN_, int kBlockN_>
 struct MmaConfig {
-  static constexpr int kD = kD_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kBlockN = kBlockN_;
+  static constexpr int kDk = kDk_, kDv = kDv_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_,
+                       kBlockN = kBlockN_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBlockM = 16 * kWarpsM;         // query rows per CTA
   static constexpr int kWarpKeys = kBlockN / kWarpsN;  // keys of a tile that one warp scores
   static constexpr int kKeyTiles = kWarpKeys / 8;      // n8 tiles of S per warp
-  static constexpr int kDimTiles = kD / 8;             // n8 tiles of O per warp
-  static constexpr int kChunks = kD / 8;               // 16-byte pieces of a row
+  static constexpr int kDimTiles = kDv / 8;            // n8 tiles of O per warp
+  static constexpr int kChunksK = kDk / 8, kChunksV = kDv / 8;  // 16-byte pieces of a row
   // Shared rows padded by 16 bytes: the 8 rows one ldmatrix phase reads (16 bytes each) then
   // start 4 banks apart and cover all 32 banks; cp.async destinations stay 16-byte aligned.
-  static constexpr int kStride = kD + 8;
-  static constexpr int kOStride = kD + 8;  // f32 rows of the cross-warp merge (same reasoning)
+  static constexpr int kStrideK = kDk + 8, kStrideV = kDv + 8;  // Q and K rows; V rows
+  static constexpr int kOStride = kDv + 8;  // f32 rows of the cross-warp merge (same reasoning)
   // Q tile, then 2 stages of (K tile, V tile).
-  static constexpr size_t kPipeBytes = sizeof(bf16_t) * (kBlockM + 4 * kBlockN) * kStride;
+  static constexpr size_t kPipeBytes =
+      sizeof(bf16_t) * ((kBlockM + 2 * kBlockN) * kStrideK + 2 * kBlockN * kStrideV);
   static constexpr size_t kMergeBytes = kWarpsN > 1 ? sizeof(float) * kWarpsN * kBlockM * (kOStride + 2) : 0;
   static constexpr size_t kSmemBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
-  static_assert(kWarpKeys % 16 == 0 && kD % 16 == 0, "P V steps over 16 keys, S over 16 dims");
-  static_assert((kBlockN * kChunks) % kThreads == 0, "whole K/V load passes");
+  static_assert(kWarpKeys % 16 == 0 && kDk % 16 == 0 && kDv % 16 == 0,
+                "P V steps over 16 keys and 16 dims, S over 16 dims");
+  static_assert((kBlockN * kChunksK) % kThreads == 0 && (kBlockN * kChunksV) % kThreads == 0,
+                "whole K/V load passes");
 };
 
-// The tile shapes per head dim (the table of which dims exist is in attention.cu).
-// Prefill: 64 rows x 64 keys (32 keys at D 256, where a stage is 32 KB).
-// Decode: 16 rows; 4 warps x 16 keys of a 64-key tile (2 x 16 of 32 at D 256).
-template <int kD>
+// The tile shapes per head dims (the table of which dims exist is in attention.cu).
+// Prefill: 64 rows x 64 keys (32 keys at Dk 256, where a stage is 32 KB).
+// Decode: 16 rows; 4 warps x 16 keys of a 64-key tile (2 x 16 of 32 at Dk 256).
+template <int kDk, int kDv>
 struct MmaTiles {
-  static constexpr int kPrefillKeys = kD == 256 ? 32 : 64;
-  using Prefill = MmaConfig<kD, 4, 1, kPrefillKeys>;
-  using Decode = MmaConfig<kD, 1, kD == 256 ? 2 : 4, kD == 256 ? 32 : 64>;
+  static constexpr int kPrefillKeys = kDk == 256 ? 32 : 64;
+  using Prefill = MmaConfig<kDk, kDv, 4, 1, kPrefillKeys>;
+  using Decode = MmaConfig<kDk, kDv, 1, kDk == 256 ? 2 : 4, kDk == 256 ? 32 : 64>;
 };
 
 // ---- PTX wrappers --------------------------------------------------------------------------
@@ -136,7 +143,7 @@ __device__ __forceinline__ int64_t GlobalRow(const MmaParams& p, int q0, int kvh
 // dynamic shared memory (the pipeline is drained) for the rows' (m, l) of every split.
 template <class C>
 __device__ void ArriveAndMerge(const MmaParams& p, int b, int kvh, int tile, int q0, int row0, int row_end) {
-  constexpr int kD = C::kD, kThreads = C::kThreads;
+  constexpr int kD = C::kDv, kThreads = C::kThreads;  // the rows merged are O's
   extern __shared__ __align__(16) unsigned char mma_smem[];
   __shared__ int s_last;
   __threadfence();  // this thread's partials are visible device-wide before the CTA counts itself in
@@ -197,12 +204,13 @@ __device__ void ArriveAndMerge(const MmaParams& p, int b, int kvh, int tile, int
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_constant__ MmaParams p) {
-  constexpr int kD = C::kD, kBlockM = C::kBlockM, kBlockN = C::kBlockN, kStride = C::kStride;
-  constexpr int kThreads = C::kThreads, kChunks = C::kChunks;
+  constexpr int kDk = C::kDk, kDv = C::kDv, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
+  constexpr int kStrideK = C::kStrideK, kStrideV = C::kStrideV;
+  constexpr int kThreads = C::kThreads, kChunksK = C::kChunksK, kChunksV = C::kChunksV;
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  bf16_t* sQ = reinterpret_cast<bf16_t*>(mma_smem);  // [kBlockM][kStride]
-  bf16_t* sK = sQ + kBlockM * kStride;                // [2][kBlockN][kStride]
-  bf16_t* sV = sK + 2 * kBlockN * kStride;            // [2][kBlockN][kStride]
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(mma_smem);  // [kBlockM][kStrideK]
+  bf16_t* sK = sQ + kBlockM * kStrideK;              // [2][kBlockN][kStrideK]
+  bf16_t* sV = sK + 2 * kBlockN * kStrideK;          // [2][kBlockN][kStrideV]
 
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): q and the cache
   TriggerDependents();
@@ -240,33 +248,40 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
   const int32_t* table = p.block_tables + b * p.table_stride;
 
   // Q tile -> shared, rows past the sequence's zero-filled.
-  for (int idx = tid; idx < kBlockM * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
+  for (int idx = tid; idx < kBlockM * kChunksK; idx += kThreads) {
+    const int r = idx / kChunksK, c = idx % kChunksK;
     const int row = row0 + r;
     const bool valid = row < rows_total;
     const bf16_t* src = p.q;
     if (valid)
       src += (q0 + row / p.group) * p.q_token_stride + (kvh * p.group + row % p.group) * p.q_head_stride + c * 8;
-    CpAsync16(sQ + r * kStride + c * 8, src, valid);
+    CpAsync16(sQ + r * kStrideK + c * 8, src, valid);
   }
   // K/V keys [n0, n0 + kBlockN) -> stage; keys at or past kv_end zero-filled (masked in S; zero
   // V rows keep 0 * V finite). A block's keys are contiguous, any block_size.
-  auto load_tile = [&](int n0, int stage) {
-    bf16_t* k_dst = sK + stage * kBlockN * kStride;
-    bf16_t* v_dst = sV + stage * kBlockN * kStride;
+  // K rows are Dk wide, V rows Dv: one pass over each (the same pass when Dk == Dv).
+  auto load_rows = [&](int n0, bf16_t* dst, const bf16_t* cache, auto chunks_tag, int stride) {
+    constexpr int kRowChunks = decltype(chunks_tag)::value;
 #pragma unroll
-    for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
-      const int idx = tid + i * kThreads, j = idx / kChunks, c = idx % kChunks;
+    for (int i = 0; i < kBlockN * kRowChunks / kThreads; ++i) {
+      const int idx = tid + i * kThreads, j = idx / kRowChunks, c = idx % kRowChunks;
       const int key = n0 + j;
       const bool valid = key < kv_end;
       int64_t offset = 0;
       if (valid) {
         const PagedSlot slot = LocateKey(table, key, p.block_size, p.block_shift);
-        offset = ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * kD + c * 8;
+        offset =
+            ((slot.block * p.kv_heads + kvh) * p.block_size + slot.in_block) * (kRowChunks * 8) +
+            c * 8;
       }
-      CpAsync16(k_dst + j * kStride + c * 8, p.k_cache + offset, valid);
-      CpAsync16(v_dst + j * kStride + c * 8, p.v_cache + offset, valid);
+      CpAsync16(dst + j * stride + c * 8, cache + offset, valid);
     }
+  };
+  auto load_tile = [&](int n0, int stage) {
+    load_rows(n0, sK + stage * kBlockN * kStrideK, p.k_cache,
+              std::integral_constant<int, kChunksK>{}, kStrideK);
+    load_rows(n0, sV + stage * kBlockN * kStrideV, p.v_cache,
+              std::integral_constant<int, kChunksV>{}, kStrideV);
   };
 
   // This thread's two rows of the warp's 16 (C-fragment rows g and g + 8): key limit (exclusive)
@@ -302,8 +317,8 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
     __syncthreads();  // this stage (and Q) visible to every warp
 
     const int key0 = n0 + warp_n * C::kWarpKeys;  // this warp's keys: [key0, key0 + kWarpKeys)
-    const bf16_t* k_tile = sK + (stage * kBlockN + warp_n * C::kWarpKeys) * kStride;
-    const bf16_t* v_tile = sV + (stage * kBlockN + warp_n * C::kWarpKeys) * kStride;
+    const bf16_t* k_tile = sK + (stage * kBlockN + warp_n * C::kWarpKeys) * kStrideK;
+    const bf16_t* v_tile = sV + (stage * kBlockN + warp_n * C::kWarpKeys) * kStrideV;
 
     // S = Q K^T over 16-dim steps. A (Q rows, row-major): matrices (rows 0-7 | 8-15) x (dims
     // 0-7 | 8-15) in a0..a3 order, so lane l addresses row l % 16, dims 8 (l / 16).
@@ -315,13 +330,14 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
 #pragma unroll
     for (int nt = 0; nt < C::kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
+    for (int ks = 0; ks < kDk / 16; ++ks) {
       uint32_t a[4];
-      LdMatrixX4(a, sQ + (warp_m * 16 + lane % 16) * kStride + ks * 16 + (lane / 16) * 8);
+      LdMatrixX4(a, sQ + (warp_m * 16 + lane % 16) * kStrideK + ks * 16 + (lane / 16) * 8);
 #pragma unroll
       for (int np = 0; np < C::kKeyTiles / 2; ++np) {
         uint32_t bk[4];
-        LdMatrixX4(bk, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * kStride + ks * 16 + ((lane / 8) % 2) * 8);
+        LdMatrixX4(bk, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * kStrideK + ks * 16 +
+                           ((lane / 8) % 2) * 8);
         Mma16816(s[2 * np], a, bk[0], bk[1]);
         Mma16816(s[2 * np + 1], a, bk[2], bk[3]);
       }
@@ -380,9 +396,10 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
                              PackBf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              PackBf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-      for (int dp = 0; dp < kD / 16; ++dp) {
+      for (int dp = 0; dp < kDv / 16; ++dp) {
         uint32_t bv[4];
-        LdMatrixX4Trans(bv, v_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStride + dp * 16 + (lane / 16) * 8);
+        LdMatrixX4Trans(bv, v_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStrideV +
+                                dp * 16 + (lane / 16) * 8);
         Mma16816(o[2 * dp], a, bv[0], bv[1]);
         Mma16816(o[2 * dp + 1], a, bv[2], bv[3]);
       }
@@ -405,7 +422,7 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
       const int col = 2 * (lane % 4);
       if (p.num_splits > 1) {  // unnormalised partials (m -inf, l 0 when the row saw no key here)
         const int64_t part = GlobalRow(p, q0, kvh, row) * p.num_splits + split;
-        float* dst = p.part_o + part * kD + col;
+        float* dst = p.part_o + part * kDv + col;
 #pragma unroll
         for (int dt = 0; dt < C::kDimTiles; ++dt)
           *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
@@ -441,8 +458,8 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
     }
     __syncthreads();
     // Thread per (row, 4 dims).
-    for (int idx = tid; idx < kBlockM * (kD / 4); idx += kThreads) {
-      const int r = idx / (kD / 4), c4 = idx % (kD / 4);
+    for (int idx = tid; idx < kBlockM * (kDv / 4); idx += kThreads) {
+      const int r = idx / (kDv / 4), c4 = idx % (kDv / 4);
       const int row = row0 + r;
       if (row >= rows_total) continue;
       float mx = -INFINITY;
@@ -464,7 +481,7 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
       }
       if (p.num_splits > 1) {
         const int64_t part = GlobalRow(p, q0, kvh, row) * p.num_splits + split;
-        *reinterpret_cast<float4*>(p.part_o + part * kD + 4 * c4) = acc;
+        *reinterpret_cast<float4*>(p.part_o + part * kDv + 4 * c4) = acc;
         if (c4 == 0) *reinterpret_cast<float2*>(p.part_ml + 2 * part) = make_float2(mx, sum);
       } else {
         const float inv = 1.f / sum;
@@ -506,12 +523,13 @@ int* SplitKvMergeCounters(cudaStream_t s) {
       StreamScratch(s, StreamScratchSlot::kSplitKvMergeCounters, kMaxSplitKvMergeCounters * sizeof(int)));
 }
 
-// Declared in attention.cu (its only caller), which has checked the tensors: q [T, Hq, kD] and
-// out [T, Hq, kD] with 16-byte aligned rows, contiguous k/v caches [num_blocks, Hk, bs, kD].
-template <int kD>
-bool AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
-                  int rows_per_cta, int row_tiles, int num_splits, float* part_o, float* part_ml,
-                  const TensorView& out, cudaStream_t s) {
+// Declared in attention.cu (its only caller), which has checked the tensors: q [T, Hq, kDk] and
+// out [T, Hq, kDv] with 16-byte aligned rows, contiguous caches k [num_blocks, Hk, bs, kDk] and
+// v [num_blocks, Hk, bs, kDv].
+template <int kDk, int kDv>
+bool AttentionMma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
+                  float scale_log2, int rows_per_cta, int row_tiles, int num_splits, float* part_o,
+                  float* part_ml, const TensorView& out, cudaStream_t s) {
   const int bs = cache.block_size();
   const int shift = BlockShift(bs);
   MmaParams p{q.ptr<bf16_t>(),
@@ -538,19 +556,21 @@ bool AttentionMma(const TensorView& q, const KvCacheView& cache, const Attention
               part_ml,
               nullptr};
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
-  using Tiles = MmaTiles<kD>;
+  using Tiles = MmaTiles<kDk, kDv>;
   if (rows_per_cta == Tiles::Decode::kBlockM) return LaunchMma<typename Tiles::Decode>(p, num_seqs, s);
   COROLLA_CHECK(rows_per_cta == Tiles::Prefill::kBlockM) << "attention mma: no " << rows_per_cta << "-row tile";
   return LaunchMma<typename Tiles::Prefill>(p, num_seqs, s);
 }
 
-#define COROLLA_ATTENTION_MMA(kD)                                                                              \
-  template bool AttentionMma<kD>(const TensorView&, const KvCacheView&, const AttentionBatch&, float, int, int, \
-                                 int, float*, float*, const TensorView&, cudaStream_t);
-COROLLA_ATTENTION_MMA(32)
-COROLLA_ATTENTION_MMA(64)
-COROLLA_ATTENTION_MMA(128)
-COROLLA_ATTENTION_MMA(256)
+#define COROLLA_ATTENTION_MMA(kDk, kDv)                                                     \
+  template bool AttentionMma<kDk, kDv>(const TensorView&, const KvCacheView&,               \
+                                       const AttentionBatch&, float, int, int, int, float*, \
+                                       float*, const TensorView&, cudaStream_t);
+COROLLA_ATTENTION_MMA(32, 32)
+COROLLA_ATTENTION_MMA(64, 64)
+COROLLA_ATTENTION_MMA(128, 128)
+COROLLA_ATTENTION_MMA(256, 256)
+COROLLA_ATTENTION_MMA(192, 128)
 #undef COROLLA_ATTENTION_MMA
 
 }  // namespace corolla::cuda
