@@ -111,6 +111,13 @@ class DeepseekV3Model final : public Model {
   struct HostBatchMeta {
     bool valid = false;
     std::vector<int32_t> query_start, seq_lens, block_tables;
+    // DecompressedAttention's per-sequence device metadata, the same in every layer: the rows of
+    // its latents in the paged cache (viewed as [num_blocks * block_size, D]), the slots 0..ctx-1
+    // of its one-block cache, and that cache's {0, q_len, ctx, 0} (query_start, seq_lens, table).
+    struct Seq {
+      Tensor cache_rows, slots, meta;
+    };
+    std::vector<Seq> seqs;
   };
   HostBatchMeta host_meta_;
   RopeParams rope_;
@@ -451,25 +458,38 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
     backend_.CopyToHost(ab.query_start, host_meta_.query_start.data());
     backend_.CopyToHost(ab.seq_lens, host_meta_.seq_lens.data());
     backend_.CopyToHost(ab.block_tables, host_meta_.block_tables.data());
+    const int bs = cache.block_size();  // every layer's cache has the same blocks
+    host_meta_.seqs.clear();
+    for (int64_t b = 0; b < num_seqs; ++b) {
+      const int32_t ctx = host_meta_.seq_lens[b];
+      const int32_t q_len = host_meta_.query_start[b + 1] - host_meta_.query_start[b];
+      std::vector<int32_t> rows(ctx), slots(ctx), meta{0, q_len, ctx, 0};
+      for (int32_t j = 0; j < ctx; ++j) {
+        rows[j] = host_meta_.block_tables[b * table_width + j / bs] * bs + j % bs;
+        slots[j] = j;
+      }
+      HostBatchMeta::Seq seq{backend_.Empty(DType::kI32, {ctx}), backend_.Empty(DType::kI32, {ctx}),
+                             backend_.Empty(DType::kI32, {4})};
+      backend_.CopyFromHost(rows.data(), seq.cache_rows);
+      backend_.CopyFromHost(slots.data(), seq.slots);
+      backend_.CopyFromHost(meta.data(), seq.meta);
+      host_meta_.seqs.push_back(std::move(seq));
+    }
     host_meta_.valid = true;
   }
   const std::vector<int32_t>& qstart = host_meta_.query_start;
   const std::vector<int32_t>& seq_lens = host_meta_.seq_lens;
-  const std::vector<int32_t>& tables = host_meta_.block_tables;
   const int bs = cache.block_size();
 
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t ctx = seq_lens[b], q_len = qstart[b + 1] - qstart[b];
+    const HostBatchMeta::Seq& seq = host_meta_.seqs[b];
     // Gather the context's latents from the paged cache ([num_blocks * bs, D] as rows, one
     // latent head): [ctx, kv_lora + rope]. One gather: a copy a block was ~4.5 us a launch on an
     // H200, 2.3 ms a layer of an 8k DeepSeek-V3 prompt.
-    std::vector<int32_t> host_rows(ctx);
-    for (int64_t j = 0; j < ctx; ++j)
-      host_rows[j] = static_cast<int32_t>(tables[b * table_width + j / bs] * bs + j % bs);
-    Tensor rows = backend_.Empty(DType::kI32, {ctx});
-    backend_.CopyFromHost(host_rows.data(), rows);
     Tensor lat = backend_.Empty(act, {ctx, kv_lora + rope});
-    backend_.GatherRows(cache.k.Reshape({cache.k.dim(0) * bs, kv_lora + rope}), rows, lat);
+    backend_.GatherRows(cache.k.Reshape({cache.k.dim(0) * bs, kv_lora + rope}), seq.cache_rows,
+                        lat);
     Tensor kv = backend_.Empty(act, {ctx, heads * (nope + vdim)});  // [ctx, Hl * (nope + v)]
     backend_.Linear(Columns(lat, 0, kv_lora), w.kv_b, kv);
     Tensor k = backend_.Empty(act, {ctx, heads, qk_head});  // [ctx, Hl, nope + rope]
@@ -482,16 +502,11 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
     // A cache of one block holding exactly this context, in slot order.
     Tensor k_cache = backend_.Empty(act, {1, heads, ctx, qk_head});
     Tensor v_cache = backend_.Empty(act, {1, heads, ctx, vdim});
-    std::vector<int32_t> host_slots(ctx), host_meta{0, static_cast<int32_t>(q_len), static_cast<int32_t>(ctx), 0};
-    for (int64_t j = 0; j < ctx; ++j) host_slots[j] = static_cast<int32_t>(j);
-    Tensor slots = backend_.Empty(DType::kI32, {ctx}), meta = backend_.Empty(DType::kI32, {4});
-    backend_.CopyFromHost(host_slots.data(), slots);
-    backend_.CopyFromHost(host_meta.data(), meta);
     AttentionBatch one;
-    one.query_start = meta.view().Slice(0, 2);
-    one.seq_lens = meta.view().Slice(2, 3);
-    one.block_tables = meta.view().Slice(3, 4).Reshape({1, 1});
-    one.slot_mapping = slots;
+    one.query_start = seq.meta.view().Slice(0, 2);
+    one.seq_lens = seq.meta.view().Slice(2, 3);
+    one.block_tables = seq.meta.view().Slice(3, 4).Reshape({1, 1});
+    one.slot_mapping = seq.slots;
     one.max_q_len = static_cast<int>(q_len);
     one.max_seq_len = static_cast<int>(ctx);
     KvCacheView seq_cache{k_cache, v_cache};

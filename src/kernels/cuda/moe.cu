@@ -341,6 +341,7 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
   const int64_t meta_bytes = (meta_ints * 4 + 255) / 256 * 256;
   const int64_t act_bytes = (pairs * inter * 2 + 255) / 256 * 256;
   const bool y_bf16 = Tuning().moe_y_bf16;
+  const DType y_dtype = y_bf16 ? DType::kBF16 : DType::kF32;
   ScratchBuffer scratch(alloc, meta_bytes + act_bytes + pairs * hidden * (y_bf16 ? 2 : 4));
   int32_t* meta = scratch.as<int32_t>();
   const MoePermutation st{meta, meta + 2 * (experts + 1), meta + 2 * (experts + 1) + pairs,
@@ -395,13 +396,12 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
     COROLLA_CUDA_CHECK_LAUNCH();
   } else {
     const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);
-    const TensorView y_view(y, y_bf16 ? DType::kBF16 : DType::kF32, {pairs, hidden}, Device::kCuda,
-                            x.device_idx);
+    const TensorView y_view(y, y_dtype, {pairs, hidden}, Device::kCuda, x.device_idx);
     GroupedGemmGateUp(x, st.perm_token, st.offsets, w_gate_up, act_view, s, prompt);
     GroupedGemmDown(act_view, st.offsets, w_down, y_view, s, prompt);
   }
 
-  MoeCombine(y, y_bf16 ? DType::kBF16 : DType::kF32, st.slot_row, topk_weights, out, s);
+  MoeCombine(y, y_dtype, st.slot_row, topk_weights, out, s);
 }
 
 void MoeCombine(const void* y, DType y_dtype, const int32_t* slot_row,
