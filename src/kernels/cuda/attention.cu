@@ -348,9 +348,10 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
   // read each sequence's rows and keys on the device). max_q_len: without it, every token could
   // belong to one sequence.
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
-  // Prefill at D 128 on wgmma (attention_wgmma.cu): above 16 tokens a sequence, where the plan
-  // below never splits the keys.
-  if (use_mma && dk == 128 && dv == 128 && max_q_len > 16 && Tuning().attention_wgmma && AttentionWgmmaSupported())
+  // Prefill at Dk 128 or 192 (DeepSeek's decompressed MLA), Dv 128 on wgmma (attention_wgmma.cu):
+  // above 16 tokens a sequence, where the plan below never splits the keys.
+  if (use_mma && (dk == 128 || dk == 192) && dv == 128 && max_q_len > 16 &&
+      Tuning().attention_wgmma && AttentionWgmmaSupported())
     return AttentionWgmma(q, cache, batch, scale * 1.4426950408889634f, out, s);
   // Decode (one token a sequence) on the small-batch decode kernel (attention_decode.cu).
   if (use_mma && dk == dv && AttentionDecodeServes(q, cache, max_q_len)) {

@@ -1,14 +1,15 @@
 // KvWrite and Attention on the GPU against their CPU twins (cpu::KvWrite, cpu::Attention). Every
 // case runs through every attention kernel (Tuning().attention_mma on: the tensor-core kernels
-// where the shape allows, else SIMT: attention_wgmma.cu for D 128 prefill (more than 16 tokens
-// a sequence) unless Tuning().attention_wgmma is off ("mma.sync" variants), attention_mma.cu
-// otherwise; mma off: SIMT) and every split-KV setting
-// (off, default, as wide as possible; with exact host hints and with loose ones, as under
-// CUDA-graph replay where the host only knows upper bounds; split mma runs merge in the last
-// split CTA and, again, through the separate merge kernel). The sweep: decode, prefill and
-// chunked prefill with lengths and prefixes off the tiles, GQA groups 1/2/4/8 up to 64 query
-// heads, head dims 32-256, block sizes 16, 5 and 1, MLA's shapes (SIMT; decode also through
-// mla_decode.cu, whose own sweep is mla_decode_test.cc), a decode batch of 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before each run,
+// where the shape allows, else SIMT: attention_wgmma.cu for Dk 128 / 192, Dv 128 prefill (more than
+// 16 tokens a sequence) unless Tuning().attention_wgmma is off ("mma.sync" variants),
+// attention_mma.cu otherwise; mma off: SIMT) and every split-KV setting (off, default, as wide as
+// possible; with exact host hints and with loose ones, as under CUDA-graph replay where the host
+// only knows upper bounds; split mma runs merge in the last split CTA and, again, through the
+// separate merge kernel). The sweep: decode, prefill and chunked prefill with lengths and prefixes
+// off the tiles, GQA groups 1/2/4/8 up to 64 query heads, head dims 32-256, block sizes 16, 5 and
+// 1, MLA's shapes (SIMT; decode also through mla_decode.cu, whose own sweep is mla_decode_test.cc),
+// a decode batch of 64 at 8k context. Fresh bf16-rounded random inputs, outputs NaN-poisoned before
+// each run,
 // ||out - ref|| / ||ref|| < kBf16Tol. CudaPerf.Attention prints both kernels' speed
 // ("attention perf:" lines; prefill: simt, mma.sync and wgmma, with a "wgmma / mma.sync" ratio
 // line, then wgmma_variant0..5 rows, cpasync and tma producer each, with their ratio to variant 0
@@ -18,9 +19,8 @@
 // the cp.async one ("cpasync" in the names). CudaKernelTest.AttentionWgmmaTileProbe checks one
 // wgmma S tile and one P V tile alone. Decode batches also run on the small-batch decode kernel
 // (attention_decode.cu, "decode" variants: DecodeVariants), the "mma" ones on attention_mma.cu;
-// CudaKernelTest.AttentionDecodeKernel sweeps it (with CUDA-graph replays), CudaPerf.AttentionDecode
-// times it against the mma path.
-// Needs a GPU; skips otherwise.
+// CudaKernelTest.AttentionDecodeKernel sweeps it (with CUDA-graph replays),
+// CudaPerf.AttentionDecode times it against the mma path. Needs a GPU; skips otherwise.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -303,8 +303,10 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
   const bool mma_shape = (!c.shared && ((dv == d && (d == 32 || d == 64 || d == 128 || d == 256)) ||
                                         (d == 192 && dv == 128))) ||
                          mla_decode;
-  // D 128 prefill: "mma" is the wgmma kernel (on sm_90), "mma.sync" attention_mma.cu.
-  const bool wgmma_shape = mma_shape && !c.shared && d == 128 && max_q > 16;
+  // Dv 128 prefill at Dk 128 or 192: "mma" is the wgmma kernel (on sm_90), "mma.sync"
+  // attention_mma.cu.
+  const bool wgmma_shape =
+      mma_shape && !c.shared && (d == 128 || d == 192) && dv == 128 && max_q > 16;
   const bool decode_shape = !c.shared && dv == d && (d == 64 || d == 128 || d == 256) && max_q == 1 && c.group <= 16;
   if (decode_shape) Record(kernel, shape + " decode" + (c.graph_replay ? " graph" : ""), worst[3], kBf16Tol);
   else worst[1] = std::max(worst[1], worst[3]);  // the decode variants ran the other kernels
@@ -401,14 +403,44 @@ TEST_F(CudaKernelTest, AttentionWgmmaPrefill) {
     RunAttention(gpu(), {128, group, {300, 33}, {1000, 4097}, 0, 4, false, 16, true});      // chunks over long prefixes
     RunAttention(gpu(), {128, group, {1100}, {0}, 0, 4, false, 16, true});                  // many key tiles
   }
-  for (int bs : {8, 32, 64, 128, 256, 5, 1, 24})
+  for (int bs : {8, 32, 64, 128, 256, 5, 1, 24, 384})
     for (int group : {1, 8}) {
       RunAttention(gpu(), {128, group, {200, 31}, {0, 77}, 0, 2, false, bs, true});
       RunAttention(gpu(), {128, group, {65, 129}, {300, 127}, 0, 2, false, bs, true});
     }
+  // A block as long as each sequence, off the powers of two (TMA serves a one-block table).
+  RunAttention(gpu(), {128, 4, {200, 31}, {0, 77}, 0, 2, false, 1000, true});
+  // The flattened grid in both orders (the default picks KV heads fastest at these sizes).
+  for (int heads_fastest : {0, 1}) {
+    cuda::Tuning().attention_wgmma_heads_fastest = heads_fastest;
+    RunAttention(gpu(), {128, 4, {300, 129}, {0, 500}, 0, 4, false, 16, true});
+  }
   // Several full tiles inside one 256-key block, sequences ending mid-block and mid-tile.
   RunAttention(gpu(), {128, 4, {700, 300, 129}, {0, 213, 1000}, 0, 2, false, 256, true});
   RunAttention(gpu(), {128, 8, {600, 45, 384}, {0, 300, 0}, 0, 2, false, 16, true});
+}
+
+// The wgmma kernel at Dk 192, Dv 128 (DeepSeek-V3's decompressed MLA prefill: a KV head a query
+// head, and a cache of one block holding the context): the 2-stage ring over many key tiles, row
+// and key tiles cut off the 128s, chunks over prefixes, GQA groups too; each case with the TMA
+// producer where the block size allows it and with the cp.async one.
+TEST_F(CudaKernelTest, AttentionWgmmaPrefillDk192) {
+  for (int group : {1, 4}) {
+    RunAttention(gpu(), {192, group, {127}, {0}, 128, 4, false, 16, true});
+    RunAttention(gpu(), {192, group, {129, 17}, {0, 0}, 128, 4, false, 16, true});
+    RunAttention(gpu(), {192, group, {255, 257, 40}, {1, 128, 0}, 128, 2, false, 16, true});
+    RunAttention(gpu(), {192, group, {300, 33}, {1000, 4097}, 128, 2, false, 16, true});
+  }
+  // 9 key tiles, 8 heads; the flattened grid in both orders (rows together is DeepSeek's).
+  for (int heads_fastest : {0, 1}) {
+    cuda::Tuning().attention_wgmma_heads_fastest = heads_fastest;
+    RunAttention(gpu(), {192, 1, {1100}, {0}, 128, 8, false, 16, true});
+  }
+  // TMA boxes (K three 64-dim panels, V two) at 8 and 128 keys a box; the cp.async gather at 5
+  // and 1; one block a sequence off the powers of two (DeepSeek's layout: TMA) and 384 (TMA).
+  for (int bs : {8, 128, 5, 1, 1000, 384})
+    RunAttention(gpu(), {192, 1, {200, 31}, {0, 77}, 128, 4, false, bs, true});
+  RunAttention(gpu(), {192, 2, {500, 129}, {300, 0}, 128, 2, false, 384, true});
 }
 
 // One S = Q K^T tile (64 x 128 keys x D 128) and one O = P V tile (64 x 128 keys x D 128)

@@ -1,5 +1,6 @@
-// Prefill attention on Hopper's wgmma (FlashAttention-3 style) for D = Dk = Dv = 128, bf16, over
-// the paged, heads-major KV cache ([num_blocks, Hk, block_size, D], any block_size). Same
+// Prefill attention on Hopper's wgmma (FlashAttention-3 style) for Dk = Dv = 128 and for
+// DeepSeek's decompressed MLA (Dk = 192, Dv = 128), bf16, over the paged, heads-major KV cache
+// ([num_blocks, Hk, block_size, Dk or Dv], any block_size). Same
 // semantics and query rows as attention_mma.cu: row r of a sequence is (token r / group, head
 // kvh * group + r % group), so one K/V tile in shared memory serves every query head of its GQA
 // group and the rows of a tile may mix tokens, each masked at its own position. attention.cu
@@ -19,10 +20,13 @@
 //   zero-filled); once it has issued tile t + kLag it waits for tile t's copies (cp.async
 //   groups), fences them to the async proxy and arrives on full[t % kStages] (count 128);
 //   consumers release a stage per warp on empty[stage] (count 8) after its P V. kStages deep.
-// Shared tiles: a [rows][128] bf16 tile is two 64-dim halves [2][rows][64], each 1024-aligned,
-// element (r, d) of half d / 64 at Sw128(r, (d % 64) / 8) + 2 (d % 8) (wgmma.cuh's layout).
-// Q (32 KB) is loaded once by all threads before the roles split (TMA builds: by the consumers,
-// waited for after the split, so the producer's first K/V loads overlap it).
+// Shared tiles: a [rows][D] bf16 tile is D / 64 panels [D / 64][rows][64], each 1024-aligned,
+// element (r, d) of panel d / 64 at Sw128(r, (d % 64) / 8) + 2 (d % 8) (wgmma.cuh's layout).
+// Q (32 KB; 48 at Dk 192) is loaded once by all threads before the roles split (TMA builds: by
+// the consumers, waited for after the split, so the producer's first K/V loads overlap it).
+// Dk 192 (WgmmaShape<192>): S takes 12 k16 steps instead of 8, a stage holds a 48 KB K tile and
+// a 32 KB V tile, so the ring is 2 stages deep (3 at 128), and K/V always come by cp.async (the
+// TMA producer's boxes assume 128-dim rows); everything after S is the D 128 kernel's.
 // TMA producer (Tuning().attention_wgmma_tma, block_size a power of two >= 8, AttentionWgmma-
 // Kernel<kVariant, true>): one warp of the producer warpgroup loads every tile whose 128 keys all
 // lie below kv_end by cp.async.bulk.tensor from the caches viewed as 2-D [num_blocks * Hk *
@@ -65,8 +69,9 @@ struct ConsumerState {
   int wg_limit;      // keys below it are visible to every valid row of the warpgroup
 };
 
-// S = Q K^T over 8 k16 steps of D (step ks reads half ks / 4 at +32 bytes per step), committed
+// S = Q K^T over Dk / 16 k16 steps (step ks reads panel ks / 4 at +32 bytes per step), committed
 // as one wgmma group.
+template <class S>
 __device__ __forceinline__ void IssueS(ConsumerState& c, uint32_t q_rows, uint32_t sk) {
   // A fresh value (the first step does not accumulate): the previous tile's P is dead here,
   // not carried through the asm's "+f" operands.
@@ -76,7 +81,7 @@ __device__ __forceinline__ void IssueS(ConsumerState& c, uint32_t q_rows, uint32
   for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.s[i]);
   wgmma::Fence();
 #pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
+  for (int ks = 0; ks < S::kDk / 16; ++ks) {
     const uint32_t qa = q_rows + (ks / 4) * (kBlockM * 128) + 32 * (ks % 4);
     const uint32_t kb = sk + (ks / 4) * kHalfK + 32 * (ks % 4);
     wgmma::MmaM64N128K16(c.s, wgmma::SmemDescSw128(qa), wgmma::SmemDescSw128(kb), ks > 0);
@@ -241,6 +246,7 @@ __device__ __forceinline__ void WriteOut(const WgmmaAttnParams& p, ConsumerState
 
 // A consumer warpgroup: 64 rows of the tile over all its K/V tiles; per tile S, softmax, P V,
 // each waited for (variants 0 and 1; ConsumeOverlap below overlaps them).
+template <class S>
 __device__ __forceinline__ void Consume(const WgmmaAttnParams& p, int q0, int row0, int rows_total,
                                         int prefix, int kvh, int num_tiles, uint32_t sq,
                                         uint32_t pipe, uint32_t full, uint32_t empty) {
@@ -250,16 +256,16 @@ __device__ __forceinline__ void Consume(const WgmmaAttnParams& p, int q0, int ro
   InitState(p, c, wg_row0, rows_total, prefix);
   const uint32_t q_rows = sq + wg * 64 * 128;  // this warpgroup's Q rows in each half
   for (int it = 0; it < num_tiles; ++it) {
-    const int stage = it % kStages;
-    const uint32_t sk = pipe + stage * kStageBytes;
-    wgmma::MbarWait(full + 8 * stage, (it / kStages) & 1);
+    const int stage = it % S::kStages;
+    const uint32_t sk = pipe + stage * S::kStageBytes;
+    wgmma::MbarWait(full + 8 * stage, (it / S::kStages) & 1);
     __syncwarp();  // converged after the barrier spin (the wgmma instructions are .aligned)
-    IssueS(c, q_rows, sk);
+    IssueS<S>(c, q_rows, sk);
     wgmma::Wait<0>();
     float alpha[2];
     Softmax(c, it * kBlockN, p.scale_log2, cq, alpha);
     RescaleAndPack(c, alpha);
-    IssuePv(c, sk + kTileBytes);
+    IssuePv(c, sk + S::kKTileBytes);
     wgmma::Wait<0>();
     __syncwarp();
     if (lane == 0) wgmma::MbarArrive(empty + 8 * stage);  // this warp is done with the stage
@@ -298,7 +304,7 @@ __device__ __forceinline__ void NamedBarArrive(int id) {
 // kOverlapSplitKv: K_it is waited for on full, V_{it-1} on full_v, and K_it freed (empty) as soon
 // as S_it is done, V_{it-1} (empty_v) after its P V (ProduceSplit); else one barrier pair per
 // stage (full_v = full, empty_v = empty unused) and the stage freed after its P V.
-template <bool kPingPong, bool kFast>
+template <class S, bool kPingPong, bool kFast>
 __device__ __forceinline__ void ConsumeOverlap(const WgmmaAttnParams& p, int q0, int row0,
                                                int rows_total, int prefix, int kvh, int num_tiles,
                                                uint32_t sq, uint32_t pipe, uint32_t full,
@@ -313,7 +319,7 @@ __device__ __forceinline__ void ConsumeOverlap(const WgmmaAttnParams& p, int q0,
   bool timed_out = !WaitOrTimeout(full, 0);
   __syncwarp();
   if (kPingPong) NamedBarSync(1 + wg);
-  IssueS(c, q_rows, pipe);
+  IssueS<S>(c, q_rows, pipe);
   if (kPingPong && !(wg == 1 && num_tiles == 1)) NamedBarArrive(2 - wg);
   wgmma::Wait<0>();
   if constexpr (kOverlapSplitKv) {
@@ -327,17 +333,17 @@ __device__ __forceinline__ void ConsumeOverlap(const WgmmaAttnParams& p, int q0,
     Softmax(c, 0, p.scale_log2, cq, alpha);
   RescaleAndPack(c, alpha);
   for (int it = 1; it < num_tiles; ++it) {
-    const int stage = it % kStages, prev = (it - 1) % kStages;
-    const uint32_t sk = pipe + stage * kStageBytes;
-    if (!WaitOrTimeout(full + 8 * stage, (it / kStages) & 1) ||
-        (kOverlapSplitKv && !WaitOrTimeout(full_v + 8 * prev, ((it - 1) / kStages) & 1))) {
+    const int stage = it % S::kStages, prev = (it - 1) % S::kStages;
+    const uint32_t sk = pipe + stage * S::kStageBytes;
+    if (!WaitOrTimeout(full + 8 * stage, (it / S::kStages) & 1) ||
+        (kOverlapSplitKv && !WaitOrTimeout(full_v + 8 * prev, ((it - 1) / S::kStages) & 1))) {
       timed_out = true;
       break;
     }
     __syncwarp();  // converged after the barrier spin (the wgmma instructions are .aligned)
     if (kPingPong) NamedBarSync(1 + wg);
-    IssueS(c, q_rows, sk);
-    IssuePv(c, pipe + prev * kStageBytes + kTileBytes);
+    IssueS<S>(c, q_rows, sk);
+    IssuePv(c, pipe + prev * S::kStageBytes + S::kKTileBytes);
     if (kPingPong && !(wg == 1 && it == num_tiles - 1)) NamedBarArrive(2 - wg);
     wgmma::Wait<1>();  // S_it done, P_{it-1} V_{it-1} may still run
     if constexpr (kOverlapSplitKv) {
@@ -356,12 +362,12 @@ __device__ __forceinline__ void ConsumeOverlap(const WgmmaAttnParams& p, int q0,
     for (int i = 0; i < 64; ++i) wgmma::FenceOperand(c.s[i]);
     RescaleAndPack(c, alpha);
   }
-  const int last = (num_tiles - 1) % kStages;
+  const int last = (num_tiles - 1) % S::kStages;
   if (kOverlapSplitKv && !timed_out &&
-      !WaitOrTimeout(full_v + 8 * last, ((num_tiles - 1) / kStages) & 1))
+      !WaitOrTimeout(full_v + 8 * last, ((num_tiles - 1) / S::kStages) & 1))
     timed_out = true;
   __syncwarp();
-  IssuePv(c, pipe + last * kStageBytes + kTileBytes);
+  IssuePv(c, pipe + last * S::kStageBytes + S::kKTileBytes);
   wgmma::Wait<0>();
   __syncwarp();
   if (lane == 0) wgmma::MbarArrive((kOverlapSplitKv ? empty_v : empty) + 8 * last);
@@ -372,18 +378,23 @@ __device__ __forceinline__ void ConsumeOverlap(const WgmmaAttnParams& p, int q0,
 // kVariant (Tuning().attention_wgmma_variant): 0 the base kernel (row tiles latest first within
 // a KV head, KV heads and sequences on grid y / z); >= 1 the grid's x walks (row tile, KV head)
 // with the KV heads fastest, so every head's heaviest row tiles are dispatched before any
-// lighter one (longest first over the whole grid); >= 2 intra-warpgroup overlap
+// lighter one (longest first over the whole grid), where the K/V of every KV head fits in L2
+// (WgmmaAttnParams::heads_fastest; else a head's row tiles, latest first, one head after the
+// other: DeepSeek-V3's 128 heads of 8k keys are 671 MB, and heads fastest read them from HBM
+// once per row tile); >= 2 intra-warpgroup overlap
 // (ConsumeOverlap; the producer signals each tile as soon as it has landed, kLag 0, since the
 // consumers hold two stages); 3 plus the warpgroup ping-pong; 4 and 5: 2 and 3 with
 // SoftmaxFast. kTma: the TMA producer (ProduceTma) instead of the cp.async gather.
-template <int kVariant, bool kTma>
+template <class S, int kVariant, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
     AttentionWgmmaKernel(const __grid_constant__ WgmmaAttnParams p) {
+  constexpr int kStages = S::kStages;
+  constexpr uint32_t kStageBytes = S::kStageBytes;
   // Declared 16-byte aligned so that the 1024-byte alignment is computed, not assumed.
   extern __shared__ __align__(16) unsigned char attn_wgmma_smem[];
   const uint32_t base = wgmma::SmemAddr(attn_wgmma_smem);
   const uint32_t sq = (base + 1023) & ~1023u;
-  const uint32_t pipe = sq + kQBytes;
+  const uint32_t pipe = sq + S::kQBytes;
   const uint32_t full = pipe + kStages * kStageBytes, empty = full + 8 * kStages;
   const uint32_t full_v = empty + 8 * kStages, empty_v = full_v + 8 * kStages;  // kSplit only
   constexpr bool kSplit = kVariant >= 2 && kOverlapSplitKv;
@@ -392,10 +403,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   TriggerDependents();
   const int b = blockIdx.z;
   // Latest rows first: under causality they see the most keys, so the long CTAs start early.
-  const int kvh = kVariant >= 1 ? static_cast<int>(blockIdx.x) % p.kv_heads : blockIdx.y;
-  const int tile = p.row_tiles - 1 -
-                   (kVariant >= 1 ? static_cast<int>(blockIdx.x) / p.kv_heads
-                                  : static_cast<int>(blockIdx.x));
+  // Variants >= 1 walk (row tile, KV head) on grid x, the KV heads fastest where the KV of all
+  // heads fits L2 (p.heads_fastest), else the row tiles of a head (its K/V is read by all of them).
+  const int x = static_cast<int>(blockIdx.x);
+  const int kvh = kVariant >= 1 ? (p.heads_fastest ? x % p.kv_heads : x / p.row_tiles) : blockIdx.y;
+  const int tile =
+      p.row_tiles - 1 - (kVariant >= 1 ? (p.heads_fastest ? x / p.kv_heads : x % p.row_tiles) : x);
   const int row0 = tile * kBlockM;
   const int q0 = p.query_start[b];
   const int q_len = p.query_start[b + 1] - q0;
@@ -411,8 +424,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // producer's first K/V loads go out while Q is in flight.
   constexpr int kQThreads = kTma ? kConsumers * 128 : kThreads;
   if (threadIdx.x < kQThreads) {
-    for (int idx = threadIdx.x; idx < kBlockM * 16; idx += kQThreads) {
-      const int r = idx / 16, c = idx % 16, row = row0 + r;
+    constexpr int kChunks = S::kDk / 8;  // 16-byte chunks of a Q row
+    for (int idx = threadIdx.x; idx < kBlockM * kChunks; idx += kQThreads) {
+      const int r = idx / kChunks, c = idx % kChunks, row = row0 + r;
       const bool valid = row < rows_total;
       const bf16_t* src = p.q;
       if (valid)
@@ -448,27 +462,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x >= kConsumers * 128) {
       wgmma::SetMaxRegsDec<kProducerRegs>();
       if constexpr (kTma)
-        ProduceTma<false>(p, b, kvh, kv_end, num_tiles, pipe);
+        ProduceTma<S, false>(p, b, kvh, kv_end, num_tiles, pipe);
       else
-        Produce<kLag>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
+        Produce<S, S::kLag>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
     } else {
       wgmma::SetMaxRegsInc<kConsumerRegs>();
       if constexpr (kTma) QReady();
-      Consume(p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty);
+      Consume<S>(p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty);
     }
   } else {
     if (threadIdx.x >= kConsumers * 128) {
       wgmma::SetMaxRegsDec<kOverlapProducerRegs>();
       if constexpr (kTma)
-        ProduceTma<kSplit>(p, b, kvh, kv_end, num_tiles, pipe);
+        ProduceTma<S, kSplit>(p, b, kvh, kv_end, num_tiles, pipe);
       else if constexpr (kSplit)
-        ProduceSplit(p, b, kvh, kv_end, num_tiles, pipe, full, empty, full_v, empty_v);
+        ProduceSplit<S>(p, b, kvh, kv_end, num_tiles, pipe, full, empty, full_v, empty_v);
       else
-        Produce<0>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
+        Produce<S, 0>(p, b, kvh, kv_end, num_tiles, pipe, full, empty);
     } else {
       wgmma::SetMaxRegsInc<kOverlapConsumerRegs>();
       if constexpr (kTma) QReady();
-      ConsumeOverlap<kVariant == 3 || kVariant == 5, kVariant >= 4>(
+      ConsumeOverlap<S, kVariant == 3 || kVariant == 5, kVariant >= 4>(
           p, q0, row0, rows_total, prefix, kvh, num_tiles, sq, pipe, full, empty,
           kSplit ? full_v : full, kSplit ? empty_v : empty);
     }
@@ -484,6 +498,7 @@ __global__ void __launch_bounds__(128, 1)
                               float* s_out, float* o_out) {
   extern __shared__ __align__(16) unsigned char probe_smem[];
   const uint32_t base = wgmma::SmemAddr(probe_smem);
+  constexpr uint32_t kTileBytes = kVTileBytes;  // 128 x 128 bf16
   const uint32_t sq = (base + 1023) & ~1023u, sk = sq + 64 * 256, sv = sk + kTileBytes;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, cq = lane % 4;
   for (int idx = t; idx < 64 * 16; idx += 128)
@@ -565,11 +580,11 @@ void SetSmemOnce(Kernel kernel, std::atomic<uint64_t>& set, size_t bytes) {
 
 // One build: variant 0 on grid (row tile, KV head, sequence); variants >= 1 with (row tile, KV
 // head) flattened on grid x, KV heads fastest.
-template <int kVariant, bool kTma>
+template <class S, int kVariant, bool kTma>
 void LaunchBuild(const WgmmaAttnParams& p, int row_tiles, int kv_heads, unsigned num_seqs,
                  cudaStream_t s) {
-  constexpr size_t smem = kVariant >= 2 && kOverlapSplitKv ? kSmemBytesSplit : kSmemBytes;
-  const auto kernel = AttentionWgmmaKernel<kVariant, kTma>;
+  constexpr size_t smem = kVariant >= 2 && kOverlapSplitKv ? S::kSmemBytesSplit : S::kSmemBytes;
+  const auto kernel = AttentionWgmmaKernel<S, kVariant, kTma>;
   static std::atomic<uint64_t> attrs_set{0};
   SetSmemOnce(kernel, attrs_set, smem);
   if constexpr (kVariant == 0) {
@@ -582,22 +597,38 @@ void LaunchBuild(const WgmmaAttnParams& p, int row_tiles, int kv_heads, unsigned
   }
 }
 
-template <int kVariant>
+template <class S, int kVariant>
 void LaunchVariant(const WgmmaAttnParams& p, bool tma, int row_tiles, int kv_heads,
                    unsigned num_seqs, cudaStream_t s) {
   if (tma)
-    LaunchBuild<kVariant, true>(p, row_tiles, kv_heads, num_seqs, s);
+    LaunchBuild<S, kVariant, true>(p, row_tiles, kv_heads, num_seqs, s);
   else
-    LaunchBuild<kVariant, false>(p, row_tiles, kv_heads, num_seqs, s);
+    LaunchBuild<S, kVariant, false>(p, row_tiles, kv_heads, num_seqs, s);
 }
 
-// Whether the TMA producer can serve the cache: block_size a power of two >= 8 (a box of
-// min(block_size, 128) keys starts 1024-aligned in the tile and never crosses a block), both
-// caches dense [num_blocks, Hk, block_size, kD] bf16 with 16-byte aligned bases, rows
-// addressable as int32 TMA coordinates.
-bool TmaServes(const KvCacheView& cache) {
+// The build of Tuning().attention_wgmma_variant (4 and 5 fall back to 2 and 3 where SoftmaxFast
+// cannot take the scale).
+template <class S>
+void LaunchShape(const WgmmaAttnParams& p, bool tma, int row_tiles, int kv_heads, unsigned num_seqs,
+                 cudaStream_t s) {
+  int variant = std::clamp(Tuning().attention_wgmma_variant, 0, kWgmmaVariants - 1);
+  if (variant >= 4 && !(p.scale_log2 > 0.f)) variant -= 2;  // SoftmaxFast takes the max unscaled
+  using Launch = void (*)(const WgmmaAttnParams&, bool, int, int, unsigned, cudaStream_t);
+  static constexpr Launch kBuilds[kWgmmaVariants] = {&LaunchVariant<S, 0>, &LaunchVariant<S, 1>,
+                                                     &LaunchVariant<S, 2>, &LaunchVariant<S, 3>,
+                                                     &LaunchVariant<S, 4>, &LaunchVariant<S, 5>};
+  kBuilds[variant](p, tma, row_tiles, kv_heads, num_seqs, s);
+}
+
+// Whether the TMA producer can serve the cache: a box of min(block_size, 128) keys starts
+// 1024-aligned in the tile and never crosses a block where block_size is a power of two >= 8, a
+// multiple of 128, or at least 128 with every sequence in one block (DeepSeek's decompressed
+// prefill: a tile of whole keys lies inside it); both caches dense [num_blocks, Hk, block_size,
+// Dk or Dv] bf16 with 16-byte aligned bases, rows addressable as int32 TMA coordinates.
+bool TmaServes(const KvCacheView& cache, const AttentionBatch& batch) {
   const int bs = cache.block_size();
-  if (BlockShift(bs) < 3) return false;
+  const bool one_block = batch.block_tables.rank() == 2 && batch.block_tables.dim(1) == 1;
+  if (BlockShift(bs) < 3 && bs % kBlockN != 0 && !(one_block && bs >= kBlockN)) return false;
   const int64_t rows = cache.k.dim(0) * cache.k.dim(1) * cache.k.dim(2);
   for (const TensorView* t : {&cache.k, &cache.v})
     if (t->dtype != DType::kBF16 || t->rank() != 4 || !t->is_contiguous() ||
@@ -605,6 +636,19 @@ bool TmaServes(const KvCacheView& cache) {
         reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
       return false;
   return rows > 0 && rows <= 0x7fffffff;
+}
+
+// Whether the flattened grid (variants >= 1) walks the KV heads fastest
+// (Tuning().attention_wgmma_heads_fastest; -1: where every KV head's keys (the context's bound,
+// else the query tokens) fit in a share of L2, so that the row tiles
+// running at once, of all heads, find their K/V there. Otherwise a head's row tiles run together
+// and share its K/V.
+bool HeadsFastest(int kv_heads, int64_t dk, const AttentionBatch& batch, int max_q_len) {
+  if (Tuning().attention_wgmma_heads_fastest >= 0)
+    return Tuning().attention_wgmma_heads_fastest != 0;
+  constexpr int64_t kL2KvBytes = 24 << 20;  // of the H100 / H200's 50 MB
+  const int64_t keys = std::max<int64_t>(batch.max_seq_len, max_q_len);
+  return kv_heads * keys * (dk + kDv) * 2 <= kL2KvBytes;
 }
 
 }  // namespace
@@ -615,13 +659,17 @@ bool AttentionWgmmaSupported() {
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   COROLLA_CUDA_CHECK(
       cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return major == 9 && kSmemBytes <= static_cast<size_t>(max_smem);
+  const size_t smem = std::max(WgmmaShape<128>::kSmemBytesSplit, WgmmaShape<192>::kSmemBytesSplit);
+  return major == 9 && smem <= static_cast<size_t>(max_smem);
 }
 
 void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch,
                     float scale_log2, const TensorView& out, cudaStream_t s) {
-  COROLLA_CHECK(q.dim(2) == kD && out.dim(2) == kD && cache.k.dim(3) == kD && cache.v.dim(3) == kD)
-      << "attention wgmma: D " << q.dim(2) << ", the kernel is built for " << kD;
+  const int64_t dk = q.dim(2);
+  COROLLA_CHECK((dk == 128 || dk == 192) && cache.k.dim(3) == dk && out.dim(2) == kDv &&
+                cache.v.dim(3) == kDv)
+      << "attention wgmma: Dk " << dk << " (K cache " << cache.k.dim(3) << "), Dv " << out.dim(2)
+      << " (V cache " << cache.v.dim(3) << "); the kernel is built for Dk 128 or 192, Dv " << kDv;
   const int kv_heads = static_cast<int>(cache.k.dim(1));
   const int group = static_cast<int>(q.dim(1) / kv_heads);
   const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
@@ -647,26 +695,21 @@ void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const Attenti
                     BlockShift(bs),
                     scale_log2,
                     row_tiles,
-                    std::min(bs, kBlockN)};
-  const bool tma = Tuning().attention_wgmma_tma && TmaServes(cache);
+                    std::min(bs, kBlockN),
+                    HeadsFastest(kv_heads, dk, batch, max_q_len)};
+  const bool tma = Tuning().attention_wgmma_tma && TmaServes(cache, batch);
   if (tma) {
     const int64_t rows = cache.k.dim(0) * kv_heads * bs;
-    p.k_map = TensorMap2dSw128(cache.k.data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rows, kD, kD * 2,
-                               64, p.tma_box_rows, "attention wgmma k cache");
-    p.v_map = TensorMap2dSw128(cache.v.data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rows, kD, kD * 2,
+    p.k_map = TensorMap2dSw128(cache.k.data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rows, dk, dk * 2, 64,
+                               p.tma_box_rows, "attention wgmma k cache");
+    p.v_map = TensorMap2dSw128(cache.v.data, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rows, kDv, kDv * 2,
                                64, p.tma_box_rows, "attention wgmma v cache");
   }
   const unsigned num_seqs = static_cast<unsigned>(batch.seq_lens.numel());
-  int variant = std::clamp(Tuning().attention_wgmma_variant, 0, kWgmmaVariants - 1);
-  if (variant >= 4 && !(scale_log2 > 0.f)) variant -= 2;  // SoftmaxFast takes the max unscaled
-  switch (variant) {
-    case 0: LaunchVariant<0>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
-    case 1: LaunchVariant<1>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
-    case 2: LaunchVariant<2>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
-    case 3: LaunchVariant<3>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
-    case 4: LaunchVariant<4>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
-    default: LaunchVariant<5>(p, tma, row_tiles, kv_heads, num_seqs, s); break;
-  }
+  if (dk == 192)
+    LaunchShape<WgmmaShape<192>>(p, tma, row_tiles, kv_heads, num_seqs, s);
+  else
+    LaunchShape<WgmmaShape<128>>(p, tma, row_tiles, kv_heads, num_seqs, s);
 }
 
 void AttentionWgmmaTileProbe(const TensorView& q, const TensorView& k, const TensorView& pm,
@@ -681,7 +724,7 @@ void AttentionWgmmaTileProbe(const TensorView& q, const TensorView& k, const Ten
                 is(o_out, DType::kF32, 64))
       << "attention wgmma probe: q " << q.ToString() << " k " << k.ToString() << " p "
       << pm.ToString() << " v " << v.ToString();
-  constexpr size_t kProbeSmem = 1024 + 64 * 256 + 2 * kTileBytes;
+  constexpr size_t kProbeSmem = 1024 + 64 * 256 + 2 * kVTileBytes;
   static std::atomic<uint64_t> set_wide{0}, set_narrow{0};
   if (wide) {
     SetSmemOnce(AttentionWgmmaProbeKernel<true>, set_wide, kProbeSmem);

@@ -128,10 +128,11 @@ int64_t AttentionDecodeWideMergeLaunches();
 // attention_decode.cu: how many launches so far folded the o projection in (QkNormRopeAttentionProj).
 int64_t AttentionRegionLaunches();
 
-// attention_wgmma.cu (called by Attention): the prefill kernel for D = Dk = Dv = 128 on wgmma,
-// separate K/V caches, 16-byte aligned q/out rows (Attention checks all of it); one CTA per 128
-// query rows of a (sequence, KV head), no split-KV; K/V tiles by TMA where
-// Tuning().attention_wgmma_tma and the cache allow, else by cp.async. Supported: the device is
+// attention_wgmma.cu (called by Attention): the prefill kernel for Dk = 128 or 192 (DeepSeek's
+// decompressed MLA) and Dv = 128 on wgmma, separate K/V caches, 16-byte aligned q/out rows
+// (Attention checks all of it); one CTA per 128 query rows of a (sequence, KV head), no
+// split-KV; K/V tiles by TMA where Dk is 128 and Tuning().attention_wgmma_tma and the cache
+// allow, else by cp.async. Supported: the device is
 // sm_90 with the shared memory it needs.
 bool AttentionWgmmaSupported();
 void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,

@@ -34,6 +34,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_MOE_FP8_WGMMA_TILE_N")) t.moe_fp8_wgmma_tile_n = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA_VARIANT")) t.attention_wgmma_variant = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_TMA")) t.attention_wgmma_tma = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_WGMMA_HEADS_FASTEST"))
+      t.attention_wgmma_heads_fastest = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_PDL_CARVEOUT")) t.pdl_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_CARVEOUT")) t.gemv_staged_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_CARVEOUT_FOLDED")) t.gemv_staged_carveout_folded = std::atoi(v);

@@ -152,6 +152,11 @@ struct KernelTuning {
   // dense, aligned); off, or other block sizes: the 128-thread cp.async gather through the block
   // table. COROLLA_ATTN_TMA sets it.
   bool attention_wgmma_tma = true;
+  // The order of the wgmma prefill kernel's flattened grid (variants >= 1): 1 the KV heads
+  // fastest, 0 a KV head's row tiles together (they share its K/V through L2), -1 chooses: heads
+  // fastest where the K/V of every KV head fits in 24 MB of L2 (Qwen3-30B-A3B up to ~12k
+  // tokens), else rows (DeepSeek-V3's 128 heads). COROLLA_ATTN_WGMMA_HEADS_FASTEST sets it.
+  int attention_wgmma_heads_fastest = -1;
   // Preferred shared-memory carveout (percent of the unified L1 / shared memory) that LaunchPdl
   // sets on each kernel it launches; -1 leaves the driver's choice. A kernel whose shared memory
   // needs another carveout than the kernel still running on an SM cannot start there until it
