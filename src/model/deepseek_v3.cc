@@ -112,10 +112,10 @@ class DeepseekV3Model final : public Model {
     bool valid = false;
     std::vector<int32_t> query_start, seq_lens, block_tables;
     // DecompressedAttention's per-sequence device metadata, the same in every layer: the rows of
-    // its latents in the paged cache (viewed as [num_blocks * block_size, D]), the slots 0..ctx-1
-    // of its one-block cache, and that cache's {0, q_len, ctx, 0} (query_start, seq_lens, table).
+    // its latents in the paged cache (viewed as [num_blocks * block_size, D]) and its one-block
+    // cache's {0, q_len, ctx, 0} (query_start, seq_lens, table).
     struct Seq {
-      Tensor cache_rows, slots, meta;
+      Tensor cache_rows, meta;
     };
     std::vector<Seq> seqs;
   };
@@ -141,6 +141,17 @@ TensorView Heads(const TensorView& x, int64_t heads, int64_t stride, int64_t beg
   v.data = static_cast<char*>(x.data) + begin * DTypeSize(x.dtype);
   v.shape = {x.dim(0), heads, width};
   v.strides = {x.strides[0], stride, 1, 0};
+  return v;
+}
+
+// Columns [begin, begin + width) of a one-block cache [1, heads, ctx, d] viewed token-major as
+// [ctx, heads, width].
+TensorView TokenMajor(const TensorView& cache, int64_t begin, int64_t width) {
+  const int64_t heads = cache.dim(1), ctx = cache.dim(2), d = cache.dim(3);
+  TensorView v = cache;
+  v.data = static_cast<char*>(cache.data) + begin * DTypeSize(cache.dtype);
+  v.shape = {ctx, heads, width};
+  v.strides = {d, ctx * d, 1, 0};
   return v;
 }
 
@@ -463,15 +474,11 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
     for (int64_t b = 0; b < num_seqs; ++b) {
       const int32_t ctx = host_meta_.seq_lens[b];
       const int32_t q_len = host_meta_.query_start[b + 1] - host_meta_.query_start[b];
-      std::vector<int32_t> rows(ctx), slots(ctx), meta{0, q_len, ctx, 0};
-      for (int32_t j = 0; j < ctx; ++j) {
+      std::vector<int32_t> rows(ctx), meta{0, q_len, ctx, 0};
+      for (int32_t j = 0; j < ctx; ++j)
         rows[j] = host_meta_.block_tables[b * table_width + j / bs] * bs + j % bs;
-        slots[j] = j;
-      }
-      HostBatchMeta::Seq seq{backend_.Empty(DType::kI32, {ctx}), backend_.Empty(DType::kI32, {ctx}),
-                             backend_.Empty(DType::kI32, {4})};
+      HostBatchMeta::Seq seq{backend_.Empty(DType::kI32, {ctx}), backend_.Empty(DType::kI32, {4})};
       backend_.CopyFromHost(rows.data(), seq.cache_rows);
-      backend_.CopyFromHost(slots.data(), seq.slots);
       backend_.CopyFromHost(meta.data(), seq.meta);
       host_meta_.seqs.push_back(std::move(seq));
     }
@@ -492,25 +499,22 @@ void DeepseekV3Model::DecompressedAttention(const MlaWeights& w, const TensorVie
                         lat);
     Tensor kv = backend_.Empty(act, {ctx, heads * (nope + vdim)});  // [ctx, Hl * (nope + v)]
     backend_.Linear(Columns(lat, 0, kv_lora), w.kv_b, kv);
-    Tensor k = backend_.Empty(act, {ctx, heads, qk_head});  // [ctx, Hl, nope + rope]
-    TensorView k2d = k.view().Reshape({ctx, heads * qk_head});
-    // Each head's k: its nope columns of kv, then the latent's rope dims (one row read by every head).
-    backend_.Copy(Heads(kv, heads, nope + vdim, 0, nope), Heads(k2d, heads, qk_head, 0, nope));
-    TensorView k_rope = Heads(lat, heads, 0, kv_lora, rope);  // [ctx, Hl, rope], head stride 0
-    backend_.Copy(k_rope, Heads(k2d, heads, qk_head, nope, rope));
-    TensorView v = Heads(kv, heads, nope + vdim, nope, vdim);  // [ctx, Hl, v]
-    // A cache of one block holding exactly this context, in slot order.
+    // A cache of one block holding exactly this context, in slot order ([1, Hl, ctx, d]), written
+    // in place through token-major views: each head's k is its nope columns of kv, then the
+    // latent's rope dims (one row read by every head); v its v columns.
     Tensor k_cache = backend_.Empty(act, {1, heads, ctx, qk_head});
     Tensor v_cache = backend_.Empty(act, {1, heads, ctx, vdim});
+    backend_.Copy(Heads(kv, heads, nope + vdim, 0, nope), TokenMajor(k_cache, 0, nope));
+    TensorView k_rope = Heads(lat, heads, 0, kv_lora, rope);  // [ctx, Hl, rope], head stride 0
+    backend_.Copy(k_rope, TokenMajor(k_cache, nope, rope));
+    backend_.Copy(Heads(kv, heads, nope + vdim, nope, vdim), TokenMajor(v_cache, 0, vdim));
     AttentionBatch one;
     one.query_start = seq.meta.view().Slice(0, 2);
     one.seq_lens = seq.meta.view().Slice(2, 3);
     one.block_tables = seq.meta.view().Slice(3, 4).Reshape({1, 1});
-    one.slot_mapping = seq.slots;
     one.max_q_len = static_cast<int>(q_len);
     one.max_seq_len = static_cast<int>(ctx);
     KvCacheView seq_cache{k_cache, v_cache};
-    backend_.KvWrite(k, v, seq_cache, one);
     TensorView q_seq = q.Slice(qstart[b], qstart[b + 1]);
     TensorView out_seq = out.Slice(qstart[b], qstart[b + 1]).Reshape({q_len, heads, vdim});
     backend_.Attention(q_seq, seq_cache, one, attention_scale_, out_seq);
