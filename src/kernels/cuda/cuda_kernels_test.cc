@@ -99,6 +99,66 @@ TEST_F(CudaKernelTest, HeadRmsNormAndRope) {
     }
 }
 
+// Rope alone over strided head views, as the models call it: DeepSeek's (128 q heads' rope dims at
+// column 128 of 192-wide heads, the latent's one k head at column 512 of a 576-wide row, adjacent
+// pairs, YaRN), more heads than a warp takes (4), rotary widths 64 / 128 / 256 in neox and
+// interleaved form, rows only 2-byte aligned, partial rotary. Positions up to 8k.
+TEST_F(CudaKernelTest, RopeStridedHeads) {
+  // q: [T, hq, d] at column q_col of rows q_hs apart a head, q_width a token (k likewise).
+  struct Case {
+    int64_t hq, hk, d, rot, q_width, q_hs, q_col, k_width, k_hs, k_col;
+    bool interleaved;
+    float yarn;
+  };
+  const Case cases[] = {
+      {128, 1, 64, 64, 128 * 192, 192, 128, 576, 64, 512, true, 40.f},  // DeepSeek-V3's prefill
+      {40, 3, 128, 128, 40 * 128, 128, 0, 3 * 128, 128, 0, false, 1.f},
+      {40, 3, 128, 128, 40 * 128, 128, 0, 3 * 128, 128, 0, true, 1.f},
+      {37, 2, 64, 64, 37 * 64 + 1, 64, 1, 2 * 64 + 1, 64, 1, true, 1.f},  // 2-byte aligned rows
+      {5, 2, 256, 256, 5 * 256, 256, 0, 2 * 256, 256, 0, false, 1.f},
+      {5, 2, 256, 256, 5 * 256, 256, 0, 2 * 256, 256, 0, true, 1.f},
+      {9, 1, 256, 64, 9 * 256, 256, 0, 256, 256, 0, false, 1.f},  // partial rotary
+  };
+  for (const Case& c : cases)
+    for (int64_t tokens : {1, 77}) {
+      auto q_host = RandomBf16(tokens * c.q_width, 2.f),
+           k_host = RandomBf16(tokens * c.k_width, 2.f);
+      std::vector<int32_t> pos(tokens);
+      for (auto& p : pos) p = static_cast<int32_t>(Rng()() % 8192);
+      RopeParams rp{static_cast<int>(c.rot), 10000.f, c.interleaved};
+      if (c.yarn > 1.f) {
+        rp.yarn_factor = c.yarn;
+        rp.yarn_original_max_positions = 4096;
+        rp.attention_factor = 1.37f;
+      }
+      auto view = [&](const Tensor& t, int64_t heads, int64_t width, int64_t hs, int64_t col) {
+        TensorView v = t.view();
+        v.data = static_cast<char*>(v.data) + col * DTypeSize(v.dtype);
+        v.shape = {tokens, heads, c.d};
+        v.strides = {width, hs, 1, 0};
+        return v;
+      };
+      Tensor cq = HostF32(q_host, {tokens, c.q_width}), ck = HostF32(k_host, {tokens, c.k_width});
+      Tensor gq = Upload(gpu(), q_host, {tokens, c.q_width}, DType::kBF16);
+      Tensor gk = Upload(gpu(), k_host, {tokens, c.k_width}, DType::kBF16);
+      Tensor cpos = HostI32(pos, {tokens}), gpos = UploadI32(gpu(), pos, {tokens});
+      cpu::Rope(view(cq, c.hq, c.q_width, c.q_hs, c.q_col),
+                view(ck, c.hk, c.k_width, c.k_hs, c.k_col), cpos, rp);
+      gpu().Rope(view(gq, c.hq, c.q_width, c.q_hs, c.q_col),
+                 view(gk, c.hk, c.k_width, c.k_hs, c.k_col), gpos, rp);
+      const std::string shape = "T" + std::to_string(tokens) + " hq" + std::to_string(c.hq) +
+                                " hk" + std::to_string(c.hk) + " D" + std::to_string(c.d) + " rot" +
+                                std::to_string(c.rot) + (c.interleaved ? " interleaved" : " neox") +
+                                (c.q_col % 2 ? " 2-byte rows" : "");
+      std::vector<float> rq(cq.ptr<float>(), cq.ptr<float>() + tokens * c.q_width);
+      std::vector<float> rk(ck.ptr<float>(), ck.ptr<float>() + tokens * c.k_width);
+      const double e =
+          std::max(RelError(Download(gpu(), gq), rq), RelError(Download(gpu(), gk), rk));
+      Record("Rope", shape, e, kBf16Tol);
+      EXPECT_LT(e, kBf16Tol) << shape;
+    }
+}
+
 TEST_F(CudaKernelTest, SiluMulAddGatherEmbedding) {
   for (int64_t rows : {1, 37})
     for (int64_t inter : {64, 768, 100}) {
