@@ -332,9 +332,16 @@ TEST(CudaDecodeGraph, DemoChatsOnEqualsOff) {
 
 class CudaDecodeGraphTest : public ::testing::TestWithParam<std::string> {};
 
-// Greedy generation with graphs on equals graphs off and the CPU, with the batch changing
-// across buckets as requests finish.
+// Greedy generation with graphs on equals graphs off (and is compared with the CPU), with the
+// batch changing across buckets as requests finish. A graph pads the batch to its bucket (13 ->
+// 16, 3 -> 4), and an op whose arithmetic for a row depends on how many rows there are (cuBLASLt
+// picks its algorithm per shape from 3 rows on; the decode attention's plan follows the host
+// hints) may move a logit by a rounding step: where the two runs part, the graphs-off run's
+// top-2 margin there must be a near-tie, below kNearTie (the hybrid fixture's tiny random
+// weights make near-ties common; CudaHybridEngine.PreemptionGivesTheSameTokensAsAlone asks the
+// same). A parting at a clear margin fails.
 TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
+  constexpr float kNearTie = 0.05f;  // nats
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::string name = GetParam();
   auto gpu = MakeCudaBackend(0);
@@ -356,16 +363,30 @@ TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
   auto on = GreedyIds(**gmodel, **gpu, requests, true, &t_on);
   auto off = GreedyIds(**gmodel, **gpu, requests, false, &t_off);
   auto host = GreedyIds(**cmodel, *cpu, requests, false);
+  std::vector<TracedRun>
+      off_traced;  // graphs off with the top-2 margins: made once a request parts
   int same_off = 0, same_cpu = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     same_off += on[i] == off[i];
     same_cpu += on[i] == host[i];
-    EXPECT_EQ(on[i], off[i]) << name << " request " << i;
     if (on[i] != off[i]) {
       size_t k = 0;
       while (k < on[i].size() && k < off[i].size() && on[i][k] == off[i][k]) ++k;
-      std::printf("%s request %zu: graphs on vs off differ first at token %zu of %zu\n", name.c_str(), i, k,
-                  on[i].size());
+      if (off_traced.empty()) {
+        setenv("COROLLA_CUDA_GRAPHS", "0", 1);
+        auto engine = Engine::Create(**gmodel, **gpu, EngineOptions{});
+        unsetenv("COROLLA_CUDA_GRAPHS");
+        ASSERT_TRUE(engine.ok());
+        off_traced = RunTraced(**engine, requests);
+      }
+      EXPECT_EQ(off_traced[i].ids, off[i])
+          << name << " request " << i << ": the traced run is not the same run";
+      const float margin = k < off_traced[i].margin.size() ? off_traced[i].margin[k] : INFINITY;
+      std::printf(
+          "%s request %zu: graphs on vs off differ first at token %zu of %zu, top-2 margin there "
+          "%.4g\n",
+          name.c_str(), i, k, on[i].size(), margin);
+      EXPECT_LT(margin, kNearTie) << name << " request " << i << " parts at token " << k;
     }
     if (on[i] != host[i]) {
       size_t k = 0;
