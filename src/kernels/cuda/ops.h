@@ -135,6 +135,8 @@ int64_t AttentionRegionLaunches();
 // allow, else by cp.async. Supported: the device is
 // sm_90 with the shared memory it needs.
 bool AttentionWgmmaSupported();
+// Builds of the wgmma prefill kernel: Tuning().attention_wgmma_variant 0 .. this - 1.
+inline constexpr int kAttentionWgmmaVariants = 6;
 void AttentionWgmma(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                     const TensorView& out, cudaStream_t s);
 // One S = q k^T tile (q [64, 128], k [128, 128] bf16 -> s_out [64, 128] f32) and one O = p v tile
