@@ -25,26 +25,28 @@
 // Q (32 KB; 48 at Dk 192) is loaded once by all threads before the roles split (TMA builds: by
 // the consumers, waited for after the split, so the producer's first K/V loads overlap it).
 // Dk 192 (WgmmaShape<192>): S takes 12 k16 steps instead of 8, a stage holds a 48 KB K tile and
-// a 32 KB V tile, so the ring is 2 stages deep (3 at 128), and K/V always come by cp.async (the
-// TMA producer's boxes assume 128-dim rows); everything after S is the D 128 kernel's.
-// TMA producer (Tuning().attention_wgmma_tma, block_size a power of two >= 8, AttentionWgmma-
-// Kernel<kVariant, true>): one warp of the producer warpgroup loads every tile whose 128 keys all
-// lie below kv_end by cp.async.bulk.tensor from the caches viewed as 2-D [num_blocks * Hk *
-// block_size, 128] bf16 maps (box 64 dims x min(block_size, 128) keys, 128-byte swizzle: the
-// layout above; box i of a half at i * box_rows * 128 bytes, 1024-aligned), lane 0 arming the
-// stage's full barrier (count 1) with arrive.expect_tx of the tile's bytes, the lanes issuing a
-// box each; the consumers' wait completes when the bytes have landed (no kLag). The last tile,
-// when it reaches past kv_end (its V rows there must be zero: P = 0 times a NaN of a cache slot
-// is NaN), is gathered by the 128 producer threads with the cp.async zero fill; after their
-// wait_group and proxy fence a named barrier (id 3) joins them and one thread arrives.
-// Builds (Tuning().attention_wgmma_variant, AttentionWgmmaKernel<kVariant>): 0 the above; 1 the
-// grid flattened with the KV heads fastest (every head's heaviest causal row tiles dispatched
-// first); 2 as 1 with FlashAttention-3's intra-warpgroup overlap (ConsumeOverlap: S of tile j
-// and P V of tile j - 1 issued together, the softmax of S_j under the P V; setmaxnreg 240 / 24;
-// the producer signals a tile once it has landed); 3 as 2 plus the ping-pong of the consumer
-// warpgroups (named barriers: one issues its GEMMs while the other runs its softmax); 4 and 5
-// as 2 and 3 with SoftmaxFast (ex2.approx.ftz, the scale folded into one FFMA).
-// CudaKernelTest.AttentionWgmmaTileProbe checks one S tile and one P V tile alone. The tile
+// a 32 KB V tile, so the ring is 2 stages deep (3 at 128); everything after S is the D 128
+// kernel's.
+// TMA producer (Tuning().attention_wgmma_tma where TmaServes: block_size a power of two >= 8, a
+// multiple of 128, or one block a sequence of >= 128 keys; AttentionWgmmaKernel<S, kVariant,
+// true>): one warp of the producer warpgroup loads every tile whose 128 keys all lie below kv_end
+// by cp.async.bulk.tensor from the caches viewed as 2-D [num_blocks * Hk * block_size, D] bf16
+// maps (box 64 dims x min(block_size, 128) keys, 128-byte swizzle: the layout above; box i of a
+// panel at i * box_rows * 128 bytes, 1024-aligned), lane 0 arming the stage's full barrier
+// (count 1) with arrive.expect_tx of the tile's bytes, the lanes issuing a box each (Dk 192: K's
+// three panels' boxes spread over the lanes, IssueTileBoxes); the consumers' wait completes when
+// the bytes have landed (no kLag). The last tile, when it reaches past kv_end (its V rows there
+// must be zero: P = 0 times a NaN of a cache slot is NaN), is gathered by the 128 producer threads
+// with the cp.async zero fill; after their wait_group and proxy fence a named barrier (id 3) joins
+// them and one thread arrives. Builds (Tuning().attention_wgmma_variant,
+// AttentionWgmmaKernel<kVariant>): 0 the above; 1 the grid flattened, the KV heads fastest (every
+// head's heaviest causal row tiles dispatched first) or, where the K/V of all heads overflows L2, a
+// head's row tiles together (heads_fastest); 2 as 1 with FlashAttention-3's intra-warpgroup overlap
+// (ConsumeOverlap: S of tile j and P V of tile j - 1 issued together, the softmax of S_j under the
+// P V; setmaxnreg 240 / 24; the producer signals a tile once it has landed); 3 as 2 plus the
+// ping-pong of the consumer warpgroups (named barriers: one issues its GEMMs while the other runs
+// its softmax); 4 and 5 as 2 and 3 with SoftmaxFast (ex2.approx.ftz, the scale folded into one
+// FFMA). CudaKernelTest.AttentionWgmmaTileProbe checks one S tile and one P V tile alone. The tile
 // layout, the parameters and the three producers live in attention_wgmma_producer.cuh.
 #include <algorithm>
 #include <atomic>
@@ -579,7 +581,7 @@ void SetSmemOnce(Kernel kernel, std::atomic<uint64_t>& set, size_t bytes) {
 }
 
 // One build: variant 0 on grid (row tile, KV head, sequence); variants >= 1 with (row tile, KV
-// head) flattened on grid x, KV heads fastest.
+// head) flattened on grid x in p.heads_fastest's order.
 template <class S, int kVariant, bool kTma>
 void LaunchBuild(const WgmmaAttnParams& p, int row_tiles, int kv_heads, unsigned num_seqs,
                  cudaStream_t s) {
@@ -640,9 +642,8 @@ bool TmaServes(const KvCacheView& cache, const AttentionBatch& batch) {
 
 // Whether the flattened grid (variants >= 1) walks the KV heads fastest
 // (Tuning().attention_wgmma_heads_fastest; -1: where every KV head's keys (the context's bound,
-// else the query tokens) fit in a share of L2, so that the row tiles
-// running at once, of all heads, find their K/V there. Otherwise a head's row tiles run together
-// and share its K/V.
+// else the query tokens) fit in a share of L2, so that the row tiles running at once, of all
+// heads, find their K/V there). Otherwise a head's row tiles run together and share its K/V.
 bool HeadsFastest(int kv_heads, int64_t dk, const AttentionBatch& batch, int max_q_len) {
   if (Tuning().attention_wgmma_heads_fastest >= 0)
     return Tuning().attention_wgmma_heads_fastest != 0;

@@ -196,9 +196,9 @@ __device__ __forceinline__ void Produce(const WgmmaAttnParams& p, int b, int kvh
 // half of the stage is free (the consumers free K_t once S_t is done, a tile before V_t), and
 // signalled one tile later (after the next group of its kind is issued: wait_group 2).
 // Deadlock-free at 2 or more stages: K_t is signalled after V_t and K_{t+1} are issued, which
-// need emptyV[t-2] and emptyK[t-1] (at 2 stages), freed by the consumers at tiles t-1 and t-1
-// (< t, where they wait for K_t); V_{t-1} is signalled after V_t is issued, which needs
-// emptyV[t-2], freed at tile t-1.
+// need emptyV[t-2] and emptyK[t-1] (at 2 stages), both freed by the consumers at tile t-1 (< t,
+// where they wait for K_t); V_{t-1} is signalled after V_t is issued, which needs emptyV[t-2],
+// freed at tile t-1.
 template <class S>
 __device__ __forceinline__ void ProduceSplit(const WgmmaAttnParams& p, int b, int kvh, int kv_end,
                                              int num_tiles, uint32_t pipe, uint32_t full,
