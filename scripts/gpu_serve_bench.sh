@@ -75,14 +75,17 @@ echo "done after $(($(date +%s) - start)) s"
 python3 - "$OUT/http.jsonl" "$OUT/engine.jsonl" <<'EOF' | tee "$OUT/summary.md"
 import json, sys
 def load(path):
-    runs = {}
+    # JSON lines (several runs) or one indented object (a single run).
+    runs, dec = {}, json.JSONDecoder()
     try:
-        for line in open(path):
-            line = line.strip()
-            if line.startswith("{"):
-                r = json.loads(line); runs[r["concurrency"]] = r
+        text = open(path).read()
     except OSError:
-        pass
+        return runs
+    i = text.find("{")
+    while i >= 0:
+        r, end = dec.raw_decode(text, i)
+        runs[r["concurrency"]] = r
+        i = text.find("{", end)
     return runs
 http, eng = load(sys.argv[1]), load(sys.argv[2])
 lat = lambda r, k: "%.1f / %.1f / %.1f" % (r[k]["p50_ms"], r[k]["p90_ms"], r[k]["p99_ms"])

@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_options.h"
+#include "engine/decode_graphs.h"
 #include "engine/kv_budget.h"
 #include "engine/kv_cache.h"
 #include "kernels/profiling_backend.h"
@@ -45,6 +46,7 @@ struct BenchOptions {
   int64_t steps = 20;
   int64_t seed = 1;
   bool graph = true;
+  bool plan_bucket = false;  // decode: attention planned on the engine's context bucket
   bool breakdown = false;
   std::string skip_ops;  // comma-separated op labels not run (ProfilingBackend::SkipOps)
   bool marginal = false;  // decode: the step without each op kind in turn
@@ -390,6 +392,9 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   flags.Int("steps", &o->steps, "timed repetitions (the median is reported)");
   flags.Int("seed", &o->seed, "seed of the random weights, tokens and KV");
   flags.Bool("graph", &o->graph, "decode on CUDA: also replay each step as a CUDA graph");
+  flags.Bool("plan-bucket", &o->plan_bucket,
+             "decode: plan the attention on the engine's decode-graph context bucket (256, 512, "
+             "... holding the context), as serving does, instead of on the context itself");
   flags.Bool("breakdown", &o->breakdown,
              "also print the time of each op kind in one step (decode on CUDA: from a graph replay)");
   flags.String("skip-op", &o->skip_ops,
@@ -561,6 +566,8 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   // DP ranks decode different tokens (so they route to different experts).
   StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed) + 7919 * l.shard.dp_rank,
                               o.state_dtype);
+  // The kernels take max_seq_len as an upper bound of the lengths (their splits past them empty).
+  if (o.plan_bucket) s.batch.attention.max_seq_len = DecodeGraphs::ContextBucket(ctx);
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
   // DP-EP exchanges sized per layer read the sizes on the host, which a graph cannot capture.
   const bool dp_ep = l.shard.dp_ep(), graph = o.graph && !(l.shard.uses_ep_exchange() && l.shard.ep_capacity == 0);
@@ -595,9 +602,13 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
                               mb.lm_head + 2.0 * c.hidden_size * num_seqs;
   const double kv_bytes = (mb.kv_per_token_all_layers * num_seqs * ctx + mb.state_per_seq * num_seqs) / kv_split;
   const double bytes = weight_bytes + kv_bytes;
-  std::printf("decode: %s, %d layers, batch %d, context %d, %s%s\n", c.model_type.c_str(), c.num_layers,
-              num_seqs, ctx, backend.name().c_str(),
-              c.num_linear_layers() > 0 && o.state_dtype == DType::kBF16 ? ", bf16 linear state" : "");
+  std::printf(
+      "decode: %s, %d layers, batch %d, context %d, %s%s%s\n", c.model_type.c_str(), c.num_layers,
+      num_seqs, ctx, backend.name().c_str(),
+      c.num_linear_layers() > 0 && o.state_dtype == DType::kBF16 ? ", bf16 linear state" : "",
+      o.plan_bucket
+          ? (", planned on " + std::to_string(s.batch.attention.max_seq_len) + " keys").c_str()
+          : "");
   if (tp > 1)
     std::printf("  tp %d (%s): the batch on every rank%s; per-rank bytes (norms and the LM head whole) and times "
                 "below\n",

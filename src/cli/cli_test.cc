@@ -124,6 +124,14 @@ TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
                            "--device cpu --layers 2 --batch 2 --context 20 --steps 1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("2 layers"), std::string::npos) << r.output;
+  // Planned as the engine's decode graphs plan it: on the context bucket, the keys past the
+  // context in empty splits.
+  r = RunCorolla(
+      "bench decode --config tests/data/models/qwen3-moe/config.json --random-weights --device cpu "
+      "--batch 2 --context 300 --steps 1 --plan-bucket");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("context 300, cpu, planned on 512 keys"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
 }
 
 // A combination whose KV cache cannot fit the free memory (here 2 x 1e8 cached tokens, ~300 GB of

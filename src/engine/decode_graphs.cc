@@ -40,9 +40,13 @@ int DecodeGraphs::ClampContext(int context) const {
 std::pair<int, int> DecodeGraphs::Key(std::span<const ScheduledChunk> chunks) const {
   int max_seq_len = 1;
   for (const auto& c : chunks) max_seq_len = std::max(max_seq_len, c.seq->num_computed_tokens + 1);
+  return {BatchBucket(static_cast<int>(chunks.size())), ClampContext(ContextBucket(max_seq_len))};
+}
+
+int DecodeGraphs::ContextBucket(int max_seq_len) {
   int context = kMinContext;
   while (context < max_seq_len) context *= 2;
-  return {BatchBucket(static_cast<int>(chunks.size())), ClampContext(context)};
+  return context;
 }
 
 void DecodeGraphs::Capture(Bucket& bucket, std::pair<int, int> key) {

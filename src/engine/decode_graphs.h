@@ -59,6 +59,9 @@ class DecodeGraphs {
 
   int num_graphs() const { return static_cast<int>(graphs_.size()); }
   static int BatchBucket(int batch);
+  // The context bucket a step of keys up to max_seq_len is planned on (before the cache's clamp):
+  // kMinContext, doubled until it holds them.
+  static int ContextBucket(int max_seq_len);
 
  private:
   // Offsets (i32 elements) into a bucket's one metadata buffer of `rows` rows. The host uploads

@@ -418,7 +418,7 @@ bool FusesDecodePrologue(const AttentionBatch& batch) {
   const int min_keys = Tuning().attention_fused_prologue_min_keys;
   return Tuning().attention_fused_prologue ||
          (min_keys > 0 && batch.seq_lens.numel() <= Tuning().attention_fused_prologue_max_seqs &&
-          batch.max_seq_len >= min_keys);
+          batch.max_seq_len >= min_keys && !DecodeSplitsCappedToCluster(batch));
 }
 
 namespace {

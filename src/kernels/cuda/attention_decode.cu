@@ -234,6 +234,10 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
         return;
       }
       if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
+        // It has no passes, so "after the passes" is now: left to its exit, the trigger would
+        // wait for the merge, and the next kernel (o_proj's copies) with it. The engine's graphs
+        // plan on their context bucket, so most of their steps have empty splits.
+        if (p.trigger_at == 2) TriggerDependents();
         if constexpr (kCluster) {
           for (int r = threadIdx.x; r < p.group; r += kThreads) cl.ml[r] = make_float2(-INFINITY, 0.f);
           ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl);
@@ -437,7 +441,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
 
       tl.Mark(0);  // every pass multiplied
-      if (p.trigger_at == 2) TriggerDependents();  // (a CTA that returns before this: at its exit)
+      if (p.trigger_at == 2) TriggerDependents();  // (empty splits: above; no query: at exit)
       // Rows 2c, 2c+1 (+ 8 rb) of this lane's accumulators: their max and sum from lanes 8c, 8c + 4.
     #pragma unroll
       for (int rb = 0; rb < kRowBlocks; ++rb) {
@@ -594,6 +598,12 @@ bool WideMergeFits(int splits, int group, int d, int64_t pairs, bool counters) {
   return (splits + threads - 1) / threads <= kWideLoads && rows * splits <= kMaxMergeRows;
 }
 
+bool DecodeSplitsCappedToCluster(const AttentionBatch& batch) {
+  const int max_keys = Tuning().attention_decode_cluster_max_keys;
+  return batch.seq_lens.numel() <= Tuning().attention_decode_cluster_merge_seqs && max_keys > 0 &&
+         batch.max_seq_len <= max_keys;
+}
+
 // Declared in attention.cu (its only caller), which has checked the tensors (q/out [T, Hq, D]
 // with 16-byte aligned rows, contiguous 16-byte aligned caches) and AttentionDecodeServes.
 bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
@@ -605,12 +615,14 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
   // Split-KV from host hints (max_seq_len may be an upper bound, as under graph replay): enough
   // splits for Tuning().attention_split_min_ctas CTAs, each at least attention_decode_split_keys
   // keys of max_seq_len, and no more partials than the merging CTA may read
-  // (attention_decode_merge_floats, kMaxMergeRows).
+  // (attention_decode_merge_floats, kMaxMergeRows); at most a cluster's where
+  // DecodeSplitsCappedToCluster.
   const int64_t pairs = static_cast<int64_t>(num_seqs) * kv_heads;
   const int min_keys =
       std::max(kChunkAlign, (Tuning().attention_decode_split_keys + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
-  const int max_splits =
-      std::max(1, std::min(Tuning().attention_decode_merge_floats / (group * d), kMaxMergeRows / group));
+  const int merge_cap = std::min(Tuning().attention_decode_merge_floats / (group * d), kMaxMergeRows / group);
+  int max_splits = std::max(1, merge_cap);
+  if (DecodeSplitsCappedToCluster(batch)) max_splits = std::min(max_splits, kMaxClusterSplits);
   const int min_ctas = Tuning().attention_split_min_ctas;
   int num_splits = 1;
   if (batch.max_seq_len > min_keys && min_ctas > 0 && pairs < min_ctas && max_splits > 1) {

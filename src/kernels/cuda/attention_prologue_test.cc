@@ -267,6 +267,7 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
   const std::vector<Case> cases = {
       {32, 4, 128, 2048, 16, 1023, true},  // Qwen3-30B-A3B, ctx 1024: 16 splits, the cluster merge
       {32, 4, 128, 2048, 16, 8191, true},  // ctx 8192: 64 splits, the counter merge
+      {32, 4, 128, 2048, 16, 2047, true},  // ctx 2048: a cluster's 16 splits, prologue apart
       {32, 4, 128, 2048, 16, 200, true},   // 4 splits, pass edges inside
       {16, 2, 128, 1000, 5, 1000, true},   // rows not a multiple of anything, odd block size
       {8, 8, 64, 300, 16, 511, true},      // group 1, D 64
@@ -299,7 +300,8 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
     AttentionBatch gb{gqs, gsl, gtab, gslot, 1, len};
     struct Run {
       std::vector<float> attn, proj, k_cache, v_cache;
-      int64_t beside = 0;  // staged GEMV launches beside a folded attention (the o projection's)
+      int64_t beside = 0;     // staged GEMV launches beside a folded attention (the o projection's)
+      int64_t clustered = 0;  // decode launches that merged their splits as one cluster
     };
     // fold: Tuning().attention_region (with the cluster merge); replays: 0 eager, else a graph;
     // late: Tuning().attention_region_late_copy. Both merge the splits alike (the wide merge off:
@@ -320,7 +322,8 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
         gpu().QkNormRopeAttentionProj(gq, gk, gv, gqw, gkw, 1e-6f, gpos, rope, KvCacheView{gkc, gvc}, gb, scale, attn,
                                       gwo, proj);
       };
-      const int64_t beside0 = cuda::StagedGemvBesideLaunches();
+      const int64_t beside0 = cuda::StagedGemvBesideLaunches(),
+                    clustered0 = cuda::AttentionDecodeClusterLaunches();
       if (replays == 0) {
         op();
       } else {
@@ -334,8 +337,12 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
             captured.value()->Replay();
           }
       }
-      Run r{Download(gpu(), attn), Download(gpu(), proj), Download(gpu(), gkc), Download(gpu(), gvc),
-            cuda::StagedGemvBesideLaunches() - beside0};
+      Run r{Download(gpu(), attn),
+            Download(gpu(), proj),
+            Download(gpu(), gkc),
+            Download(gpu(), gvc),
+            cuda::StagedGemvBesideLaunches() - beside0,
+            cuda::AttentionDecodeClusterLaunches() - clustered0};
       cuda::Tuning() = DefaultTuning();
       return r;
     };
@@ -343,8 +350,13 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
     // Apart, one sequence of at least attention_fused_prologue_min_keys folds its prologue into the
     // attention: the o projection after it (the staged GEMV) then runs as the variant that keeps
     // its own carveout (SetStagedGemvBesideFoldedAttention), and its output is checked below.
+    // Up to attention_decode_cluster_max_keys the splits stay one cluster and the prologue apart.
     const int min_keys = DefaultTuning().attention_fused_prologue_min_keys;
-    EXPECT_EQ(apart.beside, min_keys > 0 && len >= min_keys ? 1 : 0) << shape << ": the o projection's variant";
+    const bool capped = len <= DefaultTuning().attention_decode_cluster_max_keys;
+    EXPECT_EQ(apart.beside, min_keys > 0 && len >= min_keys && !capped ? 1 : 0)
+        << shape << ": the o projection's variant";
+    if (len > 1024 && capped && c.hq <= 8 * c.hk)  // (group 16: the wide kernel, no cluster)
+      EXPECT_EQ(apart.clustered, 1) << shape << ": the splits merge as one cluster";
     // Eager three times, a graph replayed twice, then eager and a graph with the late copies.
     for (int variant = 0; variant < 6; ++variant) {
       const int64_t before = cuda::AttentionRegionLaunches();

@@ -97,6 +97,10 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
 // batch: Tuning().attention_fused_prologue, or at most attention_fused_prologue_max_seqs (2)
 // sequences of max_seq_len at least attention_fused_prologue_min_keys.
 bool FusesDecodePrologue(const AttentionBatch& batch);
+// attention_decode.cu: whether a decode batch merges its splits as one cluster with at most a
+// cluster's 16 of them (Tuning().attention_decode_cluster_merge_seqs and _cluster_max_keys);
+// such a batch keeps its prologue apart.
+bool DecodeSplitsCappedToCluster(const AttentionBatch& batch);
 // Backend::QkNormRopeAttention in one launch: the prologue folded into the small-batch decode
 // attention (attention_decode.cu) where FusesDecodePrologue, the decode kernel serves the shapes
 // and QkNormRopeKvWriteServes; false (nothing launched) otherwise. inv_freq: device [D / 2],

@@ -68,6 +68,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_MERGE_FLOATS")) t.attention_decode_merge_floats = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MERGE"))
       t.attention_decode_cluster_merge_seqs = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MAX_KEYS"))
+      t.attention_decode_cluster_max_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WARM_MERGE")) t.attention_decode_warm_merge = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WIDE_MERGE"))
       t.attention_decode_wide_merge = std::atoi(v) != 0;

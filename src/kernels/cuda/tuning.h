@@ -304,6 +304,15 @@ struct KernelTuning {
   // counter. On an H200 (Qwen3-30B-A3B, graph, ctx 1024: 16 splits): batch 1 2.489-2.491 vs
   // 2.546-2.557 ms a step, batch 8 (8 splits) 8.481 vs 8.288. COROLLA_ATTN_DECODE_CLUSTER_MERGE.
   int attention_decode_cluster_merge_seqs = 1;
+  // Such a batch also caps its splits at a cluster's 16 (more keys a split) while its
+  // max_seq_len hint is at most this many keys, where more splits would merge wide; and it does
+  // not fold its prologue in there (attention_fused_prologue_min_keys): the fold lost beside the
+  // cluster at every context. On an H200 (Qwen3-30B-A3B, batch 1, graph, session 26, two
+  // rounds, capped and apart vs wide and folded from 2048): ctx 1152 2.392-2.398 vs 2.499-2.509
+  // ms a step, 1536 2.381-2.386 vs 2.492-2.499, 2048 2.393-2.396 vs 2.489-2.490 (capped but folded
+  // 2.527-2.528), 3072 2.468-2.470 vs 2.509-2.510, 4096 2.548-2.549 vs 2.525-2.527, 8192
+  // 2.883-2.890 vs 2.651-2.657. 0: the cap never applies. COROLLA_ATTN_DECODE_CLUSTER_MAX_KEYS.
+  int attention_decode_cluster_max_keys = 3072;
   // That cluster merge runs once dry (no store) at the kernel's entry, before the early loads, so
   // that its code is in the instruction cache when the real merge runs (a second, warm run of
   // the merge took 2.33 us against 3.48). Off: the dry run delays the early loads and the wait
@@ -339,11 +348,13 @@ struct KernelTuning {
   // With the knob above off, one sequence folds it in from this many keys (the max_seq_len hint:
   // the engine's graphs plan on their context bucket); 0: never. Where the splits merge wide
   // (more than a cluster's 16) the fold pays. On an H200 (Qwen3-30B-A3B, batch 1, graph, session
-  // 17, both with the staged GEMVs at the 84% carveout), from 2048 against never: 2.481-2.484 vs 2.510 ms at
-  // ctx 2048, 2.513-2.517 (4096 then) vs 2.597-2.598 at 4096, 2.641-2.645 vs 2.735-2.737 at 8192
-  // (call 4); 1k keeps the separate prologue (folded there: 2.439-2.441 vs 2.307-2.309 in call
-  // 3). Batch 8 at 8192 loses with it (11.09-11.10 vs 10.96): more sequences keep it separate.
-  // COROLLA_ATTN_FUSED_PROLOGUE_MIN_KEYS.
+  // 17, both with the staged GEMVs at the 84% carveout), from 2048 against never: 2.481-2.484
+  // vs 2.510 ms at ctx 2048, 2.513-2.517 (4096 then) vs 2.597-2.598 at 4096, 2.641-2.645
+  // vs 2.735-2.737 at 8192 (call 4); 1k keeps the separate prologue (folded there: 2.439-2.441
+  // vs 2.307-2.309 in call 3). Batch 8 at 8192 loses with it (11.09-11.10 vs 10.96): more sequences
+  // keep it separate. Since session 26 a batch whose splits are capped to one cluster
+  // (attention_decode_cluster_max_keys, up to 3072 keys) keeps it apart, so one sequence folds it
+  // in from 3073 keys. COROLLA_ATTN_FUSED_PROLOGUE_MIN_KEYS.
   int attention_fused_prologue_min_keys = 2048;
   // ... in decode batches of at most this many sequences. Two pay, three do not (H200, session
   // 18, calls 2-3, ms a step at ctx 2048 / 4096 / 8192, folded vs apart): batch 2 3.794 /
