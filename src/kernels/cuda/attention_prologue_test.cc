@@ -355,8 +355,9 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
     const bool capped = len <= DefaultTuning().attention_decode_cluster_max_keys;
     EXPECT_EQ(apart.beside, min_keys > 0 && len >= min_keys && !capped ? 1 : 0)
         << shape << ": the o projection's variant";
-    if (len > 1024 && capped && c.hq <= 8 * c.hk)  // (group 16: the wide kernel, no cluster)
+    if (len > 1024 && capped && c.hq <= 8 * c.hk) {  // (group 16: the wide kernel, no cluster)
       EXPECT_EQ(apart.clustered, 1) << shape << ": the splits merge as one cluster";
+    }
     // Eager three times, a graph replayed twice, then eager and a graph with the late copies.
     for (int variant = 0; variant < 6; ++variant) {
       const int64_t before = cuda::AttentionRegionLaunches();
