@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/block_pool.h"
+#include "engine/decode_graphs.h"
 
 namespace corolla {
 namespace {
@@ -20,6 +21,18 @@ TEST(BlockPool, AllocatesFreesAndCounts) {
   pool.Free(a);
   EXPECT_EQ(pool.num_free(), 4);
   EXPECT_EQ(pool.ref_count(a[0]), 0);
+}
+
+// The buckets decode graphs are captured for (and `bench decode --plan-bucket` plans on).
+TEST(DecodeGraphs, BucketsArePowersOfTwo) {
+  EXPECT_EQ(DecodeGraphs::BatchBucket(1), 1);
+  EXPECT_EQ(DecodeGraphs::BatchBucket(3), 4);
+  EXPECT_EQ(DecodeGraphs::BatchBucket(16), 16);
+  EXPECT_EQ(DecodeGraphs::ContextBucket(1), DecodeGraphs::kMinContext);
+  EXPECT_EQ(DecodeGraphs::ContextBucket(256), 256);
+  EXPECT_EQ(DecodeGraphs::ContextBucket(257), 512);
+  EXPECT_EQ(DecodeGraphs::ContextBucket(1025), 2048);
+  EXPECT_EQ(DecodeGraphs::ContextBucket(8192), 8192);
 }
 
 class EngineTest : public ::testing::Test {
