@@ -413,6 +413,47 @@ TEST_F(CudaKernelTest, Sample) {
   }
 }
 
+// Greedy rows take the argmax over many CTAs (slices of 2048 logits, then one CTA a row): the
+// largest value with ties to the lowest id, across slices too; NaN never wins; a row without a
+// finite or +inf logit gives 0. f32 and bf16 logits, vocabularies around a slice's edges.
+TEST_F(CudaKernelTest, SampleGreedy) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t vocab : {7, 1000, 2048, 2049, 151936}) {
+      for (int64_t batch : {1, 6}) {
+        std::vector<float> logits(batch * vocab);
+        std::normal_distribution<float> nd(0.f, 3.f);
+        for (auto& l : logits) l = nd(Rng());
+        auto row = [&](int64_t b) { return logits.data() + b * vocab; };
+        if (batch > 1) {
+          row(1)[vocab / 3] = row(1)[vocab - 1] = 50.f;  // a tie, in different slices when long
+          row(1)[vocab / 2] = NAN;
+          for (int64_t i = 0; i < vocab; ++i) row(2)[i] = i % 2 ? -INFINITY : NAN;  // no winner: 0
+          row(3)[vocab - 1] = 60.f;                                                 // the last id
+          row(4)[vocab / 2] = row(4)[vocab / 4] = INFINITY;
+          for (int64_t i = 0; i < vocab; ++i) row(5)[i] = 1.f;  // all tied: id 0
+        }
+        if (dt == DType::kBF16)
+          for (auto& l : logits) l = ToFloat(ToBf16(l));
+        std::vector<SamplingParams> params(batch);
+        for (auto& p : params) p.temperature = 0.f;  // greedy
+        std::vector<uint64_t> steps(batch, 3);
+        std::vector<int32_t> ref(batch), got(batch, -7);
+        cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
+        Tensor g = Upload(gpu(), logits, {batch, vocab}, dt);
+        gpu().Sample(g, params.data(), steps.data(), got.data());
+        const std::string shape = std::string(dt == DType::kF32 ? "f32" : "bf16") + " B" +
+                                  std::to_string(batch) + " V" + std::to_string(vocab);
+        int mismatches = 0;
+        for (int64_t b = 0; b < batch; ++b) {
+          mismatches += got[b] != ref[b];
+          EXPECT_EQ(got[b], ref[b]) << shape << " row " << b;
+        }
+        Record("SampleGreedy", shape, mismatches, 0);
+      }
+    }
+  }
+}
+
 }  // namespace corolla::cuda_test
 
 int main(int argc, char** argv) {
