@@ -47,9 +47,9 @@ struct AttentionParams {
   const int32_t* seq_lens;
   int kv_heads, group, block_size;
   float scale_log2;  // softmax scale * log2(e)
-  // Split-KV (decode): blockIdx.x = row tile + row_tiles * split; split s reads keys
-  // [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kBlockN), from the sequence's
-  // device-side length, and writes unnormalised partials, merged by SplitKvMergeKernel.
+  // Split-KV (decode): blockIdx.x = row tile + row_tiles * split; split s reads the keys
+  // SplitKeyRange (split_keys.h) deals it in kBlockN tiles of the sequence's device-side
+  // length, and writes unnormalised partials, merged by SplitKvMergeKernel.
   // num_splits 1: no split, the CTA writes out itself.
   int row_tiles, num_splits, q_heads;
   float* part_o;   // [T * Hq, num_splits, D]

@@ -235,8 +235,9 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
       }
       if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
         // It has no passes, so "after the passes" is now: left to its exit, the trigger would
-        // wait for the merge, and the next kernel (o_proj's copies) with it. The engine's graphs
-        // plan on their context bucket, so most of their steps have empty splits.
+        // wait for the merge, and the next kernel (o_proj's copies) with it. A split is empty
+        // only when the sequence has fewer kChunkAlign tiles than the plan has splits
+        // (SplitKeyRange, split_keys.h).
         if (p.trigger_at == 2) TriggerDependents();
         if constexpr (kCluster) {
           for (int r = threadIdx.x; r < p.group; r += kThreads) cl.ml[r] = make_float2(-INFINITY, 0.f);

@@ -67,9 +67,9 @@ struct DecodeParams {
   int kv_heads, group, q_heads, block_size;
   int block_shift;   // log2(block_size) when a power of two, else -1
   float scale_log2;  // softmax scale * log2(e)
-  // blockIdx.x = split. num_splits 1: the CTA normalises and writes out; else split s takes keys
-  // [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kChunkAlign), and writes
-  // unnormalised partials (m -inf, l 0 when it has no key).
+  // blockIdx.x = split. num_splits 1: the CTA normalises and writes out; else split s takes the
+  // keys SplitKeyRange (split_keys.h) deals it in kChunkAlign tiles, and writes unnormalised
+  // partials (m -inf, l 0 when it has no key).
   int num_splits;
   float* part_o;   // [T * Hq, num_splits, D]
   float* part_ml;  // [T * Hq, num_splits, 2]

@@ -28,6 +28,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/split_keys.h"
 #include "kernels/cuda/test_util.h"
 
 namespace corolla::cuda_test {
@@ -321,6 +322,45 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
 }
 
 }  // namespace
+
+// The split key ranges (host only): they tile [0, seq_len) in order, in whole align-key tiles;
+// the longest is ceil(tiles / splits) tiles; equal chunks with the remainder last where those
+// leave no split empty, else every split one tile within the others, none empty while
+// tiles >= splits (a plan made for a longer bucket).
+TEST(SplitKeyRange, TilesTheSequence) {
+  for (int align : {1, 16, 32, 64})
+    for (int splits = 2; splits <= 40; ++splits)
+      for (int len = 1; len <= 9000; len += len < 600 ? 1 : 37) {
+        const int tiles = (len + align - 1) / align, chunk = (tiles + splits - 1) / splits;
+        const bool chunks_fit = chunk * (splits - 1) < tiles;
+        int pos = 0, empties = 0;
+        for (int s = 0; s < splits; ++s) {
+          const cuda::KeyRange r = cuda::SplitKeyRange(len, splits, s, align, len);
+          if (r.begin >= r.end) {
+            ++empties;
+            continue;
+          }
+          ASSERT_EQ(r.begin, pos) << "len " << len << " splits " << splits << " align " << align
+                                  << " split " << s;
+          ASSERT_EQ(r.begin % align, 0);
+          ASSERT_LE(r.end - r.begin, chunk * align);
+          if (chunks_fit && s < splits - 1) {
+            ASSERT_EQ(r.end - r.begin, chunk * align);
+          } else if (!chunks_fit && r.end < len) {
+            ASSERT_GE(r.end - r.begin, (tiles / splits) * align);
+          }
+          pos = r.end;
+        }
+        ASSERT_EQ(pos, len) << "len " << len << " splits " << splits << " align " << align;
+        if (tiles >= splits) {
+          ASSERT_EQ(empties, 0) << "len " << len << " splits " << splits << " align " << align;
+        }
+      }
+  // A limit clips the ranges (a causal prefill tile sees keys up to its last row's).
+  const cuda::KeyRange r = cuda::SplitKeyRange(1000, 4, 3, 32, 900);
+  EXPECT_EQ(r.end, 900);
+  EXPECT_GE(cuda::SplitKeyRange(1000, 4, 3, 32, 700).begin, 700);  // empty: begin >= end
+}
 
 TEST_F(CudaKernelTest, KvWriteAndAttention) {
   for (int d : {32, 64, 128, 256})

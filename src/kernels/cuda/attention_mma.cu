@@ -41,7 +41,7 @@ struct MmaParams {
   int block_shift;   // log2(block_size) when it is a power of two (shift/mask addressing), else -1
   float scale_log2;  // softmax scale * log2(e)
   // blockIdx.x = row tile + row_tiles * split. num_splits 1: the CTA normalises and writes out;
-  // else split s takes keys [s c, (s + 1) c), c = round_up(ceil(seq_len / num_splits), kBlockN),
+  // else split s takes the keys SplitKeyRange (split_keys.h) deals it in kBlockN tiles,
   // and writes unnormalised partials for SplitKvMergeKernel (split_kv_merge.cuh).
   int row_tiles, num_splits;
   float* part_o;   // [T * Hq, num_splits, Dv]
@@ -226,13 +226,8 @@ __global__ void __launch_bounds__(C::kThreads) AttentionMmaKernel(const __grid_c
   const int seq_len = p.seq_lens[b];
   const int prefix = seq_len - q_len;
   const int visible_end = prefix + (min(row0 + kBlockM, rows_total) - 1) / p.group + 1;
-  int kv_begin = 0, kv_end = visible_end;
-  if (p.num_splits > 1) {
-    const int chunk = (seq_len + p.num_splits - 1) / p.num_splits;
-    const int chunk_tiles = (chunk + kBlockN - 1) / kBlockN * kBlockN;
-    kv_begin = split * chunk_tiles;
-    kv_end = min(visible_end, kv_begin + chunk_tiles);
-  }
+  const KeyRange keys = SplitKeyRange(seq_len, p.num_splits, split, kBlockN, visible_end);
+  const int kv_begin = keys.begin, kv_end = keys.end;
   const int tid = threadIdx.x;
   if (kv_begin >= kv_end) {  // an empty split: mark its partials empty (the merge skips them)
     for (int r = tid; p.num_splits > 1 && r < kBlockM && row0 + r < rows_total; r += kThreads) {

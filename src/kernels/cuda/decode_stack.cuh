@@ -158,7 +158,7 @@ __device__ __forceinline__ int RowsPerStage(int k) { return min(kMaxRows, kStage
 // cached keys (the new key goes with the last split).
 struct SplitPlan {
   int splits, cached;
-  // Split s's cached keys (SplitKeyRange: ceil(cached / splits) each; empty past the end).
+  // Split s's cached keys (SplitKeyRange, split_keys.h: none empty while cached >= splits).
   __device__ KeyRange Keys(int s) const { return SplitKeyRange(cached, splits, s, 1, cached); }
 };
 __device__ __forceinline__ SplitPlan PlanSplits(const StackParams& p) {

@@ -16,7 +16,7 @@
 //     accumulators stay in registers: 4 x 8 x 4 f32 at 64 heads), A = P and B = V (ldmatrix.trans
 //     of the same latent tile) from shared memory.
 // Split-KV (several CTAs per sequence when the batch alone would leave SMs idle): each split takes
-// its own sequence's keys [s c, (s + 1) c), c = round_up(ceil(seq_len / splits), kBlockN), writes
+// its own sequence's keys (SplitKeyRange, split_keys.h: kBlockN tiles), writes
 // unnormalised partials (o, max, sum) in f32, and SplitKvMergeKernel (split_kv_merge.cuh) merges
 // them. The host plans the number of splits from its hints (max_seq_len may be an upper bound).
 #include <algorithm>

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/split_keys.h"
 
 namespace corolla::cuda {
 
@@ -17,18 +18,6 @@ __device__ __forceinline__ void AddWeighted(float4& acc, float wt, bool seen, co
   acc.y += seen ? wt * o.y : 0.f;
   acc.z += seen ? wt * o.z : 0.f;
   acc.w += seen ? wt * o.w : 0.f;
-}
-
-// The keys [begin, end) split `split` of `num_splits` reads of a sequence of seq_len keys: each
-// split ceil(seq_len / num_splits) keys rounded up to whole `align`-key tiles, end clipped to
-// `limit` (the keys the CTA may see: seq_len for decode). Empty when begin >= end.
-struct KeyRange {
-  int begin, end;
-};
-__device__ __forceinline__ KeyRange SplitKeyRange(int seq_len, int num_splits, int split, int align, int limit) {
-  if (num_splits <= 1) return {0, limit};
-  const int chunk = ((seq_len + num_splits - 1) / num_splits + align - 1) / align * align;
-  return {split * chunk, min(limit, split * chunk + chunk)};
 }
 
 struct SplitMergeParams {
