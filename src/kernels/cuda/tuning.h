@@ -302,8 +302,11 @@ struct KernelTuning {
   // (sequence, KV head) run as one thread block cluster (2-16 splits, groups <= 8) and merge
   // through distributed shared memory instead of global partials, a fence and an arrival
   // counter. On an H200 (Qwen3-30B-A3B, graph, ctx 1024: 16 splits): batch 1 2.489-2.491 vs
-  // 2.546-2.557 ms a step, batch 8 (8 splits) 8.481 vs 8.288. COROLLA_ATTN_DECODE_CLUSTER_MERGE.
-  int attention_decode_cluster_merge_seqs = 1;
+  // 2.546-2.557 ms a step, batch 8 (8 splits) 8.481 vs 8.288. Batches 2-4 (session 27, with the
+  // cap below, 4 vs 1): ctx 1024 3.702 vs 3.788 ms (batch 2), 4.688 vs 5.010 (3), 5.711 vs 5.789
+  // (4); ctx 2048 3.774 vs 3.795, 4.805 vs 5.211, 5.890 vs 5.934.
+  // COROLLA_ATTN_DECODE_CLUSTER_MERGE.
+  int attention_decode_cluster_merge_seqs = 4;
   // Such a batch also caps its splits at a cluster's 16 (more keys a split) while its
   // max_seq_len hint is at most this many keys, where more splits would merge wide; and it does
   // not fold its prologue in there (attention_fused_prologue_min_keys): the fold lost beside the
