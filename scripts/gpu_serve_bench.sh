@@ -9,7 +9,9 @@
 # COROLLA_SERVE_LAYERS (0: all), COROLLA_SERVE_DEVICE (cuda), COROLLA_SERVE_INPUT_LEN (1024),
 # COROLLA_SERVE_OUTPUT_LEN (1024), COROLLA_SERVE_CONCURRENCY (1,16,64,256),
 # COROLLA_SERVE_PROMPTS (4,16,64,256), COROLLA_SERVE_PHASE_TIMEOUT (seconds per phase, 600),
-# COROLLA_SERVE_ENGINE_FLAGS (--max-num-seqs 256 --max-batch-tokens 2048 --gpu-memory-utilization 0.9).
+# COROLLA_SERVE_ENGINE_FLAGS (--max-num-seqs 256 --max-batch-tokens 2048 --gpu-memory-utilization 0.9),
+# COROLLA_SERVE_SAMPLING (empty: greedy; e.g. "--temperature 0.6 --top-k 20 --top-p 0.95": the
+# values of Qwen3's generation_config, which `corolla serve` gives a request that names none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -29,8 +31,9 @@ phase_timeout=${COROLLA_SERVE_PHASE_TIMEOUT:-600}
 port=${COROLLA_SERVE_PORT:-18600}
 read -r -a engine_flags <<<"${COROLLA_SERVE_ENGINE_FLAGS:---max-num-seqs 256 --max-batch-tokens 2048 --gpu-memory-utilization 0.9}"
 model=(--device "$device" --config "$cfg" --random-weights --layers "$layers")
+read -r -a sampling <<<"${COROLLA_SERVE_SAMPLING:-}"
 workload=(--concurrency "$concurrency" --num-prompts "$prompts" --input-len "$input_len" --output-len "$output_len"
-          --warmup-prompts 1 --json --no-progress)
+          --warmup-prompts 1 --json --no-progress ${sampling[@]+"${sampling[@]}"})
 
 if [ ! -x "$bin" ]; then echo "gpu_serve_bench.sh: $bin missing: run scripts/build_gpu.sh and carry gpu-bundle" >&2; exit 1; fi
 if command -v nvidia-smi >/dev/null; then

@@ -6,6 +6,8 @@
 // in-process sweep send the same prompts and no run hits the prefix cache of an earlier one.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -38,7 +40,7 @@ struct Options {
   server::BenchServeOptions bench;
   std::string num_prompts = "100", concurrency = "0";  // lists: one run per concurrency
   int64_t input_len = 128, output_len = 128, seed = 0, vocab_size = 0;
-  int64_t num_warmup = 1;
+  int64_t num_warmup = 1, top_k = 0;
   double timeout_s = 600;
   bool json = false;
   bool progress = true;
@@ -76,6 +78,7 @@ Status Run(Options& o) {
   b.vocab_size = static_cast<int>(o.vocab_size);
   b.timeout_s = o.timeout_s;
   b.num_warmup = static_cast<int>(o.num_warmup);
+  b.top_k = static_cast<int>(std::clamp<int64_t>(o.top_k, -1, INT32_MAX));  // -1: rejected as negative
   if (o.progress) b.on_progress = DrawProgress;
   // --in-process: the model and an engine with the server's settings, so the runs differ from
   // the HTTP ones by the server only.
@@ -142,6 +145,12 @@ int BenchServeMain(int argc, char** argv) {
   flags.Int("vocab-size", &o.vocab_size, "prompt ids from [0, N) (0: the server's vocab_size, else 1000)");
   flags.Float("timeout", &o.timeout_s, "seconds one request may take");
   flags.Int("warmup-prompts", &o.num_warmup, "untimed requests sent first (at the same concurrency)");
+  flags.Float("temperature", &o.bench.temperature,
+              "sampling temperature of every request (0, the default: greedy); request i of a run samples "
+              "with a seed of --seed and i, over HTTP and --in-process alike");
+  flags.Int("top-k", &o.top_k, "with --temperature: top-k (0: off)");
+  flags.Float("top-p", &o.bench.top_p, "with --temperature: top-p (1: off)");
+  flags.Float("min-p", &o.bench.min_p, "with --temperature: min-p (0: off)");
   flags.Bool("json", &o.json, "print the result as JSON instead of the table (several runs: one line each)");
   flags.Bool("progress", &o.progress, "progress bar on stderr");
   flags.Bool("in-process", &o.in_process, "run the workload on an Engine in this process instead of over HTTP");

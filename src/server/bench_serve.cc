@@ -59,7 +59,19 @@ Status ValidateOptions(const BenchServeOptions& o) {
   if (o.num_prompts <= 0) return InvalidArgument("--num-prompts must be positive");
   if (o.input_len <= 0 || o.output_len <= 0) return InvalidArgument("--input-len and --output-len must be positive");
   if (o.concurrency < 0 || o.request_rate < 0) return InvalidArgument("--concurrency and --request-rate must not be negative");
+  if (!(o.temperature >= 0)) return InvalidArgument("--temperature must not be negative");
+  if (o.top_k < 0) return InvalidArgument("--top-k must not be negative (0: off)");
+  if (!(o.top_p > 0 && o.top_p <= 1)) return InvalidArgument("--top-p must be in (0, 1]");
+  if (!(o.min_p >= 0 && o.min_p <= 1)) return InvalidArgument("--min-p must be in [0, 1]");
   return Status::Ok();
+}
+
+std::string SamplingText(const BenchServeOptions& o) {
+  if (!(o.temperature > 0)) return "greedy";
+  char b[160];
+  std::snprintf(b, sizeof(b), "temperature %g, top_k %d, top_p %g, min_p %g", o.temperature, o.top_k, o.top_p,
+                o.min_p);
+  return b;
 }
 
 // --- the HTTP client ----------------------------------------------------------------------
@@ -288,12 +300,26 @@ net::awaitable<void> Dispatch(HttpRun& run, Clock::time_point start) {
   }
 }
 
-json CompletionBody(const std::string& model, const std::vector<int32_t>& prompt, int output_len) {
-  return {{"model", model},       {"prompt", prompt},  {"max_tokens", output_len}, {"ignore_eos", true},
-          {"temperature", 0.0},   {"stream", true},    {"stream_options", {{"include_usage", true}}}};
+json CompletionBody(const BenchServeOptions& o, const std::string& model, const std::vector<int32_t>& prompt,
+                    int index) {
+  json body = {{"model", model},           {"prompt", prompt},
+               {"max_tokens", o.output_len}, {"ignore_eos", true},
+               {"temperature", o.temperature > 0 ? o.temperature : 0.0},
+               {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+  if (o.temperature > 0) {
+    body["top_k"] = o.top_k;
+    body["top_p"] = o.top_p;
+    body["min_p"] = o.min_p;
+    body["seed"] = SamplingSeed(o.seed, index);
+  }
+  return body;
 }
 
 }  // namespace
+
+uint64_t SamplingSeed(uint64_t seed, int index) {
+  return seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index);
+}
 
 double Percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0;
@@ -317,6 +343,7 @@ std::vector<std::vector<int32_t>> RandomPrompts(const BenchServeOptions& o, int 
 
 BenchServeReport Summarize(const BenchServeOptions& o, const std::vector<BenchRequestResult>& results, double duration_s) {
   BenchServeReport r;
+  r.sampling = SamplingText(o);
   r.num_prompts = o.num_prompts;
   r.concurrency = o.concurrency;
   r.request_rate = o.request_rate;
@@ -376,6 +403,7 @@ std::string BenchServeReport::ToText() const {
   s += "============ Serving Benchmark Result ============\n";
   row("Target:", target);
   row("Model:", model);
+  row("Sampling:", sampling);
   row("Input / output tokens per request:", std::to_string(input_len) + " / " + std::to_string(output_len));
   row("Maximum request concurrency:", concurrency > 0 ? std::to_string(concurrency) : "unlimited");
   row("Request rate configured (req/s):", request_rate > 0 ? num(request_rate, 2) : "inf");
@@ -406,6 +434,7 @@ json BenchServeReport::ToJson() const {
   };
   return {{"target", target},
           {"model", model},
+          {"sampling", sampling},
           {"num_prompts", num_prompts},
           {"concurrency", concurrency},
           {"request_rate", request_rate},
@@ -434,7 +463,7 @@ BenchServeReport RunHttpOnce(const BenchServeOptions& options, const Url& url, c
   net::io_context ioc(1);
   HttpRun run{options, url, endpoints, model, {}, ArrivalTimes(options), {}, 0, 0, nullptr};
   for (const auto& p : RandomPrompts(options, vocab_size))
-    run.bodies.push_back(CompletionBody(model, p, options.output_len).dump());
+    run.bodies.push_back(CompletionBody(options, model, p, static_cast<int>(run.bodies.size())).dump());
   run.results.resize(run.bodies.size());
   run.slot_freed = std::make_unique<net::steady_timer>(ioc);
   Clock::time_point start = Clock::now();
@@ -510,7 +539,11 @@ BenchServeReport RunEngineOnce(Engine& engine, const BenchServeOptions& options)
       g.prompt = prompts[next];
       g.max_tokens = options.output_len;
       g.ignore_eos = true;
-      g.sampling.temperature = 0;
+      g.sampling.temperature = options.temperature > 0 ? static_cast<float>(options.temperature) : 0.f;
+      g.sampling.top_k = options.top_k;
+      g.sampling.top_p = static_cast<float>(options.top_p);
+      g.sampling.min_p = static_cast<float>(options.min_p);
+      g.sampling.seed = SamplingSeed(options.seed, next);
       sent[next] = since_start();
       Result<int64_t> seq = engine.AddRequest(std::move(g));
       if (!seq.ok()) {

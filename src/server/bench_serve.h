@@ -31,6 +31,12 @@ struct BenchServeOptions {
   uint64_t seed = 0;
   double timeout_s = 600;     // per request
   int num_warmup = 0;         // untimed requests first (other prompts, same lengths and concurrency)
+  // Sampling of every request (default greedy). With temperature > 0, request i of a run draws
+  // with seed SamplingSeed(seed, i), over HTTP and in-process alike, so both runs sample the same.
+  double temperature = 0;
+  int top_k = 0;       // 0: off
+  double top_p = 1;    // 1: off
+  double min_p = 0;    // 0: off
   // Called after each request ends with (finished, total); e.g. a progress bar.
   std::function<void(int, int)> on_progress;
 };
@@ -50,9 +56,13 @@ struct LatencySummary {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0;  // seconds
 };
 
+// The sampling seed of request `index` of a run seeded `seed`.
+uint64_t SamplingSeed(uint64_t seed, int index);
+
 struct BenchServeReport {
   std::string target;  // the URL, or "engine (in-process)"
   std::string model;
+  std::string sampling;  // "greedy", or "temperature T, top_k K, top_p P, min_p M"
   int num_prompts = 0;
   int concurrency = 0;
   double request_rate = 0;

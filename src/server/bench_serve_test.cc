@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <vector>
+
 #include "server/server.h"
 
 namespace corolla::server {
@@ -24,6 +27,13 @@ std::unique_ptr<OpenAiServer> StartDemoServer() {
   server->Attach(MakeServedModel(kModelDir, std::move(backend), std::move(model), eo, {}, "").value());
   return server;
 }
+
+// The demo model on the CPU behind an Engine with the server's max_model_len, for in-process runs.
+struct DemoEngine {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Model> model = LoadModel(kModelDir, *backend).value();
+  std::unique_ptr<Engine> engine = Engine::Create(*model, *backend, EngineOptions{.max_model_len = 256}).value();
+};
 
 void ExpectCountsAddUp(const BenchServeReport& r, const BenchServeOptions& o) {
   EXPECT_EQ(r.num_completed, o.num_prompts) << r.ToText();
@@ -74,11 +84,9 @@ TEST(BenchServe, CountsAddUpThroughHttpAndInProcess) {
   ExpectCountsAddUp(RunHttpBench(poisson).value(), poisson);
 
   // The server-less baseline: the same workload straight through an Engine.
-  auto backend = MakeCpuBackend();
-  auto model = LoadModel(kModelDir, *backend).value();
-  EngineOptions eo;
-  eo.max_model_len = 256;
-  auto engine = Engine::Create(*model, *backend, eo).value();
+  DemoEngine demo;
+  Engine* engine = demo.engine.get();
+  const auto& model = demo.model;
   BenchServeOptions in_process = o;
   in_process.on_progress = nullptr;
   in_process.vocab_size = model->config().vocab_size;
@@ -90,6 +98,56 @@ TEST(BenchServe, CountsAddUpThroughHttpAndInProcess) {
   for (int i = 0; i < 200 && server->Stats()->num_used_kv_blocks > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(server->Stats()->num_used_kv_blocks, 0);
+}
+
+// --temperature and the rest reach the server as request fields it accepts (a rejected body would
+// count as failures) and the engine in-process; bad values are errors before anything is sent.
+TEST(BenchServe, SampledRequestsThroughHttpAndInProcess) {
+  auto server = StartDemoServer();
+  BenchServeOptions o;
+  o.url = "http://127.0.0.1:" + std::to_string(server->port());
+  o.num_prompts = 6;
+  o.concurrency = 3;
+  o.input_len = 16;
+  o.output_len = 5;
+  o.seed = 11;
+  o.temperature = 0.7;
+  o.top_k = 20;
+  o.top_p = 0.9;
+  o.min_p = 0.05;
+  BenchServeReport http = RunHttpBench(o).value();
+  ExpectCountsAddUp(http, o);
+  EXPECT_EQ(http.sampling, "temperature 0.7, top_k 20, top_p 0.9, min_p 0.05");
+  EXPECT_EQ(http.ToJson()["sampling"], http.sampling);
+  EXPECT_NE(http.ToText().find("Sampling:"), std::string::npos);
+
+  DemoEngine demo;
+  Engine* engine = demo.engine.get();
+  const auto& model = demo.model;
+  BenchServeOptions in_process = o;
+  in_process.vocab_size = model->config().vocab_size;
+  ExpectCountsAddUp(RunEngineBench(*engine, in_process).value(), in_process);
+
+  EXPECT_NE(SamplingSeed(11, 0), SamplingSeed(11, 1));
+  EXPECT_NE(SamplingSeed(11, 0), SamplingSeed(12, 0));
+  BenchServeOptions greedy;
+  greedy.url = o.url;
+  greedy.num_prompts = 1;
+  greedy.input_len = 4;
+  greedy.output_len = 2;
+  EXPECT_EQ(RunHttpBench(greedy).value().sampling, "greedy");
+
+  for (auto bad : std::vector<std::function<void(BenchServeOptions&)>>{
+           [](BenchServeOptions& b) { b.temperature = -1; }, [](BenchServeOptions& b) { b.top_k = -1; },
+           [](BenchServeOptions& b) { b.top_p = 0; }, [](BenchServeOptions& b) { b.top_p = 1.5; },
+           [](BenchServeOptions& b) { b.min_p = 2; }}) {
+    BenchServeOptions b = o;
+    bad(b);
+    Result<BenchServeReport> r = RunHttpBench(b);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    EXPECT_FALSE(RunEngineBench(*engine, b).ok());
+  }
 }
 
 TEST(BenchServe, FailuresAreCountedAndBadTargetsAreErrors) {
