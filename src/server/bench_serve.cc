@@ -304,7 +304,7 @@ json CompletionBody(const BenchServeOptions& o, const std::string& model, const 
                     int index) {
   json body = {{"model", model},           {"prompt", prompt},
                {"max_tokens", o.output_len}, {"ignore_eos", true},
-               {"temperature", o.temperature > 0 ? o.temperature : 0.0},
+               {"temperature", o.temperature},
                {"stream", true},           {"stream_options", {{"include_usage", true}}}};
   if (o.temperature > 0) {
     body["top_k"] = o.top_k;

@@ -363,10 +363,9 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
   int32_t* d_offsets = reinterpret_cast<int32_t*>(meta.as<char>() + rows_bytes);
   float* slice_val = reinterpret_cast<float*>(d_offsets + batch + 1);
   int32_t* slice_id = reinterpret_cast<int32_t*>(slice_val + slice_count);
-  if (!any_random) {
-  } else if (staging) {
+  if (any_random && staging) {
     staging->CopyToDevice(d_rows, rows.data(), rows_bytes, s);
-  } else {
+  } else if (any_random) {
     COROLLA_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows_bytes, cudaMemcpyHostToDevice, s));
   }
   SampleParams sp{logits.data, is_bf16,   vocab,    d_rows, nullptr,
