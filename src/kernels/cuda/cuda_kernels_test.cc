@@ -454,6 +454,66 @@ TEST_F(CudaKernelTest, SampleGreedy) {
   }
 }
 
+// Steps whose sampled rows all name a top_k <= 256 take the top-k selection (chunks of 2048
+// sorted in shared memory, rounds until one CTA holds the row) instead of the full sort: the
+// same tokens as the CPU sampler and as the sort path (Tuning().sample_top_k_select off), with
+// ties at the K-th entry, fewer positive weights than K, NaN, +-inf, a greedy row beside
+// sampled ones, and vocabularies around the chunks' edges.
+TEST_F(CudaKernelTest, SampleTopK) {
+  const bool select_default = cuda::Tuning().sample_top_k_select;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t vocab : {7, 1000, 2048, 2049, 4500, 151936}) {
+      for (int max_k : {20, 256}) {  // K: two rounds over 151936 logits, or four
+        const int64_t batch = 8;
+        std::vector<float> logits(batch * vocab);
+        std::normal_distribution<float> nd(0.f, 3.f);
+        for (auto& l : logits) l = nd(Rng());
+        auto row = [&](int64_t b) { return logits.data() + b * vocab; };
+        for (int64_t i = 0; i < vocab; ++i) row(2)[i] = std::round(row(2)[i]);  // ties everywhere
+        for (int64_t i = 0; i < vocab; ++i)
+          row(3)[i] = i % 97 == 5 ? row(3)[i] : -INFINITY;  // few finite
+        row(3)[vocab / 2] = NAN;
+        for (int64_t i = 0; i < vocab; ++i) row(4)[i] = -INFINITY;  // nothing to sample: 0
+        row(5)[vocab / 3] = row(5)[vocab - 1] = INFINITY;
+        row(6)[0] = row(6)[vocab - 1] = 40.f;  // a tie at the max, in different chunks when long
+        if (dt == DType::kBF16)
+          for (auto& l : logits) l = ToFloat(ToBf16(l));
+        std::vector<SamplingParams> params(batch);
+        const int top_k[batch] = {20, 1, 20, max_k == 20 ? 5 : 50, 20, 3, max_k, 20};
+        for (int64_t b = 0; b < batch; ++b) {
+          SamplingParams& p = params[b];
+          p.seed = 77 + b;
+          p.temperature = b == 7 ? 0.f : 0.6f + 0.1f * static_cast<float>(b);  // row 7 greedy
+          p.top_k = top_k[b];
+          if (b % 2 == 0) p.top_p = 0.95f;
+          if (b == 6) p.min_p = 0.02f;
+        }
+        Tensor g = Upload(gpu(), logits, {batch, vocab}, dt);
+        const std::string shape = std::string(dt == DType::kF32 ? "f32" : "bf16") + " B8 V" +
+                                  std::to_string(vocab) + " K" + std::to_string(max_k);
+        int mismatches = 0;
+        std::vector<uint64_t> steps(batch);
+        for (int rep = 0; rep < 6; ++rep) {  // several draws
+          for (int64_t b = 0; b < batch; ++b) steps[b] = 11 * rep + b;
+          std::vector<int32_t> ref(batch), sel(batch, -7), sorted(batch, -7);
+          cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
+          cuda::Tuning().sample_top_k_select = true;
+          gpu().Sample(g, params.data(), steps.data(), sel.data());
+          cuda::Tuning().sample_top_k_select = false;
+          gpu().Sample(g, params.data(), steps.data(), sorted.data());
+          for (int64_t b = 0; b < batch; ++b) {
+            mismatches += sel[b] != ref[b];
+            EXPECT_EQ(sel[b], ref[b]) << shape << " row " << b << " step " << steps[b];
+            EXPECT_EQ(sel[b], sorted[b]) << shape << " row " << b << " step " << steps[b];
+          }
+        }
+        Record("SampleTopK.mismatches", shape + " x6 steps", mismatches, 0);
+      }
+    }
+  }
+  cuda::Tuning().sample_top_k_select = select_default;
+}
+
 }  // namespace corolla::cuda_test
 
 int main(int argc, char** argv) {
