@@ -567,7 +567,13 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed) + 7919 * l.shard.dp_rank,
                               o.state_dtype);
   // The kernels take max_seq_len as an upper bound of the lengths (their splits past them empty).
-  if (o.plan_bucket) s.batch.attention.max_seq_len = DecodeGraphs::ContextBucket(ctx);
+  // --plan-bucket: the engine's plan (DecodeGraphs), its bucket stopped at the model's length.
+  if (o.plan_bucket)
+    s.batch.attention.max_seq_len =
+        std::min(DecodeGraphs::ContextBucket(ctx),
+                 DecodeGraphs::MaxBlocksPerSeq(c.max_position_embeddings, s.kv->block_size(),
+                                               s.kv->num_blocks()) *
+                     s.kv->block_size());
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
   // DP-EP exchanges sized per layer read the sizes on the host, which a graph cannot capture.
   const bool dp_ep = l.shard.dp_ep(), graph = o.graph && !(l.shard.uses_ep_exchange() && l.shard.ep_capacity == 0);

@@ -6,16 +6,19 @@
 
 namespace corolla {
 
-DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, TensorView sampled_ids,
-                           bool capture)
+DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache,
+                           TensorView sampled_ids, bool capture)
     : model_(model),
       backend_(backend),
       kv_cache_(kv_cache),
       sampled_ids_(sampled_ids),
       capture_(capture),
-      max_blocks_per_seq_(static_cast<int>(std::min<int64_t>(
-          kv_cache.num_blocks(),
-          (model.config().max_position_embeddings + kv_cache.block_size() - 1) / kv_cache.block_size()))) {}
+      max_blocks_per_seq_(MaxBlocksPerSeq(model.config().max_position_embeddings,
+                                          kv_cache.block_size(), kv_cache.num_blocks())) {}
+
+int DecodeGraphs::MaxBlocksPerSeq(int max_position_embeddings, int block_size, int num_blocks) {
+  return std::min(num_blocks, (max_position_embeddings + block_size - 1) / block_size);
+}
 
 int DecodeGraphs::BatchBucket(int batch) {
   int rows = 1;

@@ -62,6 +62,9 @@ class DecodeGraphs {
   // The context bucket a step of keys up to max_seq_len is planned on (before the cache's clamp):
   // kMinContext, doubled until it holds them.
   static int ContextBucket(int max_seq_len);
+  // The most blocks a sequence can hold: the model's maximum length, or the whole pool if that
+  // is smaller. Context buckets stop at this many blocks' keys (`bench decode --plan-bucket` too).
+  static int MaxBlocksPerSeq(int max_position_embeddings, int block_size, int num_blocks);
 
  private:
   // Offsets (i32 elements) into a bucket's one metadata buffer of `rows` rows. The host uploads

@@ -33,6 +33,10 @@ TEST(DecodeGraphs, BucketsArePowersOfTwo) {
   EXPECT_EQ(DecodeGraphs::ContextBucket(257), 512);
   EXPECT_EQ(DecodeGraphs::ContextBucket(1025), 2048);
   EXPECT_EQ(DecodeGraphs::ContextBucket(8192), 8192);
+  // Buckets stop at the model's length (40960 keys for Qwen3's 40960 positions), or the pool's.
+  EXPECT_EQ(DecodeGraphs::MaxBlocksPerSeq(40960, 16, 1 << 20), 2560);
+  EXPECT_EQ(DecodeGraphs::MaxBlocksPerSeq(40961, 16, 1 << 20), 2561);
+  EXPECT_EQ(DecodeGraphs::MaxBlocksPerSeq(40960, 16, 100), 100);
 }
 
 class EngineTest : public ::testing::Test {
