@@ -1,6 +1,6 @@
 // Token sampling on the GPU with the CPU sampler's semantics (kernels/cpu/sampling.h):
 // greedy = argmax with ties to the lowest id; otherwise tokens in sampling order (logit
-// descending, ties by id: a stable segmented radix sort, or where every sampled row names a
+// descending, ties by id: a stable device-wide radix sort, or where every sampled row names a
 // top_k, only the first K of that order: TopKSelectKernel), weights exp((l - max) / T), then
 // top-k, top-p, min-p as prefixes of that order, and one inverse-CDF draw with
 // u = Philox4x32-10(key = seed, counter = step) computed here with the same arithmetic as
@@ -9,9 +9,11 @@
 // edge can pick the neighbouring token; greedy is exact.
 // SampleAsync leaves the ids on the device (for the next step's input, through GatherIds) and
 // copies them to pinned memory behind an event instead of synchronising.
-#include <cub/cub.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 
 #include <algorithm>
+#include <cub/cub.cuh>
 #include <memory>
 #include <vector>
 
@@ -61,9 +63,8 @@ struct PrepParams {
   const void* logits;
   bool is_bf16;
   int64_t vocab, batch;
-  float* keys;
+  uint64_t* keys;  // [batch * vocab] composite sort keys (SortKeyBits)
   int32_t* ids;
-  int32_t* offsets;  // [batch + 1]
 };
 
 // A logit as a sort key: NaN -> -inf and -0 -> +0 (the CPU compares them as equal).
@@ -73,17 +74,35 @@ __device__ __forceinline__ float SortKey(float v) {
   return v;
 }
 
+// One ascending radix sort over every row at once orders by (row, logit descending), ties kept
+// in id order by the sort's stability: the row in the high 32 bits, below it the key's bits
+// made unsigned-orderable and inverted.
+__device__ __forceinline__ uint64_t SortKeyBits(int64_t row, float key) {
+  uint32_t u = __float_as_uint(key);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending as the floats are
+  return (static_cast<uint64_t>(row) << 32) | static_cast<uint32_t>(~u);
+}
+
+__device__ __forceinline__ float KeyFromBits(uint64_t bits) {
+  const uint32_t u = ~static_cast<uint32_t>(bits);
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
 // Sort keys and, as values, token ids.
 __global__ void PrepareSortKernel(const __grid_constant__ PrepParams p) {
   const int64_t n = p.batch * p.vocab;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    p.keys[i] = SortKey(LoadLogit(p.logits, p.is_bf16, i));
+    p.keys[i] = SortKeyBits(i / p.vocab, SortKey(LoadLogit(p.logits, p.is_bf16, i)));
     p.ids[i] = static_cast<int32_t>(i % p.vocab);
   }
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b <= p.batch;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    p.offsets[b] = static_cast<int32_t>(b * p.vocab);
+}
+
+// The sorted composite keys back to floats, for SampleKernel.
+__global__ void UnpackSortKeysKernel(const uint64_t* bits, float* keys, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    keys[i] = KeyFromBits(bits[i]);
 }
 
 // Top-k rows need only the first K entries of the sampling order (top-p and min-p are prefixes
@@ -91,9 +110,9 @@ __global__ void PrepareSortKernel(const __grid_constant__ PrepParams p) {
 // kSelectChunk entries in shared memory and keeps its first K; rounds repeat over the kept
 // candidates, (kSelectChunk / K) chunks' worth a CTA, until one CTA holds the row. Qwen3's
 // top_k 20 over 151936 logits: 75 CTAs a row, then one. A stable sort of entries in id order
-// keeps ties in id order, the order cub's segmented sort gives the whole vocabulary. On an H200
-// (Qwen3-30B-A3B at concurrency 1, session 28) the sampled step costs 0.02 ms over a greedy one
-// this way, 0.91 ms with the sort (Tuning().sample_top_k_select).
+// keeps ties in id order, the order the full sort gives the vocabulary. On an H200
+// (Qwen3-30B-A3B at concurrency 1, session 28) the sampled step costs ~0.03 ms over a greedy one
+// this way, ~0.11 with the full sort below (Tuning().sample_top_k_select).
 constexpr int kSelectItems = 8;
 constexpr int kSelectChunk = kThreads * kSelectItems;
 // Larger K take the full sort (K = 256 already needs four rounds over a 151936 vocabulary).
@@ -163,6 +182,9 @@ struct SampleParams {
   const float* sorted_keys;
   const int32_t* sorted_ids;
   int64_t sorted_len;
+  // With the whole order: each row's inclusive prefix sums of its weights [batch, sorted_len];
+  // null: SampleKernel sums the weights itself (one CTA a row, for the top-k selection's K).
+  const double* prefix;
   // Greedy rows: ArgmaxSliceKernel's best (value, id) of each kArgmaxSlice-logit slice,
   // [batch, slices] (null when no row is greedy).
   float* slice_val;
@@ -266,6 +288,25 @@ struct Weights {
   }
 };
 
+// Each entry's weight (Weights) in the sorted order, for the prefix scan; 0 in greedy rows.
+struct SortedWeight {
+  const float* keys;
+  const RowParams* rows;
+  int64_t vocab;
+  __device__ double operator()(int64_t i) const {
+    const int64_t b = i / vocab;
+    const float t = rows[b].temperature;
+    if (!(t > 0.f)) return 0.0;
+    const float* row = keys + b * vocab;
+    return static_cast<double>(Weights{row, row[0], t}(i - b * vocab));
+  }
+};
+
+struct RowOfEntry {
+  int64_t vocab;
+  __host__ __device__ int operator()(int64_t i) const { return static_cast<int>(i / vocab); }
+};
+
 __device__ double BlockSumWeights(const Weights& w, int64_t n, SampleSmem& sm) {
   double local = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) local += w(i);
@@ -341,6 +382,20 @@ __device__ int64_t FirstBelow(const Weights& w, int64_t n, float floor) {
   return lo;
 }
 
+// First j in [0, n) with sums[j] > threshold (>= when !strict), n if none: FirstPrefix over
+// inclusive prefix sums already formed (non-decreasing, weights are >= 0).
+__device__ int64_t FirstSumPast(const double* sums, int64_t n, double threshold, bool strict) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (strict ? sums[mid] > threshold : sums[mid] >= threshold)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
 __global__ void __launch_bounds__(kThreads) SampleKernel(const __grid_constant__ SampleParams p) {
   __shared__ SampleSmem sm;
   const int64_t b = blockIdx.x;
@@ -375,6 +430,20 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const __grid_constant__
   const bool top_p = rp.top_p < 1.f;
   const int64_t n_cand = top_k ? rp.top_k : n_positive;
   const int64_t n_lim = min(n_cand, n_floor);
+  if (p.prefix != nullptr) {  // the whole order, its prefix sums from the device-wide scan
+    if (threadIdx.x != 0) return;
+    const double* sums = p.prefix + b * p.sorted_len;
+    int64_t kept = n_lim;
+    if (top_p)
+      kept = min(
+          FirstSumPast(sums, n_lim, static_cast<double>(rp.top_p) * sums[n_cand - 1], false) + 1,
+          n_lim);
+    const double target =
+        static_cast<double>(UniformFromSeedDevice(rp.seed, rp.step)) * sums[kept - 1];
+    const int64_t pick = FirstSumPast(sums, kept, target, /*strict=*/true);
+    p.out[b] = ids[min(pick, kept - 1)];
+    return;
+  }
   int64_t kept = n_lim;
   double mass;
   if (top_p) {
@@ -441,21 +510,20 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
   const bool is_bf16 = logits.dtype == DType::kBF16;
   const int slices = static_cast<int>(CeilDiv(vocab, int64_t{kArgmaxSlice}));
   // Row parameters (only when some row samples: greedy rows need none, so a greedy step uploads
-  // nothing), segment offsets, the greedy rows' slice bests.
+  // nothing), the greedy rows' slice bests.
   const size_t rows_bytes = any_random ? sizeof(RowParams) * batch : 0;
   const size_t slice_count = any_greedy ? static_cast<size_t>(batch) * slices : 0;
-  ScratchBuffer meta(alloc, rows_bytes + sizeof(int32_t) * (batch + 1) + slice_count * 8);
+  ScratchBuffer meta(alloc, rows_bytes + slice_count * 8);
   RowParams* d_rows = any_random ? meta.as<RowParams>() : nullptr;
-  int32_t* d_offsets = reinterpret_cast<int32_t*>(meta.as<char>() + rows_bytes);
-  float* slice_val = reinterpret_cast<float*>(d_offsets + batch + 1);
+  float* slice_val = reinterpret_cast<float*>(meta.as<char>() + rows_bytes);
   int32_t* slice_id = reinterpret_cast<int32_t*>(slice_val + slice_count);
   if (any_random && staging) {
     staging->CopyToDevice(d_rows, rows.data(), rows_bytes, s);
   } else if (any_random) {
     COROLLA_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows_bytes, cudaMemcpyHostToDevice, s));
   }
-  SampleParams sp{logits.data, is_bf16,   vocab,    d_rows, nullptr, nullptr,
-                  vocab,       slice_val, slice_id, slices, d_out};
+  SampleParams sp{logits.data, is_bf16, vocab,     d_rows,   nullptr, nullptr,
+                  vocab,       nullptr, slice_val, slice_id, slices,  d_out};
   if (any_greedy) {
     ArgmaxSliceKernel<<<dim3(slices, static_cast<unsigned>(batch)), kThreads, 0, s>>>(sp);
     COROLLA_CUDA_CHECK_LAUNCH();
@@ -494,30 +562,61 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
     COROLLA_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t n = batch * vocab;
-  // Sort buffers (only when some row samples): keys in/out f32, ids in/out i32, cub temp.
+  // The whole order: one device-wide radix sort of every row's (row, key) bits with the ids as
+  // values (DoubleBuffer: keys and ids twice, little temp), over as many bits as the rows need.
+  // The segmented sort it replaced ran one CTA a row, and SampleKernel's one CTA then walked the
+  // row: on an H200 (Qwen3-30B-A3B, concurrency 1, top_p 0.9) 3.573 ms a step against 2.500
+  // now (greedy 2.389); concurrency 64 ITL p50 21.37 vs 20.38 ms (greedy 19.71).
+  const int64_t n = any_random ? batch * vocab : 0;
+  int end_bit = 32;
+  while (end_bit < 64 && (int64_t{1} << (end_bit - 32)) < batch) ++end_bit;
+  // Then the weights' prefix sums, a row's sums restarting at its first entry: SampleKernel
+  // finds top-p's nucleus and the draw by binary search (one CTA walking 151936 entries took
+  // ~0.3 ms more).
+  using Counting = thrust::counting_iterator<int64_t>;
+  const auto rows_of = thrust::make_transform_iterator(Counting(0), RowOfEntry{vocab});
+  auto weights_of = [&](const float* keys) {
+    return thrust::transform_iterator<SortedWeight, Counting, double>(
+        Counting(0), SortedWeight{keys, d_rows, vocab});
+  };
   size_t temp_bytes = 0;
   if (any_random) {
-    COROLLA_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-        nullptr, temp_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
-        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(n),
-        static_cast<int>(batch), d_offsets, d_offsets + 1, 0, 32, s));
+    cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> v(nullptr, nullptr);
+    COROLLA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, k, v,
+                                                       static_cast<int>(n), 0, end_bit, s));
+    size_t scan_bytes = 0;
+    COROLLA_CUDA_CHECK(cub::DeviceScan::InclusiveSumByKey(
+        nullptr, scan_bytes, rows_of, weights_of(nullptr), static_cast<double*>(nullptr),
+        static_cast<int>(n), ::cuda::std::equal_to<>(), s));
+    temp_bytes = std::max(temp_bytes, scan_bytes);
   }
-  ScratchBuffer sort_buf(alloc, any_random ? 16 * n + temp_bytes + 256 : 0);
+  ScratchBuffer sort_buf(alloc, any_random ? 24 * n + temp_bytes + 256 : 0);
   if (any_random) {
-    float* keys_in = sort_buf.as<float>();
-    float* keys_out = keys_in + n;
-    int32_t* ids_in = reinterpret_cast<int32_t*>(keys_out + n);
-    int32_t* ids_out = ids_in + n;
-    void* temp = reinterpret_cast<char*>(ids_out + n) + 0;
-    PrepParams pp{logits.data, is_bf16, vocab, batch, keys_in, ids_in, d_offsets};
+    uint64_t* bits[2] = {sort_buf.as<uint64_t>(), sort_buf.as<uint64_t>() + n};
+    int32_t* ids[2] = {reinterpret_cast<int32_t*>(bits[1] + n),
+                       reinterpret_cast<int32_t*>(bits[1] + n) + n};
+    void* temp = ids[1] + n + (n % 2);  // 8-byte aligned
+    PrepParams pp{logits.data, is_bf16, vocab, batch, bits[0], ids[0]};
     PrepareSortKernel<<<std::min<int64_t>((n + 255) / 256, 4096), 256, 0, s>>>(pp);
     COROLLA_CUDA_CHECK_LAUNCH();
-    COROLLA_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-        temp, temp_bytes, keys_in, keys_out, ids_in, ids_out, static_cast<int>(n),
-        static_cast<int>(batch), d_offsets, d_offsets + 1, 0, 32, s));
-    sp.sorted_keys = keys_out;
-    sp.sorted_ids = ids_out;
+    cub::DoubleBuffer<uint64_t> k(bits[0], bits[1]);
+    cub::DoubleBuffer<int32_t> v(ids[0], ids[1]);
+    COROLLA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, k, v, static_cast<int>(n),
+                                                       0, end_bit, s));
+    // Float keys into the other key buffer (8 bytes an entry: room for 4).
+    float* keys = reinterpret_cast<float*>(k.Alternate());
+    UnpackSortKeysKernel<<<std::min<int64_t>((n + 255) / 256, 4096), 256, 0, s>>>(k.Current(), keys,
+                                                                                  n);
+    COROLLA_CUDA_CHECK_LAUNCH();
+    // The sums into the composite keys' buffer, read by now.
+    double* sums = reinterpret_cast<double*>(k.Current());
+    COROLLA_CUDA_CHECK(
+        cub::DeviceScan::InclusiveSumByKey(temp, temp_bytes, rows_of, weights_of(keys), sums,
+                                           static_cast<int>(n), ::cuda::std::equal_to<>(), s));
+    sp.sorted_keys = keys;
+    sp.sorted_ids = v.Current();
+    sp.prefix = sums;
   }
   SampleKernel<<<batch, kThreads, 0, s>>>(sp);
   COROLLA_CUDA_CHECK_LAUNCH();

@@ -400,8 +400,10 @@ struct KernelTuning {
   // of the sampling order through chunked in-block sorts (sampling.cu, TopKSelectKernel) instead
   // of sorting the whole vocabulary. On an H200 (Qwen3-30B-A3B, `bench serve --in-process`,
   // 1024 in / 256 out, temperature 0.6, top_k 20, top_p 0.95: Qwen3's generation_config, session
-  // 28) the ITL at concurrency 1 was 2.402 ms against 3.289 with the sort (greedy 2.382); at
-  // concurrency 32 the p50 16.99 against 17.98 (greedy 16.81). COROLLA_SAMPLE_TOPK_SELECT=0
+  // 28) the ITL at concurrency 1 was 2.402 ms against 3.289 with the segmented sort of that
+  // session's start (greedy 2.382); at concurrency 32 the p50 16.99 against 17.98 (greedy
+  // 16.81). The device-wide sort that replaced it costs ~0.11 ms a step at concurrency 1 over
+  // greedy (top_p 0.9 alone: 2.500 vs 2.389), the selection ~0.03. COROLLA_SAMPLE_TOPK_SELECT=0
   // sorts always.
   bool sample_top_k_select = true;
 };
