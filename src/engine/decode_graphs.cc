@@ -20,11 +20,7 @@ int DecodeGraphs::MaxBlocksPerSeq(int max_position_embeddings, int block_size, i
   return std::min(num_blocks, (max_position_embeddings + block_size - 1) / block_size);
 }
 
-int DecodeGraphs::BatchBucket(int batch) {
-  int rows = 1;
-  while (rows < batch) rows *= 2;
-  return rows;
-}
+int DecodeGraphs::BatchBucket(int batch) { return std::max(batch, 1); }
 
 bool DecodeGraphs::CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const {
   if (chunks.empty() || static_cast<int>(chunks.size()) > kMaxBatch) return false;
@@ -62,7 +58,7 @@ void DecodeGraphs::Capture(Bucket& bucket, std::pair<int, int> key) {
 
 int DecodeGraphs::CaptureAll(int max_context) {
   int num_forwards = 0;
-  for (int rows = 1; rows <= kMaxBatch; rows *= 2) {
+  for (int rows = 1; rows <= kMaxBatch; ++rows) {
     Bucket& bucket = GetBucket(rows);
     for (int context = kMinContext;; context *= 2) {
       const std::pair<int, int> key(rows, ClampContext(context));

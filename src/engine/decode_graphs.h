@@ -1,16 +1,16 @@
 // DecodeGraphs: the model forward of pure-decode steps (one token per sequence) replayed as
-// backend graphs, captured on first use per (batch bucket, context bucket). Batch buckets are
-// 1, 2, 4, ... kMaxBatch; each owns persistent device buffers for the step's metadata and its
-// logits, which every graph of that bucket reads and writes, so a step only copies fresh
-// metadata there and replays. Under DP-EP (every forward collective over the ranks) the graphs
-// are all captured at start-up by CaptureAll, the same list in the same order on every rank,
-// and Run never captures after it. Rows past the real batch are padding: token 0 at position 0,
-// cache slot -1 (no KV write), state slot -1 (no state update), one key read from block 0;
-// their logits are ignored. Context buckets (powers of two) fix the attention's host-side plan
-// (max_seq_len) that a graph bakes in. A graph begins by gathering its input ids from the
-// uploaded host ids and the runner's sampled-ids buffer (the previous step's tokens, which the
-// host may not have yet), so async scheduling replays graphs too. Owned by a ModelRunner; not
-// thread-safe.
+// backend graphs, captured on first use per (batch bucket, context bucket). Every batch size
+// 1, 2, 3, ... kMaxBatch is its own bucket (BatchBucket); each owns persistent device buffers
+// for the step's metadata and its logits, which every graph of that bucket reads and writes,
+// so a step only copies fresh metadata there and replays. Under DP-EP (every forward
+// collective over the ranks) the graphs are all captured at start-up by CaptureAll, the same
+// list in the same order on every rank, and Run never captures after it. Captures and start-up
+// forwards run rows of padding: token 0 at position 0, cache slot -1 (no KV write), state slot
+// -1 (no state update), one key read from block 0; their logits are ignored. Context buckets
+// (powers of two) fix the attention's host-side plan (max_seq_len) that a graph bakes in. A
+// graph begins by gathering its input ids from the uploaded host ids and the runner's
+// sampled-ids buffer (the previous step's tokens, which the host may not have yet), so async
+// scheduling replays graphs too. Owned by a ModelRunner; not thread-safe.
 #pragma once
 
 #include <map>
@@ -46,7 +46,7 @@ class DecodeGraphs {
   // that ends its sequence (or all_logits), at most kMaxBatch chunks, block tables that fit;
   // after CaptureAll, also that its graph was captured.
   bool CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const;
-  // Collective start-up (DP-EP): for batch buckets 1, 2, ... kMaxBatch and context buckets
+  // Collective start-up (DP-EP): for batch buckets 1, 2, 3, ... kMaxBatch and context buckets
   // kMinContext, 2 kMinContext, ... up to the first >= max_context, in that order, one forward
   // of padding each (the capture's warm-up; with capture false, the eager bucket run), whatever
   // this rank's KV cache: a context bucket clamped onto one already captured still runs its
@@ -58,6 +58,10 @@ class DecodeGraphs {
   Tensor Run(std::span<const ScheduledChunk> chunks);
 
   int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  // The rows a step of `batch` sequences runs with: the batch itself. Buckets of powers of two
+  // padded a step of 3 sequences to 4 rows, and a padding row runs the whole model: its token
+  // routes to experts that no real row needs, whose weights the step then reads (an MoE layer's
+  // bytes are mostly the distinct experts'). Every size up to kMaxBatch costs a graph each.
   static int BatchBucket(int batch);
   // The context bucket a step of keys up to max_seq_len is planned on (before the cache's clamp):
   // kMinContext, doubled until it holds them.
