@@ -304,9 +304,13 @@ struct KernelTuning {
   // counter. On an H200 (Qwen3-30B-A3B, graph, ctx 1024: 16 splits): batch 1 2.489-2.491 vs
   // 2.546-2.557 ms a step, batch 8 (8 splits) 8.481 vs 8.288. Batches 2-4 (session 27, with the
   // cap below, 4 vs 1): ctx 1024 3.702 vs 3.788 ms (batch 2), 4.688 vs 5.010 (3), 5.711 vs 5.789
-  // (4); ctx 2048 3.774 vs 3.795, 4.805 vs 5.211, 5.890 vs 5.934.
-  // COROLLA_ATTN_DECODE_CLUSTER_MERGE.
-  int attention_decode_cluster_merge_seqs = 4;
+  // (4); ctx 2048 3.774 vs 3.795, 4.805 vs 5.211, 5.890 vs 5.934. Batches 5-8 (session 28, 8 vs
+  // 4, the engine: `bench serve --in-process`, 1024 in / 128 out, graphs of every batch size,
+  // ITL p50 over two rounds): concurrency 7 7.834 vs 7.990 ms, 8 8.472 vs 8.658, 5 and 6 the same
+  // (6.568 vs 6.566, 7.203-7.210 vs 7.220-7.222). `bench decode`'s exact plans had batch 5
+  // slower (ctx 2048 6.725 vs 6.620; batch 8 8.365 vs 8.470 at 1024, 8.78 vs 8.84 at 2048),
+  // but the engine plans on the context bucket. COROLLA_ATTN_DECODE_CLUSTER_MERGE.
+  int attention_decode_cluster_merge_seqs = 8;
   // Such a batch also caps its splits at a cluster's 16 (more keys a split) while its
   // max_seq_len hint is at most this many keys, where more splits would merge wide; and it does
   // not fold its prologue in there (attention_fused_prologue_min_keys): the fold lost beside the
