@@ -108,13 +108,16 @@ struct ServeOptions {
 // --ep-capacity tokens (decode of up to that many sequences) exchange them in fixed-size blocks,
 // with no host synchronisation, and replay decode CUDA graphs, which every rank captures at
 // start-up, the same list in the same order (DpRankEngine::CaptureDecodeGraphs); other rounds
-// (prefills) run eagerly through the sized exchange. -1: DecodeGraphs::kMaxBatch on cuda (the
-// graphs' largest batch), 0 on the CPU; 0: the sized exchange only, no graphs.
+// (prefills) run eagerly through the sized exchange. -1: DecodeGraphs::kMaxCollectiveBatch on cuda
+// (the graphs' largest batch), 0 on the CPU; 0: the sized exchange only, no graphs.
 Status ResolveEpCapacity(ServeOptions& o) {
-  if (o.ep_capacity < 0) o.ep_capacity = o.model.device == "cuda" ? DecodeGraphs::kMaxBatch : 0;
-  if (o.ep_capacity != 0 && (o.ep_capacity < DecodeGraphs::kMaxBatch || o.ep_capacity > kNvlExchangeMaxCapacity))
-    return InvalidArgument("--ep-capacity must be 0 or in [" + std::to_string(DecodeGraphs::kMaxBatch) + ", " +
-                           std::to_string(kNvlExchangeMaxCapacity) + "] (every decode graph's batch must fit)");
+  if (o.ep_capacity < 0)
+    o.ep_capacity = o.model.device == "cuda" ? DecodeGraphs::kMaxCollectiveBatch : 0;
+  if (o.ep_capacity != 0 && (o.ep_capacity < DecodeGraphs::kMaxCollectiveBatch ||
+                             o.ep_capacity > kNvlExchangeMaxCapacity))
+    return InvalidArgument(
+        "--ep-capacity must be 0 or in [" + std::to_string(DecodeGraphs::kMaxCollectiveBatch) +
+        ", " + std::to_string(kNvlExchangeMaxCapacity) + "] (every decode graph's batch must fit)");
   o.model.ep_capacity = static_cast<int>(o.ep_capacity);
   o.model.ep_sized_fallback = o.ep_capacity > 0;
   return Status::Ok();
@@ -295,10 +298,13 @@ int ServeMain(int argc, char** argv) {
   flags.Int("max-body-bytes", &o.max_body_bytes, "largest request body accepted (413 above)");
   flags.Int("drain-seconds", &o.drain_seconds, "on SIGTERM, how long in-flight requests may still run");
   flags.Bool("prefix-caching", &o.prefix_caching, "reuse the KV cache of shared prompt prefixes");
-  flags.Int("ep-capacity", &o.ep_capacity,
-            "--dp D --ep D: tokens per rank up to which a round exchanges fixed-size blocks and replays "
-            "decode CUDA graphs (captured at start-up); other rounds exchange sized blocks eagerly. -1: " +
-                std::to_string(DecodeGraphs::kMaxBatch) + " on cuda, 0 on the CPU; 0: sized only, no graphs");
+  flags.Int(
+      "ep-capacity", &o.ep_capacity,
+      "--dp D --ep D: tokens per rank up to which a round exchanges fixed-size blocks and replays "
+      "decode CUDA graphs (captured at start-up); other rounds exchange sized blocks eagerly. "
+      "-1: " +
+          std::to_string(DecodeGraphs::kMaxCollectiveBatch) +
+          " on cuda, 0 on the CPU; 0: sized only, no graphs");
   flags.String("async-scheduling", &o.async_scheduling,
                "on|off: prepare and launch step N+1 while the device runs step N (requests with "
                "penalties or logprobs still step synchronously); default on with --device cuda, off on "

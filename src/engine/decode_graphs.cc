@@ -20,10 +20,13 @@ int DecodeGraphs::MaxBlocksPerSeq(int max_position_embeddings, int block_size, i
   return std::min(num_blocks, (max_position_embeddings + block_size - 1) / block_size);
 }
 
-int DecodeGraphs::BatchBucket(int batch) { return std::max(batch, 1); }
+int DecodeGraphs::BatchBucket(int batch) {
+  return batch <= 16 ? std::max(batch, 1) : (batch + 7) / 8 * 8;
+}
 
 bool DecodeGraphs::CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const {
-  if (chunks.empty() || static_cast<int>(chunks.size()) > kMaxBatch) return false;
+  const int n = static_cast<int>(chunks.size());
+  if (n == 0 || n > (frozen_ ? kMaxCollectiveBatch : kMaxBatch)) return false;
   for (const auto& c : chunks) {
     const Sequence& s = *c.seq;
     if (c.num_tokens != 1 || static_cast<int>(s.block_table.size()) > max_blocks_per_seq_) return false;
@@ -58,7 +61,7 @@ void DecodeGraphs::Capture(Bucket& bucket, std::pair<int, int> key) {
 
 int DecodeGraphs::CaptureAll(int max_context) {
   int num_forwards = 0;
-  for (int rows = 1; rows <= kMaxBatch; ++rows) {
+  for (int rows = 1; rows <= kMaxCollectiveBatch; ++rows) {
     Bucket& bucket = GetBucket(rows);
     for (int context = kMinContext;; context *= 2) {
       const std::pair<int, int> key(rows, ClampContext(context));
@@ -140,7 +143,9 @@ void DecodeGraphs::Forward(Bucket& bucket, int max_seq_len) {
                      /*max_q_len=*/1,
                      max_seq_len};
   batch.logits_rows = part(l.logits_rows(), l.rows);
-  batch.ep_fixed_capacity = true;  // at most kMaxBatch rows (DP-EP: only in fixed-capacity steps)
+  // DP-EP replays only CaptureAll's graphs (at most kMaxCollectiveBatch rows), in fixed-capacity
+  // steps; other runners have no exchange.
+  batch.ep_fixed_capacity = true;
   if (kv_cache_.has_state()) {
     batch.state_slots = part(l.state_slots(), l.rows);
     batch.linear_states = kv_cache_.state_views();

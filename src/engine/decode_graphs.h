@@ -1,8 +1,8 @@
 // DecodeGraphs: the model forward of pure-decode steps (one token per sequence) replayed as
 // backend graphs, captured on first use per (batch bucket, context bucket). Every batch size
-// 1, 2, 3, ... kMaxBatch is its own bucket (BatchBucket); each owns persistent device buffers
-// for the step's metadata and its logits, which every graph of that bucket reads and writes,
-// so a step only copies fresh metadata there and replays. Under DP-EP (every forward
+// 1, 2, 3, ... 16 is its own bucket, then multiples of 8 (BatchBucket); each owns persistent device
+// buffers for the step's metadata and its logits, which every graph of that bucket reads and
+// writes, so a step only copies fresh metadata there and replays. Under DP-EP (every forward
 // collective over the ranks) the graphs are all captured at start-up by CaptureAll, the same
 // list in the same order on every rank, and Run never captures after it. Captures and start-up
 // forwards run rows of padding: token 0 at position 0, cache slot -1 (no KV write), state slot
@@ -29,12 +29,14 @@ struct ScheduledChunk;
 
 class DecodeGraphs {
  public:
-  // Graphs pay where launch overhead dominates. Measured through the engine on an H200 with
-  // Qwen3-30B-A3B (1k prompts, context ~1.1k): batch 1 ITL 6.89 -> 6.05 ms, but batch 64
-  // 39.8 -> 45.5 ms, likely because the context bucket (2048 for ~1.1k) sizes the split-KV
-  // attention plan for twice the keys. Until the plan is taken from device-side lengths,
-  // larger batches run eagerly.
-  static constexpr int kMaxBatch = 16;
+  // Steps of up to kMaxBatch sequences replay graphs, larger ones run eagerly. Session 5 found
+  // graphs slower at batch 64 (ITL 39.8 -> 45.5 ms), the split-KV plan then sized for the
+  // bucket's keys; the attention now takes its split ranges from the device-side lengths and
+  // plans the same split count for a 1.1k and a 2048-key bucket at that size.
+  static constexpr int kMaxBatch = 64;
+  // DP-EP's start-up (CaptureAll) captures batches of up to this many, the rows its fixed-size
+  // exchange must hold (--ep-capacity's default and floor); larger steps run eagerly there.
+  static constexpr int kMaxCollectiveBatch = 16;
   static constexpr int kMinContext = 256;  // smallest context bucket (tokens)
 
   // sampled_ids: the runner's device buffer of the last step's sampled ids, which must keep its
@@ -43,14 +45,15 @@ class DecodeGraphs {
   DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, TensorView sampled_ids, bool capture);
 
   // Whether a step of these chunks is pure decode that fits a bucket: every chunk one token
-  // that ends its sequence (or all_logits), at most kMaxBatch chunks, block tables that fit;
+  // that ends its sequence (or all_logits), at most kMaxBatch chunks (kMaxCollectiveBatch
+  // after CaptureAll), block tables that fit;
   // after CaptureAll, also that its graph was captured.
   bool CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const;
-  // Collective start-up (DP-EP): for batch buckets 1, 2, 3, ... kMaxBatch and context buckets
-  // kMinContext, 2 kMinContext, ... up to the first >= max_context, in that order, one forward
-  // of padding each (the capture's warm-up; with capture false, the eager bucket run), whatever
-  // this rank's KV cache: a context bucket clamped onto one already captured still runs its
-  // forward. Every rank passing the same max_context runs the same number of forwards, each
+  // Collective start-up (DP-EP): for batch buckets 1, 2, 3, ... kMaxCollectiveBatch and context
+  // buckets kMinContext, 2 kMinContext, ... up to the first >= max_context, in that order, one
+  // forward of padding each (the capture's warm-up; with capture false, the eager bucket run),
+  // whatever this rank's KV cache: a context bucket clamped onto one already captured still runs
+  // its forward. Every rank passing the same max_context runs the same number of forwards, each
   // with ForwardBatch::ep_fixed_capacity. Afterwards Run never captures. Returns the forwards.
   int CaptureAll(int max_context);
   // Float32 logits [B, V], one row per chunk: a view of the bucket's buffer, overwritten by
@@ -58,10 +61,11 @@ class DecodeGraphs {
   Tensor Run(std::span<const ScheduledChunk> chunks);
 
   int num_graphs() const { return static_cast<int>(graphs_.size()); }
-  // The rows a step of `batch` sequences runs with: the batch itself. Buckets of powers of two
-  // padded a step of 3 sequences to 4 rows, and a padding row runs the whole model: its token
-  // routes to experts that no real row needs, whose weights the step then reads (an MoE layer's
-  // bytes are mostly the distinct experts'). Every size up to kMaxBatch costs a graph each.
+  // The rows a step of `batch` sequences runs with: the batch itself up to 16, then the next
+  // multiple of 8. Buckets of powers of two padded a step of 3 sequences to 4 rows, and a
+  // padding row runs the whole model: its token routes to experts that no real row needs, whose
+  // weights the step then reads (an MoE layer's bytes are mostly the distinct experts'). Past 16
+  // sequences the real rows read most experts already, and the padding rows share one routing.
   static int BatchBucket(int batch);
   // The context bucket a step of keys up to max_seq_len is planned on (before the cache's clamp):
   // kMinContext, doubled until it holds them.

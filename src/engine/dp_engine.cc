@@ -241,9 +241,10 @@ void RunEmptyForward(Model& model, Device device, bool ep_fixed_capacity) {
 
 Result<std::unique_ptr<DpRankEngine>> DpRankEngine::Create(Model& model, Backend& backend, const EngineOptions& options,
                                                            int dp_rank, bool collective, int fixed_capacity) {
-  // Every decode graph bucket (up to kMaxBatch rows) must fit the fixed exchange.
-  COROLLA_CHECK(fixed_capacity == 0 || fixed_capacity >= DecodeGraphs::kMaxBatch)
-      << "fixed capacity " << fixed_capacity << " is below the decode graphs' largest batch " << DecodeGraphs::kMaxBatch;
+  // Every decode graph bucket (up to kMaxCollectiveBatch rows) must fit the fixed exchange.
+  COROLLA_CHECK(fixed_capacity == 0 || fixed_capacity >= DecodeGraphs::kMaxCollectiveBatch)
+      << "fixed capacity " << fixed_capacity << " is below the decode graphs' largest batch "
+      << DecodeGraphs::kMaxCollectiveBatch;
   std::unique_ptr<DpRankEngine> rank(new DpRankEngine(model, backend, dp_rank, collective, fixed_capacity));
   EngineOptions o = options;
   o.collective_forwards = o.collective_forwards || collective;

@@ -84,11 +84,12 @@ class DpRankEngine {
   // An engine over `model` (kept by the caller, like `backend`). `collective`: every forward is
   // collective (DP-EP), so a rank without work runs an empty one when another rank steps.
   // `fixed_capacity` > 0 (collective, a model with both exchanges: ModelShard::ep_capacity and
-  // ep_sized_fallback; at least DecodeGraphs::kMaxBatch): a round in which no request arrives and every rank's report estimates
-  // at most that many tokens steps through the fixed-capacity exchange, each engine limited to
-  // that many tokens, and pure decode steps may replay the graphs CaptureDecodeGraphs made;
-  // other rounds step eagerly through the sized exchange. Every rank decides alike from the
-  // same blobs, so the ranks' forwards of a round always take the same exchange.
+  // ep_sized_fallback; at least DecodeGraphs::kMaxCollectiveBatch): a round in which no request
+  // arrives and every rank's report estimates at most that many tokens steps through the
+  // fixed-capacity exchange, each engine limited to that many tokens, and pure decode steps may
+  // replay the graphs CaptureDecodeGraphs made; other rounds step eagerly through the sized
+  // exchange. Every rank decides alike from the same blobs, so the ranks' forwards of a round
+  // always take the same exchange.
   static Result<std::unique_ptr<DpRankEngine>> Create(Model& model, Backend& backend, const EngineOptions& options,
                                                       int dp_rank, bool collective, int fixed_capacity = 0);
 

@@ -212,7 +212,7 @@ TEST_F(DataParallelEngineTest, OutputsEqualOneEngineAndEveryRankStepsInLockstep)
 // bucket runs and empty forwards alike), a fixed-capacity round never brings more tokens than
 // the capacity, rounds with prefills take the sized exchange, and the outputs equal one engine's.
 TEST_F(DataParallelEngineTest, FixedCapacityRoundsAndStartUpGraphsMatchAcrossRanks) {
-  constexpr int kCapacity = DecodeGraphs::kMaxBatch;
+  constexpr int kCapacity = DecodeGraphs::kMaxCollectiveBatch;
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 7; ++i) requests.push_back(Request(i * 11 + 2, 3 + i * 5, 4 + i % 3 * 3));  // prompts 3..33
   auto expected = Engine::Create(*models_[0], *backends_[0], {}).value()->Generate(requests).value();

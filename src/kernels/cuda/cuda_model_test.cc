@@ -295,7 +295,7 @@ std::vector<std::vector<int32_t>> GreedyIds(Model& model, Backend& backend,
 // (13 -> bucket 16, then 8, 4, 2, 1).
 std::vector<GenerationRequest> MixedRequests() {
   std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 13; ++i) {
+  for (int i = 0; i < 21; ++i) {  // 21 -> 24 rows, then every size from 16 down
     GenerationRequest r;
     for (int j = 0; j < 5 + 7 * i; ++j) r.prompt.push_back((11 * i + 29 * j + 3) % 1024);
     r.max_tokens = 3 + 5 * i;
@@ -333,13 +333,13 @@ TEST(CudaDecodeGraph, DemoChatsOnEqualsOff) {
 class CudaDecodeGraphTest : public ::testing::TestWithParam<std::string> {};
 
 // Greedy generation with graphs on equals graphs off (and is compared with the CPU), with the
-// batch changing across buckets as requests finish. A graph pads the batch to its bucket (13 ->
-// 16, 3 -> 4), and an op whose arithmetic for a row depends on how many rows there are (cuBLASLt
-// picks its algorithm per shape from 3 rows on; the decode attention's plan follows the host
-// hints) may move a logit by a rounding step: where the two runs part, the graphs-off run's
-// top-2 margin there must be a near-tie, below kNearTie (the hybrid fixture's tiny random
-// weights make near-ties common; CudaHybridEngine.PreemptionGivesTheSameTokensAsAlone asks the
-// same). A parting at a clear margin fails.
+// batch changing across buckets as requests finish. A graph pads the batch to its bucket (21 ->
+// 24; every size up to 16 is its own), and an op whose arithmetic for a row depends on how many
+// rows there are (cuBLASLt picks its algorithm per shape from 3 rows on; the decode attention's
+// plan follows the host hints) may move a logit by a rounding step: where the two runs part, the
+// graphs-off run's top-2 margin there must be a near-tie, below kNearTie (the hybrid fixture's tiny
+// random weights make near-ties common; CudaHybridEngine.PreemptionGivesTheSameTokensAsAlone asks
+// the same). A parting at a clear margin fails.
 TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
   constexpr float kNearTie = 0.05f;  // nats
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
