@@ -401,8 +401,8 @@ struct KernelTuning {
   // / 3.57 / 3.63 / 3.68 ms. COROLLA_DECODE_STACK_STAGES_A sets it.
   int decode_stack_stages_a = 4;
   // Sampling: a step whose sampled rows all name a top_k <= 256 keeps each row's first K entries
-  // of the sampling order through chunked in-block sorts (sampling.cu, TopKSelectKernel) instead
-  // of sorting the whole vocabulary. On an H200 (Qwen3-30B-A3B, `bench serve --in-process`,
+  // of the sampling order through chunked in-block sorts (sampling_order.cuh, TopKSelectKernel)
+  // instead of sorting the whole vocabulary. On an H200 (Qwen3-30B-A3B, `bench serve --in-process`,
   // 1024 in / 256 out, temperature 0.6, top_k 20, top_p 0.95: Qwen3's generation_config, session
   // 28) the ITL at concurrency 1 was 2.402 ms against 3.289 with the segmented sort of that
   // session's start (greedy 2.382); at concurrency 32 the p50 16.99 against 17.98 (greedy
