@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the GPU binaries here (no GPU needed) and bundles them for the GPU machine:
 #   build-gpu/  (CMake, Ninja, -DCOROLLA_CUDA=ON, sm_90a)  ->  gpu-bundle/{corolla,cuda_kernels_test}
-# gpu-bundle/ is listed in .git/info/exclude; carry it with the device call and run
+# gpu-bundle/ is listed in .gitignore; carry it with the device call and run
 # scripts/gpu_run.sh there. Third-party libraries other than CUDA/cuBLAS are linked statically.
 # Usage: scripts/build_gpu.sh [extra cmake args]; COROLLA_JOBS (default 2) sets parallelism.
 # COROLLA_BASE=PATH also bundles that (stripped) build of corolla as gpu-bundle/base_corolla, the

@@ -53,6 +53,9 @@ struct BenchOptions {
   int64_t tp = 1;             // decode: tensor-parallel ranks (experts split over them: TP-EP)
   int64_t dp = 1, ep = 0;     // decode: data-parallel ranks, each with --batch sequences; expert-parallel ranks
   int64_t ep_capacity = -1;   // DP-EP fixed exchange rows per rank (-1: the largest --batch; 0: sized per layer)
+  int64_t decode_rows =
+      0;  // prefill: sequences decoding one token beside the prompts (a mixed step)
+  int64_t decode_context = 1024;  // prefill: their context (cached keys + the new token)
   std::string linear_state_dtype = "f32";
   DType state_dtype = DType::kF32;  // parsed --linear-state-dtype
   std::vector<int32_t> batches, contexts;  // parsed --batch, --context
@@ -313,11 +316,22 @@ Tensor Ints(Backend& backend, const std::vector<int32_t>& v, Shape shape) {
   return t;
 }
 
-StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int prefix, int len, uint64_t seed,
-                        DType state_dtype) {
+// One sequence of a step: `len` new tokens after `prefix` cached ones.
+struct SeqShape {
+  int prefix, len;
+};
+
+StepBatch MakeStepBatch(Backend& backend, const Model& model, const std::vector<SeqShape>& shapes,
+                        uint64_t seed, DType state_dtype) {
   const ModelConfig& c = model.config();
   constexpr int kBlockSize = 16;
-  const int blocks_per_seq = (prefix + len + kBlockSize - 1) / kBlockSize;
+  const int num_seqs = static_cast<int>(shapes.size());
+  int blocks_per_seq = 1, max_q_len = 0, max_seq_len = 0;
+  for (const SeqShape& sh : shapes) {
+    blocks_per_seq = std::max(blocks_per_seq, (sh.prefix + sh.len + kBlockSize - 1) / kBlockSize);
+    max_q_len = std::max(max_q_len, sh.len);
+    max_seq_len = std::max(max_seq_len, sh.prefix + sh.len);
+  }
   StepBatch s;
   s.kv = std::make_unique<KvCache>(backend, model.kv_cache_spec(), num_seqs * blocks_per_seq, kBlockSize,
                                    model.state_spec().WithRecurrentDtype(state_dtype),
@@ -336,6 +350,7 @@ StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int 
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<int32_t> tokens, positions, slots, query_start{0}, seq_lens, tables, rows_out;
   for (int b = 0; b < num_seqs; ++b) {
+    const int prefix = shapes[b].prefix, len = shapes[b].len;
     for (int j = 0; j < blocks_per_seq; ++j) tables.push_back(b * blocks_per_seq + j);
     for (int p = prefix; p < prefix + len; ++p) {
       tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
@@ -353,7 +368,10 @@ StepBatch MakeStepBatch(Backend& backend, const Model& model, int num_seqs, int 
              Ints(backend, rows_out, {num_seqs})};
   s.batch.token_ids = s.owned[0];
   s.batch.positions = s.owned[1];
-  s.batch.attention = {s.owned[2], s.owned[3], s.owned[4], s.owned[5], len, prefix + len};
+  s.batch.attention = {s.owned[2], s.owned[3], s.owned[4], s.owned[5], max_q_len, max_seq_len};
+  while (s.batch.attention.num_decode_seqs < num_seqs &&
+         shapes[s.batch.attention.num_decode_seqs].len == 1)
+    ++s.batch.attention.num_decode_seqs;
   s.batch.logits_rows = s.owned[6];
   if (s.kv->has_state()) {
     // Hybrids: one state slot per sequence, zeroed (a continuing sequence reads it).
@@ -406,6 +424,13 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
              "router changes which experts run)");
   flags.String("linear-state-dtype", &o->linear_state_dtype,
                "hybrid models: storage of the Gated DeltaNet recurrent state, f32 or bf16");
+  if (std::string(name) == "prefill") {
+    flags.Int("decode-rows", &o->decode_rows,
+              "sequences that decode one token in the same step, ahead of the prompts "
+              "(the engine's mixed steps under chunked prefill)");
+    flags.Int("decode-context", &o->decode_context,
+              "context of each --decode-rows sequence, its new token included");
+  }
   if (std::string(name) == "decode") {
     flags.Int("tp", &o->tp, "tensor-parallel ranks, one process per GPU, the experts split over them (TP-EP)");
     flags.Int("dp", &o->dp, "data-parallel ranks, one process per GPU, each running --batch sequences");
@@ -426,6 +451,9 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
   };
   if (!positive(o->batches) || !positive(o->contexts) || o->steps < 1 || o->layers < 0)
     return InvalidArgument("--batch, --context and --steps must be positive, --layers not negative");
+  if (o->decode_rows < 0 || o->decode_rows > 65536 || o->decode_context < 1 ||
+      o->decode_context > (1 << 24))
+    return InvalidArgument("--decode-rows must be in [0, 65536] and --decode-context in [1, 2^24]");
   return Status::Ok();
 }
 
@@ -564,8 +592,9 @@ void DecodeOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double copy
   Model& model = *l.model;
   const ModelConfig& c = model.config();
   // DP ranks decode different tokens (so they route to different experts).
-  StepBatch s = MakeStepBatch(backend, model, num_seqs, ctx - 1, 1, static_cast<uint64_t>(o.seed) + 7919 * l.shard.dp_rank,
-                              o.state_dtype);
+  StepBatch s =
+      MakeStepBatch(backend, model, std::vector<SeqShape>(num_seqs, {ctx - 1, 1}),
+                    static_cast<uint64_t>(o.seed) + 7919 * l.shard.dp_rank, o.state_dtype);
   // The kernels take max_seq_len as an upper bound of the lengths (their splits past them empty).
   // --plan-bucket: the engine's plan (DecodeGraphs), its bucket stopped at the model's length.
   if (o.plan_bucket)
@@ -661,22 +690,33 @@ Status BenchPrefill(int argc, char** argv, bool* help) {
 }
 
 void PrefillOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double peak, int num_seqs, int len) {
-  if (!StepFits(l, "prefill", num_seqs, len, len)) return;
+  const int rows = static_cast<int>(o.decode_rows), dctx = static_cast<int>(o.decode_context);
+  const int all = num_seqs + rows;
+  if (!StepFits(l, "prefill", all, std::max(len, dctx),
+                static_cast<int>((int64_t{num_seqs} * len + rows + all - 1) / all)))
+    return;
   Backend& backend = *l.device;
   Model& model = *l.model;
   const ModelConfig& c = model.config();
-  StepBatch s = MakeStepBatch(backend, model, num_seqs, 0, len, static_cast<uint64_t>(o.seed), o.state_dtype);
+  // The decodes first, as the engine schedules them.
+  std::vector<SeqShape> shapes(rows, SeqShape{dctx - 1, 1});
+  shapes.insert(shapes.end(), num_seqs, SeqShape{0, len});
+  StepBatch s = MakeStepBatch(backend, model, shapes, static_cast<uint64_t>(o.seed), o.state_dtype);
   auto step = [&] { model.Forward(s.batch, s.kv->views(), s.logits); };
   step();
   backend.Synchronize();
   const double ms = timer.Median(static_cast<int>(o.steps), step);
-  const double tokens = static_cast<double>(num_seqs) * len;
+  const double tokens = static_cast<double>(num_seqs) * len + rows;
   const double attn_flops =
-      4.0 * c.num_attention_heads * c.head_dim * (static_cast<double>(len) * (len + 1) / 2) * c.num_layers * num_seqs;
-  const double flops = FlopsPerToken(c) * tokens + attn_flops + 2.0 * c.vocab_size * c.hidden_size * num_seqs;
+      4.0 * c.num_attention_heads * c.head_dim * c.num_layers *
+      (static_cast<double>(len) * (len + 1) / 2 * num_seqs + static_cast<double>(dctx) * rows);
+  const double flops =
+      FlopsPerToken(c) * tokens + attn_flops + 2.0 * c.vocab_size * c.hidden_size * all;
   const double rate = flops / (ms * 1e-3);
-  std::printf("prefill: %s, %d layers, %d x %d tokens, %s\n", c.model_type.c_str(), c.num_layers, num_seqs, len,
-              backend.name().c_str());
+  std::printf("prefill: %s, %d layers, %d x %d tokens", c.model_type.c_str(), c.num_layers,
+              num_seqs, len);
+  if (rows > 0) std::printf(" + %d decode rows at context %d", rows, dctx);
+  std::printf(", %s\n", backend.name().c_str());
   std::printf("  limit   matmul (%s GEMM through Linear): %.1f TFLOP/s\n",
               backend.device() == Device::kCpu ? "1024^3 f32" : "8192^3 bf16", peak / 1e12);
   std::printf("  FLOPs: %.3f TFLOP (%.3f of them attention scores)\n", flops / 1e12, attn_flops / 1e12);

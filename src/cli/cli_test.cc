@@ -178,6 +178,26 @@ TEST(Cli, BenchBreakdownListsEachOpKind) {
   }
 }
 
+// --decode-rows: a prefill step that also decodes sequences after their cached keys (a mixed
+// step of chunked prefill); their tokens count in the step's, and bad values are errors.
+TEST(Cli, BenchPrefillWithDecodeRows) {
+  RunResult r = RunCorolla(
+      "bench prefill --config tests/data/models/qwen3-moe/config.json --random-weights "
+      "--device cpu --batch 2 --context 20 --decode-rows 3 --decode-context 30 --steps 1 "
+      "--breakdown");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 x 20 tokens + 3 decode rows at context 30, cpu"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\\n +MoeExperts +3 +[0-9.]+ +[0-9.]+%")))
+      << r.output;
+  r = RunCorolla(
+      "bench prefill --config tests/data/models/qwen3-moe/config.json --random-weights --device "
+      "cpu "
+      "--decode-rows -1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--decode-rows must be in [0, 65536]"), std::string::npos) << r.output;
+}
+
 // --marginal: the step once more without each op kind, one row each (qwen3-moe: 3 layers, one
 // MoeExperts each); a declined DecodeMoeStack is not an op of the step.
 TEST(Cli, BenchDecodeMarginalCostPerOpKind) {

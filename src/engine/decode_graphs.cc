@@ -7,26 +7,34 @@
 namespace corolla {
 
 DecodeGraphs::DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache,
-                           TensorView sampled_ids, bool capture)
+                           TensorView sampled_ids, bool capture, int max_batch)
     : model_(model),
       backend_(backend),
       kv_cache_(kv_cache),
       sampled_ids_(sampled_ids),
       capture_(capture),
       max_blocks_per_seq_(MaxBlocksPerSeq(model.config().max_position_embeddings,
-                                          kv_cache.block_size(), kv_cache.num_blocks())) {}
+                                          kv_cache.block_size(), kv_cache.num_blocks())),
+      max_batch_(std::max(1, max_batch)) {
+  // A step samples at most one row a sequence of sampled_ids; CaptureAll runs its own sizes.
+  const int rows = std::max(BatchBucket(std::min<int64_t>(max_batch_, sampled_ids.numel())),
+                            kMaxCollectiveBatch);
+  logits_ = backend_.Empty(DType::kF32, {rows, model_.config().vocab_size});
+}
 
 int DecodeGraphs::MaxBlocksPerSeq(int max_position_embeddings, int block_size, int num_blocks) {
   return std::min(num_blocks, (max_position_embeddings + block_size - 1) / block_size);
 }
 
 int DecodeGraphs::BatchBucket(int batch) {
-  return batch <= 16 ? std::max(batch, 1) : (batch + 7) / 8 * 8;
+  if (batch <= 16) return std::max(batch, 1);
+  return batch <= 64 ? (batch + 7) / 8 * 8 : (batch + 31) / 32 * 32;
 }
 
 bool DecodeGraphs::CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const {
   const int n = static_cast<int>(chunks.size());
-  if (n == 0 || n > (frozen_ ? kMaxCollectiveBatch : kMaxBatch)) return false;
+  if (n == 0 || n > (frozen_ ? kMaxCollectiveBatch : max_batch_) || BatchBucket(n) > logits_.dim(0))
+    return false;
   for (const auto& c : chunks) {
     const Sequence& s = *c.seq;
     if (c.num_tokens != 1 || static_cast<int>(s.block_table.size()) > max_blocks_per_seq_) return false;
@@ -88,7 +96,7 @@ DecodeGraphs::Bucket& DecodeGraphs::GetBucket(int rows) {
   for (int i = 0; i <= rows; ++i) b.host[b.layout.query_start() + i] = i;
   for (int i = 0; i < rows; ++i) b.host[b.layout.logits_rows() + i] = i;
   b.meta = backend_.Empty(DType::kI32, {b.layout.size()});
-  b.logits = backend_.Empty(DType::kF32, {rows, model_.config().vocab_size});
+  b.logits = logits_.view().Slice(0, rows);
   return b;
 }
 
@@ -169,8 +177,8 @@ Tensor DecodeGraphs::Run(std::span<const ScheduledChunk> chunks) {
     Upload(bucket, chunks);
     graphs_.at(key)->Replay();
   }
-  std::shared_ptr<void> owner = std::make_shared<Tensor>(bucket.logits);
-  return Tensor::Adopt(bucket.logits.view().Slice(0, num_seqs), std::move(owner));
+  std::shared_ptr<void> owner = std::make_shared<Tensor>(logits_);
+  return Tensor::Adopt(bucket.logits.Slice(0, num_seqs), std::move(owner));
 }
 
 }  // namespace corolla

@@ -1,14 +1,14 @@
 // DecodeGraphs: the model forward of pure-decode steps (one token per sequence) replayed as
 // backend graphs, captured on first use per (batch bucket, context bucket). Every batch size
-// 1, 2, 3, ... 16 is its own bucket, then multiples of 8 (BatchBucket); each owns persistent device
-// buffers for the step's metadata and its logits, which every graph of that bucket reads and
-// writes, so a step only copies fresh metadata there and replays. Under DP-EP (every forward
-// collective over the ranks) the graphs are all captured at start-up by CaptureAll, the same
-// list in the same order on every rank, and Run never captures after it. Captures and start-up
-// forwards run rows of padding: token 0 at position 0, cache slot -1 (no KV write), state slot
-// -1 (no state update), one key read from block 0; their logits are ignored. Context buckets
-// (powers of two) fix the attention's host-side plan (max_seq_len) that a graph bakes in. A
-// graph begins by gathering its input ids from the uploaded host ids and the runner's
+// 1, 2, 3, ... 16 is its own bucket, then multiples of 8 and of 32 (BatchBucket); each owns a
+// persistent device buffer for the step's metadata, which every graph of that bucket reads, and
+// all write their logits into one buffer, so a step only copies fresh metadata there and replays.
+// Under DP-EP (every forward collective over the ranks) the graphs are all captured at start-up by
+// CaptureAll, the same list in the same order on every rank, and Run never captures after it.
+// Captures and start-up forwards run rows of padding: token 0 at position 0, cache slot -1 (no KV
+// write), state slot -1 (no state update), one key read from block 0; their logits are ignored.
+// Context buckets (powers of two) fix the attention's host-side plan (max_seq_len) that a graph
+// bakes in. A graph begins by gathering its input ids from the uploaded host ids and the runner's
 // sampled-ids buffer (the previous step's tokens, which the host may not have yet), so async
 // scheduling replays graphs too. Owned by a ModelRunner; not thread-safe.
 #pragma once
@@ -29,23 +29,26 @@ struct ScheduledChunk;
 
 class DecodeGraphs {
  public:
-  // Steps of up to kMaxBatch sequences replay graphs, larger ones run eagerly. Session 5 found
-  // graphs slower at batch 64 (ITL 39.8 -> 45.5 ms), the split-KV plan then sized for the
-  // bucket's keys; the attention now takes its split ranges from the device-side lengths and
-  // plans the same split count for a 1.1k and a 2048-key bucket at that size.
-  static constexpr int kMaxBatch = 64;
+  // Steps of up to max_batch sequences replay graphs (kMaxBatch unless the constructor is told
+  // otherwise), larger ones run eagerly. Session 5 found graphs slower at batch 64 (ITL 39.8 ->
+  // 45.5 ms), the split-KV plan then sized for the bucket's keys; the attention now takes its
+  // split ranges from the device-side lengths and plans the same split count for a 1.1k and a
+  // 2048-key bucket at that size. Session 29: steps of 128 / 186 sequences (mean) 1.4-1.9%
+  // faster as graphs (Qwen3-30B-A3B, H200).
+  static constexpr int kMaxBatch = 256;
   // DP-EP's start-up (CaptureAll) captures batches of up to this many, the rows its fixed-size
   // exchange must hold (--ep-capacity's default and floor); larger steps run eagerly there.
   static constexpr int kMaxCollectiveBatch = 16;
   static constexpr int kMinContext = 256;  // smallest context bucket (tokens)
 
-  // sampled_ids: the runner's device buffer of the last step's sampled ids, which must keep its
-  // address. capture false: the same padded buckets and buffers, run eagerly (the replay's
-  // reference).
-  DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, TensorView sampled_ids, bool capture);
+  // sampled_ids: the runner's device buffer of the last step's sampled ids (one a sequence a step
+  // may hold), which must keep its address. capture false: the same padded buckets and buffers,
+  // run eagerly (the replay's reference). max_batch: the most sequences a graph step runs.
+  DecodeGraphs(Model& model, Backend& backend, KvCache& kv_cache, TensorView sampled_ids,
+               bool capture, int max_batch = kMaxBatch);
 
   // Whether a step of these chunks is pure decode that fits a bucket: every chunk one token
-  // that ends its sequence (or all_logits), at most kMaxBatch chunks (kMaxCollectiveBatch
+  // that ends its sequence (or all_logits), at most max_batch chunks (kMaxCollectiveBatch
   // after CaptureAll), block tables that fit;
   // after CaptureAll, also that its graph was captured.
   bool CanRun(std::span<const ScheduledChunk> chunks, bool all_logits) const;
@@ -56,16 +59,18 @@ class DecodeGraphs {
   // its forward. Every rank passing the same max_context runs the same number of forwards, each
   // with ForwardBatch::ep_fixed_capacity. Afterwards Run never captures. Returns the forwards.
   int CaptureAll(int max_context);
-  // Float32 logits [B, V], one row per chunk: a view of the bucket's buffer, overwritten by
-  // the next Run of that bucket.
+  // Float32 logits [B, V], one row per chunk: a view of the buffer every bucket writes,
+  // overwritten by the next Run.
   Tensor Run(std::span<const ScheduledChunk> chunks);
 
   int num_graphs() const { return static_cast<int>(graphs_.size()); }
   // The rows a step of `batch` sequences runs with: the batch itself up to 16, then the next
-  // multiple of 8. Buckets of powers of two padded a step of 3 sequences to 4 rows, and a
-  // padding row runs the whole model: its token routes to experts that no real row needs, whose
-  // weights the step then reads (an MoE layer's bytes are mostly the distinct experts'). Past 16
-  // sequences the real rows read most experts already, and the padding rows share one routing.
+  // multiple of 8 up to 64, then of 32. Buckets of powers of two padded a step of 3 sequences to
+  // 4 rows, and a padding row runs the whole model: its token routes to experts that no real row
+  // needs, whose weights the step then reads (an MoE layer's bytes are mostly the distinct
+  // experts'). Past 16 sequences the real rows read most experts already, and the padding rows
+  // share one routing; past 64 coarser buckets keep the captures few (each bucket is a graph a
+  // context bucket, captured on first use).
   static int BatchBucket(int batch);
   // The context bucket a step of keys up to max_seq_len is planned on (before the cache's clamp):
   // kMinContext, doubled until it holds them.
@@ -98,7 +103,7 @@ class DecodeGraphs {
     Layout layout;
     std::vector<int32_t> host;  // staging, same layout; table entries past a row's end stay valid ids
     Tensor meta;                // device i32 [layout.size()]
-    Tensor logits;              // device f32 [rows, V]
+    TensorView logits;          // f32 [rows, V]: the first rows of logits_
   };
 
   Bucket& GetBucket(int rows);
@@ -117,6 +122,10 @@ class DecodeGraphs {
   const TensorView sampled_ids_;
   const bool capture_;
   const int max_blocks_per_seq_;
+  const int max_batch_;
+  // f32 [rows, V] for the largest bucket: one step runs at a time, and its sampler reads the
+  // logits before the next step is enqueued (a bucket each: 243 MB for buckets up to 64 rows).
+  Tensor logits_;
   bool frozen_ = false;  // CaptureAll ran: no more captures
   std::map<int, Bucket> buckets_;  // rows -> bucket (node-based: addresses stay)
   std::map<std::pair<int, int>, std::unique_ptr<Backend::Graph>> graphs_;  // (rows, context)

@@ -297,6 +297,7 @@ Engine::Batch Engine::Schedule() {
 }
 
 void Engine::Launch(Batch& batch) {
+  if (record_steps_) batch.launch_time = std::chrono::steady_clock::now();
   batch.launched = runner_.Launch(batch.chunks);
   ++num_steps_;
   const int bs = options_.block_size;
@@ -321,8 +322,26 @@ void Engine::Launch(Batch& batch) {
   }
 }
 
+void Engine::RecordStep(const Batch& batch) {
+  const auto now = std::chrono::steady_clock::now();
+  StepRecord r;
+  r.graph = batch.launched.graph;
+  r.seconds =
+      std::chrono::duration<double>(now - std::max(batch.launch_time, last_finish_time_)).count();
+  for (size_t i = 0; i < batch.chunks.size(); ++i) {
+    const ScheduledChunk& c = batch.chunks[i];
+    if (c.num_tokens == 1 && batch.ends[i] > c.seq->num_prompt_tokens)
+      ++r.decode_rows;
+    else
+      r.prefill_tokens += c.num_tokens;
+  }
+  step_records_.push_back(r);
+  last_finish_time_ = now;
+}
+
 std::vector<StepOutput> Engine::Finish(Batch& batch) {
   std::vector<SampledToken> sampled = runner_.Collect(batch.launched);
+  if (record_steps_) RecordStep(batch);
   std::vector<StepOutput> outputs;
   const int bs = options_.block_size;
   for (size_t i = 0; i < batch.chunks.size(); ++i) {

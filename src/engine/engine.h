@@ -6,9 +6,11 @@
 // on the device); see Step. Not thread-safe: one thread (the step loop) owns an Engine.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "engine/block_pool.h"
@@ -44,6 +46,16 @@ struct EngineOptions {
   // DP-EP serving: every forward is collective over the ranks (ModelRunner's `collective`):
   // decode graphs only from CaptureDecodeGraphs, steps as SetCollectiveStep says.
   bool collective_forwards = false;
+};
+
+// What one step computed and how long it took, as the host saw it (Engine::set_record_steps).
+struct StepRecord {
+  int decode_rows = 0;     // sequences that computed one generated token
+  int prefill_tokens = 0;  // prompt tokens (and a preempted sequence's recomputed ones)
+  bool graph = false;      // the forward replayed a decode graph
+  // From the later of its launch and the previous step's tokens reaching the host, to its own:
+  // the device's time for the step while the host keeps up, as with async scheduling.
+  double seconds = 0;
 };
 
 struct GenerationRequest {
@@ -108,6 +120,9 @@ class Engine {
   int64_t num_steps() const { return num_steps_; }              // batches launched
   int64_t num_async_steps() const { return num_async_steps_; }  // launched before the last was taken
   const Sequence* Find(int64_t seq_id) const;
+  // Records every later step (StepRecord) until turned off; TakeStepRecords hands them over.
+  void set_record_steps(bool on) { record_steps_ = on; }
+  std::vector<StepRecord> TakeStepRecords() { return std::exchange(step_records_, {}); }
 
   // --- DP-EP (collective_forwards) ---
   // Start-up, on every rank with the same max_context (the ranks' agreed max model length):
@@ -133,6 +148,7 @@ class Engine {
     std::vector<int> ends;            // each chunk's end (tokens computed after it)
     std::vector<int> snapshot_slots;  // hybrid prefix caching: states captured at a chunk's end
     LaunchedStep launched;
+    std::chrono::steady_clock::time_point launch_time;
   };
 
   Engine(Model& model, Backend& backend, EngineOptions options, int num_blocks, int max_model_len);
@@ -153,6 +169,8 @@ class Engine {
   void Launch(Batch& batch);
   // Takes a launched batch's tokens: appends them, checks stops, moves finished sequences out.
   std::vector<StepOutput> Finish(Batch& batch);
+  // Appends the StepRecord of a batch whose tokens just reached the host.
+  void RecordStep(const Batch& batch);
   void CheckStop(Sequence& s);
   // Prefix cache: shares the cached blocks of s's leading full blocks (leaving at least one
   // token to compute); returns the number of tokens they hold.
@@ -182,6 +200,9 @@ class Engine {
   std::vector<std::shared_ptr<Sequence>> running_;   // admission order
   std::vector<std::shared_ptr<Sequence>> finished_;  // until collected by Generate
   std::optional<Batch> in_flight_;
+  bool record_steps_ = false;
+  std::vector<StepRecord> step_records_;
+  std::chrono::steady_clock::time_point last_finish_time_;
 };
 
 }  // namespace corolla

@@ -30,7 +30,9 @@ TEST(DecodeGraphs, Buckets) {
   EXPECT_EQ(DecodeGraphs::BatchBucket(3), 3);
   EXPECT_EQ(DecodeGraphs::BatchBucket(16), 16);
   EXPECT_EQ(DecodeGraphs::BatchBucket(17), 24);
-  EXPECT_EQ(DecodeGraphs::BatchBucket(64), DecodeGraphs::kMaxBatch);
+  EXPECT_EQ(DecodeGraphs::BatchBucket(64), 64);
+  EXPECT_EQ(DecodeGraphs::BatchBucket(65), 96);
+  EXPECT_EQ(DecodeGraphs::BatchBucket(250), DecodeGraphs::kMaxBatch);
   EXPECT_EQ(DecodeGraphs::ContextBucket(1), DecodeGraphs::kMinContext);
   EXPECT_EQ(DecodeGraphs::ContextBucket(256), 256);
   EXPECT_EQ(DecodeGraphs::ContextBucket(257), 512);

@@ -26,8 +26,14 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, KvCache& kv_cache, Deco
     const char* env = std::getenv("COROLLA_CUDA_GRAPHS");
     on = on && !(env != nullptr && std::strcmp(env, "0") == 0);
   }
+  // COROLLA_DECODE_GRAPH_MAX_BATCH: the most sequences a step replays a graph for.
+  int max_batch = DecodeGraphs::kMaxBatch;
+  if (const char* env = std::getenv("COROLLA_DECODE_GRAPH_MAX_BATCH");
+      env != nullptr && *env != '\0')
+    max_batch = std::max(1, std::atoi(env));
   if (on)
-    graphs_ = std::make_unique<DecodeGraphs>(model, backend, kv_cache, sampled_ids_, capture);
+    graphs_ =
+        std::make_unique<DecodeGraphs>(model, backend, kv_cache, sampled_ids_, capture, max_batch);
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -56,7 +62,8 @@ Tensor ModelRunner::InputIds(const std::vector<int32_t>& host, const std::vector
 Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_logits) {
   // Collective: a graph's exchanges are the fixed-capacity ones, which every rank must take.
   const bool graphs_usable = !collective_ || (captured_ && fixed_step_);
-  if (graphs_ && graphs_usable && graphs_->CanRun(chunks, all_logits)) return graphs_->Run(chunks);
+  last_graph_ = graphs_ && graphs_usable && graphs_->CanRun(chunks, all_logits);
+  if (last_graph_) return graphs_->Run(chunks);
   const int bs = kv_cache_.block_size();
   const int num_seqs = static_cast<int>(chunks.size());
   int max_blocks = 1, max_q_len = 0, max_seq_len = 0;
@@ -115,6 +122,10 @@ Tensor ModelRunner::Execute(std::span<const ScheduledChunk> chunks, bool all_log
   batch.token_ids = d_tokens;
   batch.positions = d_positions;
   batch.attention = {d_query_start, d_seq_lens, d_tables, d_slots, max_q_len, max_seq_len};
+  // Decodes are scheduled before new prompts (Engine::Schedule): the leading one-token chunks.
+  while (batch.attention.num_decode_seqs < num_seqs &&
+         chunks[batch.attention.num_decode_seqs].num_tokens == 1)
+    ++batch.attention.num_decode_seqs;
   batch.logits_rows = d_rows;
   batch.ep_fixed_capacity = collective_ && fixed_step_;
   Tensor d_state_slots;
@@ -167,6 +178,7 @@ std::vector<TokenLogprob> TopLogprobs(const float* logprobs, int64_t vocab, int 
 LaunchedStep ModelRunner::Launch(std::span<const ScheduledChunk> chunks) {
   Tensor logits = Execute(chunks, /*all_logits=*/false);
   LaunchedStep step;
+  step.graph = last_graph_;
   step.row_of_chunk.assign(chunks.size(), -1);
   std::vector<SamplingParams> params;
   std::vector<uint64_t> steps;

@@ -40,6 +40,7 @@ struct LaunchedStep {
   std::vector<int> row_of_chunk;             // row of each chunk in the sampled ids; -1 mid-prefill
   std::unique_ptr<Backend::PendingIds> ids;  // sampled on the device, on their way to the host
   std::vector<SampledToken> host_sampled;    // or sampled on the host already: one per chunk
+  bool graph = false;                        // the forward ran through DecodeGraphs
 };
 
 // Applies s.penalties to one row of logits[vocab] in place (see PenaltyParams).
@@ -110,6 +111,7 @@ class ModelRunner {
   const bool collective_;
   bool fixed_step_ = false;
   bool captured_ = false;  // CaptureDecodeGraphs ran
+  bool last_graph_ = false;  // the last Execute ran through graphs_
 };
 
 // Copies logits (any backend) to a host float32 tensor.

@@ -37,6 +37,10 @@ struct AttentionBatch {
   TensorView slot_mapping;  // [T] i32, cache slot (block * block_size + offset) of each token
   int max_q_len = 0;        // host-side hints for kernel planning
   int max_seq_len = 0;
+  // Host-side hint: the first num_decode_seqs sequences have one query token each (0: unknown).
+  // A step that decodes some sequences and prefills others can give those rows to a decode
+  // kernel instead of a prompt kernel's tiles.
+  int num_decode_seqs = 0;
 };
 
 struct RopeParams {

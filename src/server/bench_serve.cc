@@ -341,6 +341,31 @@ std::vector<std::vector<int32_t>> RandomPrompts(const BenchServeOptions& o, int 
   return prompts;
 }
 
+StepSummaries SummarizeSteps(const std::vector<StepRecord>& records) {
+  StepSummaries out;
+  for (StepSummary* kind : {&out.decode, &out.mixed}) {
+    const bool mixed = kind == &out.mixed;
+    std::vector<double> times;
+    for (const StepRecord& r : records) {
+      if ((r.prefill_tokens > 0) != mixed) continue;
+      times.push_back(r.seconds);
+      kind->graph_steps += r.graph ? 1 : 0;
+      kind->mean += r.seconds;
+      kind->decode_rows += r.decode_rows;
+      kind->prefill_tokens += r.prefill_tokens;
+    }
+    kind->steps = static_cast<int>(times.size());
+    if (times.empty()) continue;
+    const double n = static_cast<double>(times.size());
+    kind->mean /= n;
+    kind->decode_rows /= n;
+    kind->prefill_tokens /= n;
+    kind->p50 = Percentile(times, 50);
+    kind->p90 = Percentile(std::move(times), 90);
+  }
+  return out;
+}
+
 BenchServeReport Summarize(const BenchServeOptions& o, const std::vector<BenchRequestResult>& results, double duration_s) {
   BenchServeReport r;
   r.sampling = SamplingText(o);
@@ -423,6 +448,20 @@ std::string BenchServeReport::ToText() const {
   latency("ITL", itl);
   section("End-to-end Latency");
   latency("E2EL", e2e);
+  if (steps) {
+    section("Engine Steps");
+    auto kind = [&](const char* name, const StepSummary& k) {
+      row((std::string(name) + " steps (graphs):").c_str(),
+          std::to_string(k.steps) + " (" + std::to_string(k.graph_steps) + ")");
+      if (k.steps == 0) return;
+      row((std::string(name) + " step mean / p50 / p90 (ms):").c_str(),
+          num(k.mean * 1e3, 3) + " / " + num(k.p50 * 1e3, 3) + " / " + num(k.p90 * 1e3, 3));
+      row((std::string(name) + " step decode rows / prompt tokens:").c_str(),
+          num(k.decode_rows, 1) + " / " + num(k.prefill_tokens, 1));
+    };
+    kind("Decode-only", steps->decode);
+    kind("Mixed", steps->mixed);
+  }
   s += "==================================================\n";
   for (const auto& e : first_errors) s += "error: " + e + "\n";
   return s;
@@ -432,27 +471,40 @@ json BenchServeReport::ToJson() const {
   auto lat = [](const LatencySummary& l) {
     return json{{"mean_ms", l.mean * 1e3}, {"p50_ms", l.p50 * 1e3}, {"p90_ms", l.p90 * 1e3}, {"p99_ms", l.p99 * 1e3}};
   };
-  return {{"target", target},
-          {"model", model},
-          {"sampling", sampling},
-          {"num_prompts", num_prompts},
-          {"concurrency", concurrency},
-          {"request_rate", request_rate},
-          {"input_len", input_len},
-          {"output_len", output_len},
-          {"completed", num_completed},
-          {"failed", num_failed},
-          {"errors", first_errors},
-          {"total_input_tokens", total_input_tokens},
-          {"total_output_tokens", total_output_tokens},
-          {"duration_s", duration_s},
-          {"request_throughput", request_throughput},
-          {"output_throughput", output_throughput},
-          {"total_token_throughput", total_token_throughput},
-          {"ttft", lat(ttft)},
-          {"tpot", lat(tpot)},
-          {"itl", lat(itl)},
-          {"e2el", lat(e2e)}};
+  json j = {{"target", target},
+            {"model", model},
+            {"sampling", sampling},
+            {"num_prompts", num_prompts},
+            {"concurrency", concurrency},
+            {"request_rate", request_rate},
+            {"input_len", input_len},
+            {"output_len", output_len},
+            {"completed", num_completed},
+            {"failed", num_failed},
+            {"errors", first_errors},
+            {"total_input_tokens", total_input_tokens},
+            {"total_output_tokens", total_output_tokens},
+            {"duration_s", duration_s},
+            {"request_throughput", request_throughput},
+            {"output_throughput", output_throughput},
+            {"total_token_throughput", total_token_throughput},
+            {"ttft", lat(ttft)},
+            {"tpot", lat(tpot)},
+            {"itl", lat(itl)},
+            {"e2el", lat(e2e)}};
+  if (steps) {
+    auto kind = [](const StepSummary& k) {
+      return json{{"steps", k.steps},
+                  {"graph_steps", k.graph_steps},
+                  {"mean_ms", k.mean * 1e3},
+                  {"p50_ms", k.p50 * 1e3},
+                  {"p90_ms", k.p90 * 1e3},
+                  {"decode_rows", k.decode_rows},
+                  {"prefill_tokens", k.prefill_tokens}};
+    };
+    j["steps"] = {{"decode", kind(steps->decode)}, {"mixed", kind(steps->mixed)}};
+  }
+  return j;
 }
 
 namespace {
@@ -527,6 +579,8 @@ BenchServeReport RunEngineOnce(Engine& engine, const BenchServeOptions& options)
   int next = 0, num_finished = 0, in_flight = 0;
   Clock::time_point start = Clock::now();
   auto since_start = [&] { return Seconds(Clock::now() - start); };
+  engine.TakeStepRecords();  // the warm-up's, if any
+  engine.set_record_steps(true);
   auto finish = [&](int idx) {
     ++num_finished;
     if (options.on_progress) options.on_progress(num_finished, n);
@@ -587,6 +641,8 @@ BenchServeReport RunEngineOnce(Engine& engine, const BenchServeOptions& options)
   }
   BenchServeReport report = Summarize(options, results, since_start());
   report.target = "engine (in-process)";
+  engine.set_record_steps(false);
+  report.steps = SummarizeSteps(engine.TakeStepRecords());
   return report;
 }
 

@@ -9,10 +9,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -56,6 +56,20 @@ struct LatencySummary {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0;  // seconds
 };
 
+// An in-process run's engine steps of one kind (StepRecord). Times in seconds; rows and tokens
+// are means over the steps.
+struct StepSummary {
+  int steps = 0, graph_steps = 0;
+  double mean = 0, p50 = 0, p90 = 0;
+  double decode_rows = 0, prefill_tokens = 0;
+};
+
+// The steps that only decoded, and those that also computed prompt tokens.
+struct StepSummaries {
+  StepSummary decode, mixed;
+};
+StepSummaries SummarizeSteps(const std::vector<StepRecord>& records);
+
 // The sampling seed of request `index` of a run seeded `seed`.
 uint64_t SamplingSeed(uint64_t seed, int index);
 
@@ -75,6 +89,7 @@ struct BenchServeReport {
   double output_throughput = 0;        // generated tokens / s
   double total_token_throughput = 0;   // (prompt + generated) tokens / s
   LatencySummary ttft, tpot, itl, e2e;
+  std::optional<StepSummaries> steps;  // in-process runs: the engine's steps
 
   std::string ToText() const;  // the human-readable table
   nlohmann::json ToJson() const;

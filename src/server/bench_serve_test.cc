@@ -93,6 +93,23 @@ TEST(BenchServe, CountsAddUpThroughHttpAndInProcess) {
   BenchServeReport direct = RunEngineBench(*engine, in_process).value();
   ExpectCountsAddUp(direct, in_process);
   EXPECT_EQ(engine->num_used_blocks(), 0);
+  // Its engine steps: every generated token after a request's first came from a decode row (12 x
+  // 8), and the prompts' tokens from steps that prefilled (prefix-cache hits excepted).
+  EXPECT_FALSE(closed.steps.has_value());
+  ASSERT_TRUE(direct.steps.has_value());
+  const StepSummary& dec = direct.steps->decode;
+  const StepSummary& mix = direct.steps->mixed;
+  EXPECT_GT(dec.steps, 0);
+  EXPECT_GT(mix.steps, 0);
+  EXPECT_NEAR(dec.decode_rows * dec.steps + mix.decode_rows * mix.steps, 12 * 8, 1e-6);
+  EXPECT_EQ(dec.prefill_tokens, 0);
+  EXPECT_GT(mix.prefill_tokens * mix.steps, 0);
+  EXPECT_LE(mix.prefill_tokens * mix.steps, 12 * 40 + 1e-6);
+  EXPECT_GT(dec.p50, 0);
+  EXPECT_LE(dec.p50, dec.p90);
+  EXPECT_EQ(direct.ToJson()["steps"]["decode"]["steps"], dec.steps);
+  EXPECT_NE(direct.ToText().find("Decode-only steps (graphs):"), std::string::npos)
+      << direct.ToText();
 
   // Every KV block came back on the server too.
   for (int i = 0; i < 200 && server->Stats()->num_used_kv_blocks > 0; ++i)

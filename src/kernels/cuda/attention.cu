@@ -351,8 +351,31 @@ void Attention(const TensorView& q, const KvCacheView& cache, const AttentionBat
   // Prefill at Dk 128 or 192 (DeepSeek's decompressed MLA), Dv 128 on wgmma (attention_wgmma.cu):
   // above 16 tokens a sequence, where the plan below never splits the keys.
   if (use_mma && (dk == 128 || dk == 192) && dv == 128 && max_q_len > 16 &&
-      Tuning().attention_wgmma && AttentionWgmmaSupported())
+      Tuning().attention_wgmma && AttentionWgmmaSupported()) {
+    // Decodes beside prompt chunks: the leading one-token sequences on the decode kernel, the
+    // prompts alone on wgmma (whose q and out stay whole: query_start holds absolute rows).
+    const int num_decode = batch.num_decode_seqs;
+    if (Tuning().attention_mixed_decode && num_decode > 0 && num_decode < num_seqs &&
+        num_decode <= q.dim(0) && dk == dv && batch.block_tables.rank() == 2 &&
+        AttentionDecodeServes(q, cache, 1)) {
+      const TensorView q_decode = q.Slice(0, num_decode);
+      AttentionBatch decode = batch, prompts = batch;
+      decode.query_start = batch.query_start.Slice(0, num_decode + 1);
+      decode.seq_lens = batch.seq_lens.Slice(0, num_decode);
+      decode.block_tables = batch.block_tables.Slice(0, num_decode);
+      if (batch.slot_mapping.rank() == 1 && batch.slot_mapping.dim(0) >= num_decode)
+        decode.slot_mapping = batch.slot_mapping.Slice(0, num_decode);
+      decode.max_q_len = 1;
+      prompts.query_start = batch.query_start.Slice(num_decode, num_seqs + 1);
+      prompts.seq_lens = batch.seq_lens.Slice(num_decode, num_seqs);
+      prompts.block_tables = batch.block_tables.Slice(num_decode, num_seqs);
+      prompts.num_decode_seqs = 0;
+      AttentionDecode(q_decode, cache, decode, scale * 1.4426950408889634f,
+                      out.Slice(0, num_decode), alloc, s);
+      return AttentionWgmma(q, cache, prompts, scale * 1.4426950408889634f, out, s);
+    }
     return AttentionWgmma(q, cache, batch, scale * 1.4426950408889634f, out, s);
+  }
   // Decode (one token a sequence) on the small-batch decode kernel (attention_decode.cu).
   if (use_mma && dk == dv && AttentionDecodeServes(q, cache, max_q_len)) {
     AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s);

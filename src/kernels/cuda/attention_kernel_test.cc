@@ -164,6 +164,9 @@ struct AttnCase {
   // output poisoned before each replay (the fused merge's counters must re-arm).
   bool decode_only = false;
   bool graph_replay = false;
+  // AttentionBatch::num_decode_seqs: the leading one-token sequences, which a mixed step's
+  // attention may give to the decode kernel.
+  int num_decode_seqs = 0;
 };
 
 void RunAttention(Backend& gpu, const AttnCase& c) {
@@ -273,8 +276,13 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_decode_warm_merge = var.decode_warm_merge;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
-    AttentionBatch gb{gqs, gsl, gtab, gslot, var.loose_hints && !var.decode ? max_q + 5 : max_q,
-                      var.loose_hints ? 2 * max_len + 37 : max_len};
+    AttentionBatch gb{gqs,
+                      gsl,
+                      gtab,
+                      gslot,
+                      var.loose_hints && !var.decode ? max_q + 5 : max_q,
+                      var.loose_hints ? 2 * max_len + 37 : max_len,
+                      c.num_decode_seqs};
     Tensor gout = gpu.Empty(DType::kBF16, {tokens, hq, dv});
     Poison(gpu, gout);
     gpu.Attention(gq, gcache, gb, scale, gout);
@@ -397,6 +405,22 @@ TEST_F(CudaKernelTest, AttentionPrefillTiles) {
     RunAttention(gpu(), {d, 8, {129, 3}, {0, 0}});
   }
   RunAttention(gpu(), {256, 2, {129}, {0}});
+  // A mixed step (chunked prefill beside decodes): the leading one-token sequences on the decode
+  // kernel, the prompts on wgmma, both writing one output; also each sequence where the hint
+  // says none decode.
+  for (int group : {1, 4, 8})
+    for (int decodes : {0, 1, 5, 40}) {
+      AttnCase c{128, group, {}, {}, 0, 4};
+      for (int i = 0; i < decodes; ++i) {
+        c.q_lens.push_back(1);
+        c.prefix_lens.push_back(static_cast<int>(Rng()() % 3000));
+      }
+      c.q_lens.insert(c.q_lens.end(), {200, 77, 1});
+      c.prefix_lens.insert(c.prefix_lens.end(), {0, 300, 50});
+      c.num_decode_seqs = decodes;
+      c.poison_tail = true;
+      RunAttention(gpu(), c);
+    }
   for (int group : {1, 8}) {
     RunAttention(gpu(), {128, group, {100, 129, 3}, {37, 200, 1}});    // chunks over odd prefixes
     RunAttention(gpu(), {128, group, {64, 65, 63}, {65, 63, 64}});

@@ -404,6 +404,61 @@ TEST_P(CudaDecodeGraphTest, EngineGreedyOnEqualsOffAndCpu) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecodeGraphTest,
                          ::testing::Values("qwen3-dense", "qwen3-moe", "qwen3.5-moe-hybrid"));
 
+// Decode graphs past 64 sequences (up to COROLLA_DECODE_GRAPH_MAX_BATCH): 100 requests of
+// different lengths walk the batch down from 100 (bucket 128) through every bucket below it. A
+// replay must give the padded buckets' eager forward (kBucketsEager: the same rows, shapes and
+// plans) bit for bit, so the greedy ids are equal without a near-tie allowance.
+TEST(CudaDecodeGraph, WideBatchReplayEqualsEagerBuckets) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = MakeCudaBackend(0);
+  ASSERT_TRUE(backend.ok());
+  auto model = LoadModel("tests/data/models/qwen3-moe", **backend);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 100; ++i) {
+    GenerationRequest r;
+    for (int j = 0; j < 3 + (i * 7) % 40; ++j) r.prompt.push_back((13 * i + 31 * j + 5) % 1024);
+    r.max_tokens = 2 + (i * 37) % 61;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    requests.push_back(r);
+  }
+  setenv("COROLLA_DECODE_GRAPH_MAX_BATCH", "128", 1);
+  auto run = [&](DecodeGraphMode mode, int64_t* steps) {
+    EngineOptions o;
+    o.max_num_seqs = 128;
+    o.decode_graphs = mode;
+    auto engine = Engine::Create(**model, **backend, o);
+    EXPECT_TRUE(engine.ok());
+    (*engine)->set_record_steps(true);
+    auto out = (*engine)->Generate(requests);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    *steps = 0;
+    for (const StepRecord& r : (*engine)->TakeStepRecords())
+      *steps += r.graph && r.decode_rows > 64;
+    std::vector<std::vector<int32_t>> ids;
+    for (auto& [tokens, reason] : *out) ids.push_back(tokens);
+    return ids;
+  };
+  int64_t wide_replays = 0, wide_eager = 0;
+  const auto eager = run(DecodeGraphMode::kBucketsEager, &wide_eager);
+  const auto replay = run(DecodeGraphMode::kOn, &wide_replays);
+  unsetenv("COROLLA_DECODE_GRAPH_MAX_BATCH");
+  EXPECT_GT(wide_replays, 0) << "no step of more than 64 sequences replayed a graph";
+  EXPECT_EQ(wide_eager, wide_replays) << "the two runs scheduled different steps";
+  int same = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    same += replay[i] == eager[i];
+    EXPECT_EQ(replay[i], eager[i]) << "request " << i;
+  }
+  std::printf(
+      "decode graphs to 128 rows: %d/%zu requests equal the eager buckets; %lld steps of more "
+      "than 64 sequences replayed\n",
+      same, requests.size(), static_cast<long long>(wide_replays));
+  Record("Graph.wide_batch", "greedy replay == eager buckets (100 requests)",
+         requests.size() - same, 0);
+}
+
 // ---- async scheduling -------------------------------------------------------------------
 
 // Greedy ids of `requests` through an Engine with async scheduling on or off; also the wall

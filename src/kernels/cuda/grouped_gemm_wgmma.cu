@@ -26,8 +26,10 @@
 //   then arrives on full[s] (count 128 + 1 for thread 0's expect_tx arrival).
 // Consumers wait full[stage], issue 4 wgmmas, commit, and wait until at most one group is in
 // flight: the previous k-block's stage is then free (one arrival per consumer warp, after its
-// own wait, on empty[stage]: count 8). The producer waits empty[stage] before refilling it and
-// runs ahead across tile boundaries, so the next tile's loads overlap this tile's epilogue.
+// own wait, on empty[stage]: count 8); a consumer of a 128-row tile whose 64 rows all lie past
+// the tile's last (Tuning().moe_gemm_wgmma_skip_idle) only waits and frees the stages. The
+// producer waits empty[stage] before refilling it and runs ahead across tile boundaries, so the
+// next tile's loads overlap this tile's epilogue.
 // Persistent grid: one CTA per SM (~200 KB of shared memory), tiles blockIdx.x + i gridDim.x.
 // No setmaxnreg: 384 threads x 168 registers fit an SM, and the consumers need ~154 (128 of
 // them accumulators).
@@ -38,6 +40,7 @@
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/grouped_gemm_schedule.cuh"
 #include "kernels/cuda/tensor_map.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
@@ -93,7 +96,8 @@ struct WgmmaParams {
   void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32, or bf16 (out_bf16)
   const int32_t* offsets;     // [E + 1]
   int experts, n, k;
-  bool out_bf16;  // Down: y in bf16
+  bool out_bf16;   // Down: y in bf16
+  bool skip_idle;  // Tuning().moe_gemm_wgmma_skip_idle
 };
 
 template <bool kGateUp, int kBM>
@@ -170,9 +174,18 @@ __device__ __forceinline__ void Consume(const WgmmaParams& p, const Schedule& sc
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
   int step = 0;
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
+    // kBM 128: a tile of at most 64 rows (an expert's rows past its whole tiles, or all of a
+    // small expert's) leaves consumer 1 without rows. It keeps the ring's waits and arrivals but
+    // issues no wgmma and stores nothing, so that consumer 0's wgmmas have the tensor cores.
+    const bool idle = kBM == 128 && p.skip_idle && row_off >= tc.rows;
     for (int kb = 0; kb < k_blocks; ++kb, ++step) {
       const int stage = step % kStages;
       wgmma::MbarWait(full + 8 * stage, (step / kStages) & 1);
+      if (idle) {
+        if (kb > 0 && lane == 0) wgmma::MbarArrive(empty + 8 * ((step - 1) % kStages));
+        continue;
+      }
       const uint32_t sa = pipe + stage * T::kStageBytes;
       const uint64_t desc_a = wgmma::SmemDescSw128(sa + row_off * 128);
       const uint64_t desc_b = wgmma::SmemDescSw128(sa + T::kABytes + b_off);
@@ -197,12 +210,12 @@ __device__ __forceinline__ void Consume(const WgmmaParams& p, const Schedule& sc
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) wgmma::FenceOperand(acc[i]);
     if (lane == 0) wgmma::MbarArrive(empty + 8 * ((step - 1) % kStages));
+    if (idle) continue;
 
     // Epilogue from registers: acc[4 j + 2 h + i] is tile row row_off + 16 warp + lane / 4 + 8 h,
     // column 8 j + 2 (lane % 4) + i of the consumer's kConsumerN weight rows (GateUp: j < kAcc /
     // 8 gate, j + kAcc / 8 the matching up; kBM 64: consumer wg's output columns start at
     // n0 + wg kConsumerN / 2 (GateUp) or n0 + wg kConsumerN (Down)).
-    const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
     constexpr int kPairs = kAcc / 8;  // GateUp: (gate, up) column pairs of 8
     const int col0 = tc.n0 + (kBM == 128 ? 0 : wg * (kGateUp ? T::kConsumerN / 2 : T::kConsumerN));
     bf16_t* const out_bf16 = static_cast<bf16_t*>(p.out) + static_cast<int64_t>(tc.row_begin) * p.n;
@@ -408,6 +421,7 @@ void GroupedWgmmaGateUp(int tile_rows, const TensorView& x, int64_t x_stride,
   p.n = static_cast<int>(inter);
   p.k = static_cast<int>(hidden);
   p.out_bf16 = false;  // act is always bf16
+  p.skip_idle = Tuning().moe_gemm_wgmma_skip_idle;
   if (tile_rows == 64)
     LaunchWgmma<true, 64>(p, act.dim(0), s);
   else
@@ -430,6 +444,7 @@ void GroupedWgmmaDown(int tile_rows, const TensorView& act, const int32_t* offse
   p.n = static_cast<int>(hidden);
   p.k = static_cast<int>(inter);
   p.out_bf16 = y.dtype == DType::kBF16;
+  p.skip_idle = Tuning().moe_gemm_wgmma_skip_idle;
   if (tile_rows == 64)
     LaunchWgmma<false, 64>(p, act.dim(0), s);
   else

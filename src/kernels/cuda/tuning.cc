@@ -23,6 +23,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_DOWN_SLOTS")) t.moe_pair_down_slots = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA")) t.moe_gemm_wgmma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA_TILE64")) t.moe_gemm_wgmma_tile64 = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_WGMMA_SKIP_IDLE"))
+      t.moe_gemm_wgmma_skip_idle = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_PERMUTE_ONE_CTA_MAX_PAIRS"))
       t.moe_permute_one_cta_max_pairs = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_TILE_ROWS")) t.moe_gemm_tile_rows = std::atoi(v);
@@ -36,6 +38,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_TMA")) t.attention_wgmma_tma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_WGMMA_HEADS_FASTEST"))
       t.attention_wgmma_heads_fastest = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_MIXED_DECODE"))
+      t.attention_mixed_decode = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_CARVEOUT")) t.pdl_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_CARVEOUT")) t.gemv_staged_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_CARVEOUT_FOLDED")) t.gemv_staged_carveout_folded = std::atoi(v);

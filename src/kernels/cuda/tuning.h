@@ -31,6 +31,13 @@ struct KernelTuning {
   // win only for even groups (CudaPerf.GroupedGemm's uniform routing, 64 rows an expert: the
   // op 367 vs 385 us). COROLLA_MOE_GEMM_WGMMA_TILE64 sets it.
   bool moe_gemm_wgmma_tile64 = false;
+  // On the 128-row wgmma tiles, the consumer warpgroup whose 64 rows all lie past a tile's last
+  // (a tile of at most 64 rows: an expert's rows past its whole tiles) issues no wgmma. On an
+  // H200 (Qwen3-30B-A3B, random weights) a step of 2 x 1024 prompt tokens and 128 decode rows,
+  // every expert active with ~136 rows, 42.6-42.8 vs 44.2 ms (MoE 545 vs 565-567 us a layer);
+  // 1024 + 512 decode rows 32.7 vs 33.7; single prompts of 1-4k, whose routing crowds onto
+  // fewer experts, within their noise. COROLLA_MOE_WGMMA_SKIP_IDLE sets it.
+  bool moe_gemm_wgmma_skip_idle = true;
   // MoePermute (moe_permute.cu) takes up to this many (token, slot) pairs in one CTA (at most
   // 8192), more in three launches of CTAs of 2048 pairs; 0: three launches at every size. 4096:
   // on an H200 (E 128, k 8, `CudaPerf.MoePermute`) one CTA took 256 / 512 / 1024 tokens in 5.4 /
@@ -157,6 +164,12 @@ struct KernelTuning {
   // fastest where the K/V of every KV head fits in 24 MB of L2 (Qwen3-30B-A3B up to ~12k
   // tokens), else rows (DeepSeek-V3's 128 heads). COROLLA_ATTN_WGMMA_HEADS_FASTEST sets it.
   int attention_wgmma_heads_fastest = -1;
+  // A step that decodes some sequences beside others' prompt chunks (AttentionBatch::
+  // num_decode_seqs leading one-token sequences): those rows go to the decode kernel, the
+  // prompts alone to the wgmma kernel, whose grid is row tiles x KV heads x sequences (a decode
+  // row fills one tile of its sequence's, and the rest of its CTAs exit at once).
+  // COROLLA_ATTN_MIXED_DECODE sets it.
+  bool attention_mixed_decode = true;
   // Preferred shared-memory carveout (percent of the unified L1 / shared memory) that LaunchPdl
   // sets on each kernel it launches; -1 leaves the driver's choice. A kernel whose shared memory
   // needs another carveout than the kernel still running on an SM cannot start there until it
