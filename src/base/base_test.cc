@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "base/histogram.h"
 #include "base/numeric.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
@@ -61,6 +62,22 @@ Status Quarter(int x, int* out) {
   ASSIGN_OR_RETURN(int h, Half(x));
   ASSIGN_OR_RETURN(*out, Half(h));
   return Status::Ok();
+}
+
+// A value goes to the first bucket whose bound is >= it (Prometheus' le), past the last bound
+// to +Inf; Add merges histograms of the same buckets (others are a checked error).
+TEST(Histogram, BucketsByUpperBoundAndAdds) {
+  Histogram h({1, 2, 4});
+  for (double v : {0.5, 1.0, 1.5, 2.0, 4.0, 4.5, 100.0}) h.Observe(v);
+  EXPECT_EQ(h.counts(), (std::vector<uint64_t>{2, 2, 1, 2}));
+  EXPECT_EQ(h.count(), 7u);
+  EXPECT_DOUBLE_EQ(h.sum(), 113.5);
+  Histogram g(h.bounds());
+  g.Observe(3);
+  h.Add(g);
+  EXPECT_EQ(h.counts(), (std::vector<uint64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(h.count(), 8u);
+  EXPECT_DOUBLE_EQ(h.sum(), 116.5);
 }
 
 TEST(Status, MacrosPropagate) {

@@ -149,6 +149,7 @@ void AsyncEngine::PublishStats(int num_incoming) {
   stats_.prefix_cache_queries = engine_->prefix_cache_queries();
   stats_.prefix_cache_hits = engine_->prefix_cache_hits();
   stats_.num_preemptions = engine_->num_preemptions();
+  stats_.steps = engine_->step_metrics();
 }
 
 void AsyncEngine::AbortRequest(uint64_t request_id) {

@@ -489,6 +489,7 @@ void DataParallelEngine::PublishStats(const DpRound& round) {
     s.num_steps += p.stats.num_steps;
   }
   s.block_size = local_->engine().options().block_size;
+  s.steps = local_->engine().step_metrics();
   // The reports were made before this round's requests reached their ranks.
   s.num_waiting += static_cast<int>(round.control.assignments.size());
   std::lock_guard<std::mutex> lock(mu_);

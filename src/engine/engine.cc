@@ -297,7 +297,7 @@ Engine::Batch Engine::Schedule() {
 }
 
 void Engine::Launch(Batch& batch) {
-  if (record_steps_) batch.launch_time = std::chrono::steady_clock::now();
+  batch.launch_time = std::chrono::steady_clock::now();
   batch.launched = runner_.Launch(batch.chunks);
   ++num_steps_;
   const int bs = options_.block_size;
@@ -322,6 +322,12 @@ void Engine::Launch(Batch& batch) {
   }
 }
 
+StepMetrics::StepMetrics()
+    : decode_seconds({0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025,
+                      0.03,   0.04,  0.05,  0.075, 0.1,   0.15,  0.2,   0.3,  0.5,   1,    2.5}),
+      mixed_seconds(decode_seconds.bounds()),
+      tokens({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}) {}
+
 void Engine::RecordStep(const Batch& batch) {
   const auto now = std::chrono::steady_clock::now();
   StepRecord r;
@@ -335,13 +341,16 @@ void Engine::RecordStep(const Batch& batch) {
     else
       r.prefill_tokens += c.num_tokens;
   }
-  step_records_.push_back(r);
+  (r.prefill_tokens > 0 ? step_metrics_.mixed_seconds : step_metrics_.decode_seconds)
+      .Observe(r.seconds);
+  step_metrics_.tokens.Observe(r.decode_rows + r.prefill_tokens);
+  if (record_steps_) step_records_.push_back(r);
   last_finish_time_ = now;
 }
 
 std::vector<StepOutput> Engine::Finish(Batch& batch) {
   std::vector<SampledToken> sampled = runner_.Collect(batch.launched);
-  if (record_steps_) RecordStep(batch);
+  RecordStep(batch);
   std::vector<StepOutput> outputs;
   const int bs = options_.block_size;
   for (size_t i = 0; i < batch.chunks.size(); ++i) {

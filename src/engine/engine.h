@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/histogram.h"
 #include "engine/block_pool.h"
 #include "engine/kv_cache.h"
 #include "engine/model_runner.h"
@@ -56,6 +57,14 @@ struct StepRecord {
   // From the later of its launch and the previous step's tokens reaching the host, to its own:
   // the device's time for the step while the host keeps up, as with async scheduling.
   double seconds = 0;
+};
+
+// Every step since the engine began, cumulative (what /metrics reports).
+struct StepMetrics {
+  StepMetrics();
+  Histogram decode_seconds,
+      mixed_seconds;  // StepRecord::seconds of steps without / with prompt tokens
+  Histogram tokens;   // tokens a step computed (decode rows + prompt tokens)
 };
 
 struct GenerationRequest {
@@ -123,6 +132,7 @@ class Engine {
   // Records every later step (StepRecord) until turned off; TakeStepRecords hands them over.
   void set_record_steps(bool on) { record_steps_ = on; }
   std::vector<StepRecord> TakeStepRecords() { return std::exchange(step_records_, {}); }
+  const StepMetrics& step_metrics() const { return step_metrics_; }
 
   // --- DP-EP (collective_forwards) ---
   // Start-up, on every rank with the same max_context (the ranks' agreed max model length):
@@ -169,7 +179,8 @@ class Engine {
   void Launch(Batch& batch);
   // Takes a launched batch's tokens: appends them, checks stops, moves finished sequences out.
   std::vector<StepOutput> Finish(Batch& batch);
-  // Appends the StepRecord of a batch whose tokens just reached the host.
+  // Counts the step of a batch whose tokens just reached the host in step_metrics_, and keeps
+  // its StepRecord while record_steps_.
   void RecordStep(const Batch& batch);
   void CheckStop(Sequence& s);
   // Prefix cache: shares the cached blocks of s's leading full blocks (leaving at least one
@@ -202,6 +213,7 @@ class Engine {
   std::optional<Batch> in_flight_;
   bool record_steps_ = false;
   std::vector<StepRecord> step_records_;
+  StepMetrics step_metrics_;
   std::chrono::steady_clock::time_point last_finish_time_;
 };
 

@@ -12,26 +12,17 @@ std::string Num(double v) {
 }
 }  // namespace
 
-Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-
-void Histogram::Observe(double value) {
-  size_t b = 0;
-  while (b < bounds_.size() && value > bounds_[b]) ++b;
-  ++counts_[b];
-  sum_ += value;
-  ++count_;
-}
-
-void Histogram::Render(const std::string& name, const std::string& help, const std::string& labels, std::string* out) const {
-  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+void RenderHistogram(const Histogram& h, const std::string& name, const std::string& help,
+                     const std::string& labels, std::string* out, bool header) {
+  if (header) *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
   uint64_t cumulative = 0;
-  for (size_t b = 0; b <= bounds_.size(); ++b) {
-    cumulative += counts_[b];
-    std::string le = b < bounds_.size() ? Num(bounds_[b]) : "+Inf";
+  for (size_t b = 0; b < h.counts().size(); ++b) {
+    cumulative += h.counts()[b];
+    std::string le = b < h.bounds().size() ? Num(h.bounds()[b]) : "+Inf";
     *out += name + "_bucket{" + labels + ",le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
   }
-  *out += name + "_sum{" + labels + "} " + Num(sum_) + "\n";
-  *out += name + "_count{" + labels + "} " + std::to_string(count_) + "\n";
+  *out += name + "_sum{" + labels + "} " + Num(h.sum()) + "\n";
+  *out += name + "_count{" + labels + "} " + std::to_string(h.count()) + "\n";
 }
 
 Metrics::Metrics(std::string model_name)
@@ -92,9 +83,24 @@ std::string Metrics::Render(const EngineStats* stats) const {
           stats->prefix_cache_queries ? static_cast<double>(stats->prefix_cache_hits) / stats->prefix_cache_queries : 0.0);
     counter("corolla:num_preemptions_total", "Sequences preempted for KV blocks.", static_cast<double>(stats->num_preemptions));
   }
-  ttft_.Render("corolla:time_to_first_token_seconds", "Time to first token.", labels_, &out);
-  itl_.Render("corolla:inter_token_latency_seconds", "Time between consecutive output tokens.", labels_, &out);
-  e2e_.Render("corolla:e2e_request_latency_seconds", "End-to-end request latency.", labels_, &out);
+  if (stats) {
+    const char* step_help =
+        "Engine steps by kind (decode: every sequence one new token; mixed: prompt tokens too), "
+        "from the "
+        "later of a step's launch and the previous step's tokens reaching the host to its own.";
+    RenderHistogram(stats->steps.decode_seconds, "corolla:engine_step_duration_seconds", step_help,
+                    labels_ + ",kind=\"decode\"", &out);
+    RenderHistogram(stats->steps.mixed_seconds, "corolla:engine_step_duration_seconds", step_help,
+                    labels_ + ",kind=\"mixed\"", &out, /*header=*/false);
+    RenderHistogram(stats->steps.tokens, "corolla:iteration_tokens_total",
+                    "Tokens computed by each engine step.", labels_, &out);
+  }
+  RenderHistogram(ttft_, "corolla:time_to_first_token_seconds", "Time to first token.", labels_,
+                  &out);
+  RenderHistogram(itl_, "corolla:inter_token_latency_seconds",
+                  "Time between consecutive output tokens.", labels_, &out);
+  RenderHistogram(e2e_, "corolla:e2e_request_latency_seconds", "End-to-end request latency.",
+                  labels_, &out);
   return out;
 }
 

@@ -9,22 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "base/histogram.h"
 #include "engine/async_engine.h"
 
 namespace corolla::server {
 
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds);
-  void Observe(double value);  // caller holds the Metrics lock
-  void Render(const std::string& name, const std::string& help, const std::string& labels, std::string* out) const;
-
- private:
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;  // per bucket, not cumulative; the last is +Inf
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
+// Appends `h` in the Prometheus text format: the HELP and TYPE lines unless `header` is false
+// (a further label set of a histogram already begun), then cumulative buckets, sum and count.
+void RenderHistogram(const Histogram& h, const std::string& name, const std::string& help,
+                     const std::string& labels, std::string* out, bool header = true);
 
 class Metrics {
  public:

@@ -11,6 +11,7 @@
 #include <boost/beast/http.hpp>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -202,6 +203,29 @@ TEST_F(ServerTest, CompletionsTokenizeModelsHealthMetrics) {
   EXPECT_NE(metrics.body.find("corolla:time_to_first_token_seconds_bucket"), std::string::npos);
   EXPECT_NE(metrics.body.find("corolla:prefix_cache_hits_total"), std::string::npos);
   EXPECT_NE(metrics.body.find("finished_reason=\"stop\""), std::string::npos);
+  // The engine's steps: both requests prefilled and then decoded, and every histogram's +Inf
+  // bucket holds its count. Its counts are the engine's (the server is shared by the tests, so
+  // at least these two requests').
+  const EngineStats stats = *server().Stats();
+  EXPECT_GE(stats.steps.mixed_seconds.count(), 2u);
+  EXPECT_GE(stats.steps.decode_seconds.count(), 1u);
+  EXPECT_EQ(stats.steps.tokens.count(),
+            stats.steps.mixed_seconds.count() + stats.steps.decode_seconds.count());
+  EXPECT_GE(stats.steps.tokens.sum(), static_cast<double>(stats.steps.tokens.count()));
+  for (const char* name :
+       {"corolla:engine_step_duration_seconds", "corolla:iteration_tokens_total"}) {
+    std::smatch inf, count;
+    const std::string n = name;
+    ASSERT_TRUE(std::regex_search(metrics.body, inf,
+                                  std::regex(n + "_bucket\\{[^}]*le=\"\\+Inf\"\\} ([0-9]+)")))
+        << metrics.body;
+    ASSERT_TRUE(
+        std::regex_search(metrics.body, count, std::regex(n + "_count\\{[^}]*\\} ([0-9]+)")))
+        << metrics.body;
+    EXPECT_EQ(inf[1], count[1]) << name;
+    EXPECT_GT(std::stoll(count[1]), 0) << name;
+  }
+  EXPECT_NE(metrics.body.find("kind=\"mixed\""), std::string::npos);
 }
 
 TEST_F(ServerTest, LogprobsStopStringsAndSeeds) {
