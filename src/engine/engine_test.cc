@@ -6,6 +6,7 @@
 
 #include "engine/block_pool.h"
 #include "engine/decode_graphs.h"
+#include "kernels/profiling_backend.h"
 
 namespace corolla {
 namespace {
@@ -63,6 +64,59 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
 };
+
+// The CPU backend, recording each forward's attention hints (PlanStep sees the step's batch).
+class HintRecordingCpu final : public ProfilingBackend {
+ public:
+  HintRecordingCpu() : ProfilingBackend(MakeCpuBackend()) {}
+  struct Hint {
+    int64_t seqs;
+    int max_q_len, num_decode_seqs;
+  };
+  void PlanStep(const AttentionBatch& batch, int64_t tokens) override {
+    hints.push_back({batch.seq_lens.numel(), batch.max_q_len, batch.num_decode_seqs});
+    ProfilingBackend::PlanStep(batch, tokens);
+  }
+  std::vector<Hint> hints;
+};
+
+// The runner tells the attention how many leading sequences decode (one query token each): all
+// of a decode step's, and in a step that also prefills, the decodes scheduled ahead of the new
+// prompt (a kernel may give those rows to its decode path). The step records count them alike.
+TEST_F(EngineTest, StepsTellTheAttentionTheirLeadingDecodes) {
+  HintRecordingCpu backend;
+  auto model = LoadModel("tests/data/models/qwen3-moe", backend).value();
+  EngineOptions o;
+  o.async_scheduling = false;
+  auto engine = Engine::Create(*model, backend, o).value();
+  engine->set_record_steps(true);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine->AddRequest(Request(5 * i + 2, 6 + i, 8)).ok());
+  engine->Step();  // the three prompts
+  engine->Step();  // three decodes
+  ASSERT_TRUE(engine->AddRequest(Request(99, 40, 4)).ok());
+  engine->Step();  // three decodes and the new prompt
+  ASSERT_EQ(backend.hints.size(), 3u);
+  EXPECT_EQ(backend.hints[0].seqs, 3);
+  EXPECT_EQ(backend.hints[0].num_decode_seqs, 0);
+  EXPECT_EQ(backend.hints[1].seqs, 3);
+  EXPECT_EQ(backend.hints[1].max_q_len, 1);
+  EXPECT_EQ(backend.hints[1].num_decode_seqs, 3);
+  EXPECT_EQ(backend.hints[2].seqs, 4);
+  EXPECT_EQ(backend.hints[2].max_q_len, 40);
+  EXPECT_EQ(backend.hints[2].num_decode_seqs, 3);
+  const std::vector<StepRecord> steps = engine->TakeStepRecords();
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps[0].decode_rows, 0);
+  EXPECT_EQ(steps[0].prefill_tokens, 6 + 7 + 8);
+  EXPECT_EQ(steps[1].decode_rows, 3);
+  EXPECT_EQ(steps[1].prefill_tokens, 0);
+  EXPECT_EQ(steps[2].decode_rows, 3);
+  EXPECT_EQ(steps[2].prefill_tokens, 40);
+  const StepMetrics& m = engine->step_metrics();
+  EXPECT_EQ(m.mixed_seconds.count(), 2u);
+  EXPECT_EQ(m.decode_seconds.count(), 1u);
+  EXPECT_DOUBLE_EQ(m.tokens.sum(), 6 + 7 + 8 + 3 + 3 + 40);
+}
 
 TEST_F(EngineTest, PreemptionUnderKvPressureGivesTheSameTokens) {
   std::vector<GenerationRequest> requests;
