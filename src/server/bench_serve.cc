@@ -456,7 +456,7 @@ std::string BenchServeReport::ToText() const {
       if (k.steps == 0) return;
       row((std::string(name) + " step mean / p50 / p90 (ms):").c_str(),
           num(k.mean * 1e3, 3) + " / " + num(k.p50 * 1e3, 3) + " / " + num(k.p90 * 1e3, 3));
-      row((std::string(name) + " step decode rows / prompt tokens:").c_str(),
+      row((std::string(name) + " rows / prompt tokens a step:").c_str(),
           num(k.decode_rows, 1) + " / " + num(k.prefill_tokens, 1));
     };
     kind("Decode-only", steps->decode);
