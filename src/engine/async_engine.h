@@ -55,8 +55,8 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // tokens
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;  // batches launched
-  StepMetrics
-      steps;  // this process's engine (data parallel: this rank's; the ranks step in lockstep)
+  // This process's engine's steps (data parallel: this rank's; the ranks step in lockstep).
+  StepMetrics steps;
   double kv_usage() const { return num_kv_blocks ? static_cast<double>(num_used_kv_blocks) / num_kv_blocks : 0.0; }
 };
 

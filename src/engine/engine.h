@@ -62,9 +62,9 @@ struct StepRecord {
 // Every step since the engine began, cumulative (what /metrics reports).
 struct StepMetrics {
   StepMetrics();
-  Histogram decode_seconds,
-      mixed_seconds;  // StepRecord::seconds of steps without / with prompt tokens
-  Histogram tokens;   // tokens a step computed (decode rows + prompt tokens)
+  // StepRecord::seconds of the steps without / with prompt tokens.
+  Histogram decode_seconds, mixed_seconds;
+  Histogram tokens;  // tokens a step computed (decode rows + prompt tokens)
 };
 
 struct GenerationRequest {
