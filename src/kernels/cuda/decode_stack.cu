@@ -7,17 +7,23 @@
 //
 // One CTA per SM, 8 consumer warps and two producer warps. Each producer fills its own ring of
 // 16 KB shared-memory stages with cp.async.bulk copies (completion by transaction count on the
-// stage's full mbarrier; the consumer that read a stage frees it through its empty mbarrier):
+// stage's full mbarrier; the consumers that read a stage free it through its empty mbarrier):
 //   ring A: what is known before the step starts (each layer's qkv rows, the CTA's KV keys, o
 //           rows, router rows), so producer A runs ahead across phases and layers as far as its
 //           stages allow, while the consumers wait for other CTAs;
 //   ring B: the routed experts' gate/up and down rows, issued once producer B has seen the
 //           layer's router logits and routed them itself (RouteSoftmaxTopK, as MoeRoute).
-// In the GEMV phases each stage belongs to one consumer warp (by ring slot), which computes its
-// whole rows and frees it alone; the attention task's stages are read by all warps. Consumers
-// walk the same phases in the same order; between phases that read what other CTAs wrote they
-// meet at a grid barrier (a monotonic counter in global memory; all CTAs are resident: grid =
-// SMs, one CTA an SM). Per layer, CTA c owns a slice of each GEMV's rows:
+// The resident layout (StackParams::resident, with 8 ring-A stages) keeps only the qkv rows
+// ring A holds at once and the o rows in ring A, each stage refilled as soon as its rows are
+// multiplied (o's land during the attention, the next layer's qkv during the routing); ring B
+// then carries the other qkv rows, the keys and the router rows ahead of the experts.
+// In the GEMV phases each stage belongs to consumer warps by ring slot (StageSharers: one warp
+// a stage from 8 stages on, two for a ring of 4), which compute whole rows and free it alone;
+// the attention task's stages are read by all warps. Consumers walk the same phases in the
+// same order; between phases that read what other CTAs wrote they meet at a grid barrier (a
+// monotonic counter in global memory; all CTAs are resident: grid = SMs, one CTA an SM), except
+// that with head_wait the attention tasks wait on a counter of their KV head's qkv rows instead.
+// Per layer, CTA c owns a slice of each GEMV's rows:
 //   QKV    rows of [q | k | v] from x = rmsnorm(sum) * input_norm (every CTA norms sum itself);
 //   ATTN   (KV head g, split s) tasks on the first Hk * S CTAs: q / new-k norm + RoPE, the new
 //          token's K/V to the cache, online softmax over the split's cached keys (+ the new
@@ -89,31 +95,50 @@ __device__ void ProduceKeys(Ring& ring, const StackParams& p, const StackLayer& 
   }
 }
 
-// Producer A: every layer's statically known stream.
+// Rows of a CTA's qkv share that go through ring A: all of them, or with p.resident as many as
+// its stages take at once (the rest go through ring B ahead of the layer's keys), so the share
+// is in shared memory before the layer starts.
+__device__ __forceinline__ int RingAQkvRows(const StackParams& p) {
+  return p.resident ? p.stages_a * RowsPerStage(p.hidden) : (p.hq + 2 * p.hk) * kD;
+}
+
+// The attention task's cached keys of layer L (CTAs that have one).
+__device__ void ProduceLayerKeys(Ring& ring, const StackParams& p, const StackLayer& L, int lane) {
+  const SplitPlan plan = PlanSplits(p);
+  if (blockIdx.x >= p.hk * plan.splits) return;
+  const int g = blockIdx.x / plan.splits, s = blockIdx.x % plan.splits;
+  const KeyRange keys = plan.Keys(s);
+  ProduceKeys(ring, p, L, g, keys.begin, keys.end, lane);
+}
+
+// Producer A: every layer's statically known stream, run ahead as far as its stages allow while
+// the consumers wait for other CTAs: the CTA's qkv rows, its attention task's cached keys, its o
+// rows and its router rows. With p.resident only the qkv rows ring A holds and the o rows: each
+// stage is refilled as soon as its rows have been multiplied, so the o rows land during the
+// attention and the next layer's qkv rows during the norm, router and routing.
 __device__ void ProducerA(const StackParams& p, Ring ring, int lane) {
   const int c = blockIdx.x, grid = gridDim.x, qkv_rows = (p.hq + 2 * p.hk) * kD, q_cols = p.hq * kD;
-  const SplitPlan plan = PlanSplits(p);
   const uint64_t first = EvictFirst();
   const Range qkv = Share(qkv_rows, c, grid), o = Share(p.hidden, c, grid),
               r = Share(p.experts, c, grid);
+  const int qkv_split = min(qkv.end, qkv.begin + RingAQkvRows(p));
   for (int l = 0; l < p.layers; ++l) {
     const StackLayer& L = p.layer[l];
-    ProduceRows(ring, L.qkv, qkv.begin, qkv.end, p.hidden, lane, first);
-    if (c < p.hk * plan.splits) {
-      const int g = c / plan.splits, s = c % plan.splits;
-      const KeyRange keys = plan.Keys(s);
-      ProduceKeys(ring, p, L, g, keys.begin, keys.end, lane);
-    }
+    ProduceRows(ring, L.qkv, qkv.begin, qkv_split, p.hidden, lane, first);
+    if (lane == 0) TraceNow(p.trace, l, 25);
+    if (!p.resident) ProduceLayerKeys(ring, p, L, lane);
     ProduceRows(ring, L.o, o.begin, o.end, q_cols, lane, first);
-    ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
+    if (lane == 0) TraceNow(p.trace, l, 24);
+    if (!p.resident) ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
   }
 }
 
-// Grid barriers per layer, in order; a layer's n-th (1-based) is number kBarriersPerLayer * l + n.
-constexpr int kBarriersPerLayer = 5;
+// Grid barriers per layer, in order; a layer's n-th (1-based) is number per_layer * l + n, where
+// per_layer is 5, or 4 with head_wait (no barrier after the qkv rows).
 constexpr int kBarQkv = 1, kBarO = 2, kBarRouter = 3, kBarGateUp = 4, kBarDown = 5;
-__device__ __forceinline__ unsigned BarrierTarget(int layer, int which) {
-  return static_cast<unsigned>(kBarriersPerLayer * layer + which) * gridDim.x;
+__device__ __forceinline__ unsigned BarrierTarget(const StackParams& p, int layer, int which) {
+  const int per_layer = p.head_wait ? 4 : 5, n = p.head_wait ? which - 1 : which;
+  return static_cast<unsigned>(per_layer * layer + n) * gridDim.x;
 }
 
 // MoeRoute's softmax routing of one token by one warp: the top_k of logit [E] (shared memory,
@@ -156,18 +181,28 @@ __device__ void RouteSoftmaxTopK(float* logit, int experts, int top_k, bool reno
   }
 }
 
-// Producer B: per layer, waits for the router logits, routes (ids and weights into the layer's
-// route slot, which the consumers read after a ring-B stage issued later), then streams the
-// CTA's gate/up pairs and down rows of the chosen experts.
+// Producer B: per layer, the qkv rows ring A does not hold, the attention task's cached keys
+// and the router rows (all known before the step: they land while the previous layer's experts
+// finish); then it waits for the router logits, routes (ids and weights into the layer's route
+// slot, which the consumers read after a ring-B stage issued later), and streams the CTA's
+// gate/up pairs and down rows of the chosen experts.
 __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int lane) {
-  const int c = blockIdx.x, grid = gridDim.x;
+  const int c = blockIdx.x, grid = gridDim.x, qkv_rows = (p.hq + 2 * p.hk) * kD;
   float* logit = reinterpret_cast<float*>(smem + SmemLayout::kRouteScratch);
   const int pairs = p.top_k * p.inter;
   const int pairs_per_stage = kStageBytes / (4 * p.hidden);
   const uint64_t first = EvictFirst();
+  const Range qkv = Share(qkv_rows, c, grid), r = Share(p.experts, c, grid);
+  const int qkv_split = min(qkv.end, qkv.begin + RingAQkvRows(p));
   for (int l = 0; l < p.layers; ++l) {
     const StackLayer& L = p.layer[l];
-    if (lane == 0) SpinUntil(p.sync + kSyncGrid, BarrierTarget(l, kBarRouter));
+    if (p.resident) {
+      ProduceRows(ring, L.qkv, qkv_split, qkv.end, p.hidden, lane, first);
+      if (lane == 0) TraceNow(p.trace, l, 26);
+      ProduceLayerKeys(ring, p, L, lane);
+      ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
+    }
+    if (lane == 0) StackSpin(p.sync + kSyncGrid, BarrierTarget(p, l, kBarRouter));
     if (lane == 0 && p.trace)
       p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 16] = wgmma::GlobalTimerNs();
     __syncwarp();
@@ -184,7 +219,7 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
     __syncwarp();
     if (lane == 0 && p.trace)
       p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 17] = wgmma::GlobalTimerNs();
-    const Range pr = Share(pairs, c, grid);
+    const Range pr = Share(pairs, c, grid), h = Share(p.hidden, c, grid);
     for (int q = pr.begin; q < pr.end;) {
       const int slot = q / p.inter, j = q % p.inter;
       const int n = min(pairs_per_stage, min(pr.end - q, p.inter - j));
@@ -201,7 +236,6 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
       ++ring.iter;
       q += n;
     }
-    const Range h = Share(p.hidden, c, grid);
     for (int slot = 0; slot < p.top_k; ++slot) {
       const bf16_t* w = L.down + static_cast<int64_t>(ids[slot]) * p.hidden * p.inter;
       ProduceRows(ring, w, h.begin, h.end, p.inter, lane, first);
@@ -218,7 +252,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
       MbarInit(full + i * 8, 1);
-      MbarInit(empty + i * 8, 1);  // the one consumer warp (or thread) that read the stage
+      // the consumer warps that read the stage (Ring::Sharers of the stage's ring)
+      MbarInit(empty + i * 8, StageSharers(i < p.stages_a ? p.stages_a : kStages - p.stages_a));
     }
     MbarInitFence();
   }
@@ -233,6 +268,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ProducerB(p, ring_b, smem, lane);
   } else {
     Consumer cons{p, smem, tid, warp, lane};
+    // The ring of the qkv rows past ring A's, the keys and the router rows.
+    Ring& ring_s = p.resident ? ring_b : ring_a;
     const int c = blockIdx.x, grid = gridDim.x;
     const int qkv_rows = (p.hq + 2 * p.hk) * kD, q_cols = p.hq * kD;
     const SplitPlan plan = PlanSplits(p);
@@ -249,61 +286,87 @@ __global__ void __launch_bounds__(kThreads, 1)
       cons.NormInto(p.sum, L.input_norm, p.hidden, x);
       trace(1);
       const Range qkv = Share(qkv_rows, c, grid);
-      cons.Gemv(ring_a, qkv.begin, qkv.end, p.hidden, x,
-                [&](int row, float v) { p.qkv_out[row] = __float2bfloat16(v); });
+      const int qkv_split = min(qkv.end, qkv.begin + RingAQkvRows(p));
+      auto qkv_out = [&](int row, float v) { p.qkv_out[row] = __float2bfloat16(v); };
+      if (p.trace != nullptr && cons.Part(ring_a) >= 0) ring_a.WaitFull();  // for event 27 alone
+      trace(27);
+      cons.Gemv(ring_a, qkv.begin, qkv_split, p.hidden, x, qkv_out);
+      trace(22);
+      cons.Gemv(ring_s, qkv_split, qkv.end, p.hidden, x, qkv_out);
       trace(2);
-      cons.GridSync(BarrierTarget(l, kBarQkv));
+      if (p.head_wait) {  // count once on each KV head whose rows this CTA wrote
+        ConsumerSync();
+        if (tid < p.hk && QkvRowsTouchHead(qkv.begin, qkv.end, p.hq, p.hk, tid))
+          ArriveRelease(p.sync + kSyncQkvHead + tid * 32);
+      } else {
+        cons.GridSync(BarrierTarget(p, l, kBarQkv));
+      }
       trace(3);
       // ATTN
-      if (c < p.hk * plan.splits) cons.Attention(ring_a, L, l, plan);
+      if (c < p.hk * plan.splits) cons.Attention(ring_s, L, l, plan);
       trace(4);
       // O: waits for every KV head's merged output.
-      if (tid == 0) SpinUntil(p.sync + kSyncMerged, static_cast<unsigned>((l + 1) * p.hk));
+      if (tid == 0) StackSpin(p.sync + kSyncMerged, static_cast<unsigned>((l + 1) * p.hk));
       ConsumerSync();
       for (int i = tid; i < q_cols / 8; i += kConsumers)
         reinterpret_cast<Bf16x8*>(x)[i] = LoadCg8(p.attn_out + i * 8);
       ConsumerSync();
       trace(5);
+      if (p.trace != nullptr && cons.Part(ring_a) >= 0) ring_a.WaitFull();  // for event 23 alone
+      trace(23);
       const Range o = Share(p.hidden, c, grid);
       cons.Gemv(ring_a, o.begin, o.end, q_cols, x, [&](int row, float v) {
         const float y = __bfloat162float(__float2bfloat16(v));
         p.sum[row] = __float2bfloat16(y + __bfloat162float(__ldcg(p.sum + row)));
       });
       trace(6);
-      cons.GridSync(BarrierTarget(l, kBarO));
+      cons.GridSync(BarrierTarget(p, l, kBarO));
       trace(7);
       // ROUTER
       cons.NormInto(p.sum, L.post_norm, p.hidden, x);
       trace(8);
       const Range r = Share(p.experts, c, grid);
-      cons.Gemv(ring_a, r.begin, r.end, p.hidden, x, [&](int row, float v) { p.logits[row] = v; });
+      cons.Gemv(ring_s, r.begin, r.end, p.hidden, x, [&](int row, float v) { p.logits[row] = v; });
       trace(9);
-      cons.GridSync(BarrierTarget(l, kBarRouter));
+      cons.GridSync(BarrierTarget(p, l, kBarRouter));
       trace(10);
       // GATEUP (pairs of gate row j and up row j; ring B, after producer B routed)
       {
         const int pairs = p.top_k * p.inter, per = kStageBytes / (4 * p.hidden);
         const Range pr = Share(pairs, c, grid);
+        // A stage holds n gate rows, then their n up rows; each sharer takes whole pairs.
         for (int q = pr.begin; q < pr.end; ++ring_b.iter) {
           const int slot = q / p.inter, j = q % p.inter;
           const int n = min(per, min(pr.end - q, p.inter - j));
           q += n;
-          if (!cons.Owns(ring_b)) continue;
+          const int part = cons.Part(ring_b);
+          if (part < 0) continue;
+          const Range mine = Consumer::PartOf(n, part, ring_b.Sharers());
           ring_b.WaitFull();
-          float gate[4];  // n <= 4: kStageBytes / (4 H) with H >= 1024
-          cons.DotRows(cons.StageRows(ring_b), 2 * n, p.hidden, x, [&](int row, float v) {
-            if (row < n) {
-              gate[row] = v;
-            } else {
-              const float g = gate[row - n];
-              __stcg(p.act + slot * p.inter + j + row - n, g / (1.f + expf(-g)) * v);
+          if (mine.end - mine.begin == n) {  // the whole stage: its 2n rows four at a time
+            float gate[4];                   // n <= 4: kStageBytes / (4 H) with H >= 1024
+            cons.DotRows(cons.StageRows(ring_b), 2 * n, p.hidden, x, [&](int row, float v) {
+              if (row < n) {
+                gate[row] = v;
+              } else {
+                const float g = gate[row - n];
+                __stcg(p.act + slot * p.inter + j + row - n, g / (1.f + expf(-g)) * v);
+              }
+            });
+          } else {  // a share of its pairs: gate row i and up row n + i together
+            for (int i = mine.begin; i < mine.end; ++i) {
+              float gu[4];
+              cons.DotRowsN<2>(cons.StageRows(ring_b) + i * p.hidden, p.hidden, x, gu,
+                               n * p.hidden);
+              if (lane == 0)
+                __stcg(p.act + slot * p.inter + j + i, gu[0] / (1.f + expf(-gu[0])) * gu[1]);
             }
-          });
+          }
           ring_b.Release(lane);
         }
       }
       trace(11);
-      cons.GridSync(BarrierTarget(l, kBarGateUp));
+      cons.GridSync(BarrierTarget(p, l, kBarGateUp));
       trace(12);
       // DOWN: the CTA's rows of H for every slot (a partial per slot and row), then combined
       // with the routing weights in slot order.
@@ -312,19 +375,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       ConsumerSync();
       trace(13);
       const Range h = Share(p.hidden, c, grid);
-      {
-        const int per = RowsPerStage(p.inter);
-        for (int slot = 0; slot < p.top_k; ++slot) {
-          for (int r0 = h.begin; r0 < h.end; r0 += per, ++ring_b.iter) {
-            if (!cons.Owns(ring_b)) continue;
-            const int n = min(per, h.end - r0);
-            ring_b.WaitFull();
-            float* part = down_part + slot * kMaxRows + (r0 - h.begin);
-            cons.DotRows(cons.StageRows(ring_b), n, p.inter, act + slot * p.inter,
-                         [&](int row, float v) { part[row] = v; });
-            ring_b.Release(lane);
-          }
-        }
+      for (int slot = 0; slot < p.top_k; ++slot) {
+        float* part = down_part + slot * kMaxRows - h.begin;
+        cons.Gemv(ring_b, h.begin, h.end, p.inter, act + slot * p.inter,
+                  [&](int row, float v) { part[row] = v; });
       }
       ConsumerSync();
       // route_w was written by producer B before the ring-B stages the warps above waited for.
@@ -339,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         p.sum[row] = __float2bfloat16(y + __bfloat162float(__ldcg(p.sum + row)));
       }
       trace(14);
-      cons.GridSync(BarrierTarget(l, kBarDown));
+      cons.GridSync(BarrierTarget(p, l, kBarDown));
       trace(15);
     }
     if (c == 0) cons.NormInto(p.sum, p.final_norm, p.hidden, p.x_out);
@@ -351,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (exited == gridDim.x) {  // every CTA is past its last wait: re-arm for the next launch
       p.sync[kSyncGrid] = 0;
       p.sync[kSyncMerged] = 0;
-      for (int g = 0; g < p.hk; ++g) p.sync[kSyncHead + g * 32] = 0;
+      for (int g = 0; g < p.hk; ++g) p.sync[kSyncHead + g * 32] = p.sync[kSyncQkvHead + g * 32] = 0;
       p.sync[kSyncExit] = 0;
       __threadfence();
     }
@@ -393,14 +447,25 @@ void PrintTrace(const unsigned long long* dev, int layers, int grid, cudaStream_
                                              "A: q/k setup",
                                              "A: chunks",
                                              "A: partials+count",
-                                             "A: merge (last)"};
+                                             "A: merge (last)",
+                                             "qkv: ring A rows",
+                                             "o: stage 0 full",
+                                             "A: o rows issued",
+                                             "A: qkv rows issued",
+                                             "B: qkv tail issued",
+                                             "qkv: stage 0 full"};
   std::fprintf(stderr,
                "decode stack trace (%d layers, %d CTAs), us: mean over CTAs / max CTA mean\n",
                layers, grid);
   for (int e = 1; e < kTraceEvents; ++e) {
     // B's spin ends vs the consumers' router barrier; the attention task's steps (A: only the
     // CTAs that have one, the merge only where it ran) from the qkv barrier on.
-    const int from = e == 16 ? 10 : e == 18 ? 3 : e - 1;
+    // Events 22-26 (rows resident or not): warp 0's ring-A qkv rows from the norm, its o
+    // stage's arrival from the O phase's start, producer A's last o issue from the norm (it
+    // waits for the layer's qkv stages), its last qkv issue (for this layer, issued during the
+    // previous one) and producer B's qkv tail from the layer's start.
+    static const int kFrom[6] = {1, 5, 1, 0, 0, 1};
+    const int from = e == 16 ? 10 : e == 18 ? 3 : e >= 22 ? kFrom[e - 22] : e - 1;
     double sum = 0, worst = 0;
     int ctas = 0;
     for (int c = 0; c < grid; ++c) {
@@ -432,7 +497,7 @@ DecodeStackRouteSink route_sink;
 }  // namespace
 void SetDecodeStackRouteSink(const DecodeStackRouteSink& sink) { route_sink = sink; }
 
-int DecodeStackSyncWords() { return kSyncHead + kMaxKvHeads * 32; }
+int DecodeStackSyncWords() { return kSyncWords; }
 
 bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
                     const TensorView& positions, const TensorView& sum, const TensorView& x_out,
@@ -527,6 +592,16 @@ bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
   p.num_slots = l0.cache.k.dim(0) * l0.cache.block_size();
   p.min_split_keys = Tuning().decode_stack_split_keys;
   p.stages_a = std::clamp(Tuning().decode_stack_stages_a, 2, kStages - 2);
+  p.head_wait = Tuning().decode_stack_head_wait;
+  p.resident = Tuning().decode_stack_resident;
+  for (int c = 0; c < grid; ++c) {  // Share() of the qkv rows, as the kernel deals them
+    const int64_t rows = (hq + 2 * hk) * kD;
+    const int begin = static_cast<int>(rows * c / grid),
+              end = static_cast<int>(rows * (c + 1) / grid);
+    for (int g = 0; g < hk; ++g)
+      p.qkv_head_arrivals[g] +=
+          QkvRowsTouchHead(begin, end, static_cast<int>(hq), static_cast<int>(hk), g);
+  }
   p.route_logits = route_sink.logits;
   p.route_ids = route_sink.ids;
   p.sum = sum.ptr<bf16_t>();

@@ -34,7 +34,7 @@ constexpr int kD = 128;        // head dim
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kChunkKeys = kStageBytes / (4 * kD);  // keys per ring-A stage: K rows at 0, V at half
 static_assert(kChunkKeys == 32, "the softmax keeps one key a lane");
-constexpr int kTraceEvents = 22;  // COROLLA_DECODE_STACK_TRACE: timestamps per (layer, CTA)
+constexpr int kTraceEvents = 28;  // COROLLA_DECODE_STACK_TRACE: timestamps per (layer, CTA)
 constexpr int kMaxVec = 8192;     // bf16 elements of the GEMV input (H and Hq * D)
 constexpr int kMaxAct = 6144;     // top_k * I (f32)
 constexpr int kMaxExperts = 512;
@@ -43,9 +43,11 @@ constexpr int kMaxDownSlots = 16;    // top_k (DOWN keeps a partial per (slot, r
 constexpr int kPartStride = kD + 4;  // attention partial: o[D], m, l (rows 16-byte aligned)
 
 // Sync words (each on its own 128-byte line): grid barrier, merged heads, exits, per-KV-head
-// split counters from kSyncHead.
+// split counters from kSyncHead, per-KV-head qkv-row counters from kSyncQkvHead.
 constexpr int kSyncGrid = 0, kSyncMerged = 32, kSyncExit = 64, kSyncHead = 96;
-constexpr int kMaxKvHeads = 64;  // per-KV-head split counters from kSyncHead
+constexpr int kMaxKvHeads = 64;
+constexpr int kSyncQkvHead = kSyncHead + kMaxKvHeads * 32;
+constexpr int kSyncWords = kSyncQkvHead + kMaxKvHeads * 32;
 
 // Phase-local buffers share one region: the GEMV input (QKV, O, ROUTER, GATEUP), the attention
 // task's q and new K/V (ATTN), and the SiLU-mul activations (DOWN) are never live together.
@@ -101,6 +103,14 @@ struct StackParams {
   int64_t num_slots;
   int min_split_keys;
   int stages_a;               // ring A's stages (ring B: kStages - stages_a)
+  // Attention tasks wait only for the CTAs that wrote their KV head's q, k and v rows (each
+  // counts once a layer on the head's kSyncQkvHead word: qkv_head_arrivals[g] of them), not for
+  // a grid barrier after the qkv rows (Tuning().decode_stack_head_wait).
+  bool head_wait;
+  // Ring A holds the qkv rows (as many as fit) and the o rows; ring B carries the rest of the
+  // qkv rows, the keys and the router rows ahead of the experts (Tuning().decode_stack_resident).
+  bool resident;
+  int qkv_head_arrivals[kMaxKvHeads];
   unsigned long long* trace;  // [layers][grid][kTraceEvents] %globaltimer, or null
   float* route_logits;        // DecodeStackRouteSink: [layers][E] router logits (CTA 0), or null
   int32_t* route_ids;         // [layers][top_k]
@@ -152,7 +162,21 @@ __device__ __forceinline__ Range Share(int n, int c, int parts) {
   return {static_cast<int>(static_cast<int64_t>(n) * c / parts),
           static_cast<int>(static_cast<int64_t>(n) * (c + 1) / parts)};
 }
+// COROLLA_DECODE_STACK_TRACE: event `event` of (layer, this CTA) happens now (one thread).
+__device__ __forceinline__ void TraceNow(unsigned long long* trace, int layer, int event) {
+  if (trace != nullptr)
+    trace[(static_cast<int64_t>(layer) * gridDim.x + blockIdx.x) * kTraceEvents + event] =
+        wgmma::GlobalTimerNs();
+}
 __device__ __forceinline__ int RowsPerStage(int k) { return min(kMaxRows, kStageBytes / (2 * k)); }
+
+// Whether qkv rows [begin, end) ([q heads | k heads | v heads] x kD) hold any of KV head g's.
+__device__ __host__ inline bool QkvRowsTouchHead(int begin, int end, int hq, int hk, int g) {
+  const int group = hq / hk;
+  auto meets = [&](int lo, int n) { return begin < lo + n && lo < end; };
+  return meets(g * group * kD, group * kD) || meets((hq + g) * kD, kD) ||
+         meets((hq + hk + g) * kD, kD);
+}
 
 // The attention split plan of this step, the same in every thread: S splits of the seq_len - 1
 // cached keys (the new key goes with the last split).
@@ -168,6 +192,23 @@ __device__ __forceinline__ SplitPlan PlanSplits(const StackParams& p) {
   return {min(want, cap), cached};
 }
 
+// Consumer warps that share each stage of a ring of `stages` (GEMV stages belong to warps by
+// ring slot): one from 8 stages on (slot s to warp s % 8), else 8 / stages where that divides
+// (slot s to warps s, s + stages, ...: two a stage for a ring of 4), else one (warps past the
+// last slot idle). The stage's empty barrier counts this many arrivals.
+__device__ __host__ constexpr int StageSharers(int stages) {
+  return stages >= kConsumerWarps || kConsumerWarps % stages != 0 ? 1 : kConsumerWarps / stages;
+}
+
+// Waits (mbarrier phase parity; SpinUntil for a global counter) with the polling loop out of
+// line: inlined at each of the kernel's ~20 wait sites it grew the code past what an SM's
+// instruction caches hold.
+__device__ __noinline__ void StackWaitSlow(uint32_t bar, uint32_t parity) { MbarWait(bar, parity); }
+__device__ __forceinline__ void StackWait(uint32_t bar, uint32_t parity) {
+  if (!wgmma::MbarTryWait(bar, parity)) StackWaitSlow(bar, parity);
+}
+__device__ __noinline__ void StackSpin(const unsigned* p, unsigned target) { SpinUntil(p, target); }
+
 // A ring of stages: the producer's and each consumer's position in it.
 struct Ring {
   uint32_t base;  // shared address of stage 0
@@ -175,16 +216,17 @@ struct Ring {
   uint32_t empty;
   int stages;
   uint32_t iter = 0;
+  __device__ int Sharers() const { return StageSharers(stages); }
   __device__ uint32_t Stage() const { return base + (iter % stages) * kStageBytes; }
   __device__ uint32_t Full() const { return full + (iter % stages) * 8; }
   __device__ uint32_t Empty() const { return empty + (iter % stages) * 8; }
   // Producer (one lane): waits until the stage is free, then expects `bytes` on its full barrier.
   __device__ void Acquire(uint32_t bytes) const {
-    if (iter >= static_cast<uint32_t>(stages)) MbarWait(Empty(), ((iter / stages) - 1) & 1);
+    if (iter >= static_cast<uint32_t>(stages)) StackWait(Empty(), ((iter / stages) - 1) & 1);
     MbarArriveExpectTx(Full(), bytes);
   }
-  __device__ void WaitFull() const { MbarWait(Full(), (iter / stages) & 1); }
-  // The consumer warp that read the stage: done with it.
+  __device__ void WaitFull() const { StackWait(Full(), (iter / stages) & 1); }
+  // Each consumer warp that read the stage (one of Sharers()): done with it.
   __device__ void Release(int lane) const {
     __syncwarp();
     if (lane == 0) MbarArrive(Empty());

@@ -17,9 +17,7 @@ struct Consumer {
   __device__ float* misc() const { return reinterpret_cast<float*>(smem + SmemLayout::kMisc); }
   // COROLLA_DECODE_STACK_TRACE: when this CTA's consumers finished phase `event` of `layer`.
   __device__ void Trace(int layer, int event) const {
-    if (p.trace != nullptr && tid == 0)
-      p.trace[(static_cast<int64_t>(layer) * gridDim.x + blockIdx.x) * kTraceEvents + event] =
-          wgmma::GlobalTimerNs();
+    if (tid == 0) TraceNow(p.trace, layer, event);
   }
 
   // Arrives at grid barrier `target` once every consumer of this CTA is done, and returns once
@@ -28,7 +26,7 @@ struct Consumer {
     ConsumerSync();
     if (tid == 0) {
       ArriveRelease(p.sync + kSyncGrid);
-      SpinUntil(p.sync + kSyncGrid, target);
+      StackSpin(p.sync + kSyncGrid, target);
     }
     ConsumerSync();
   }
@@ -59,23 +57,32 @@ struct Consumer {
     ConsumerSync();  // dst complete; misc free again
   }
 
-  // The stages of the GEMV phases belong to consumer warps by ring slot (slot % 8), each
-  // computing whole rows from its stage and freeing it alone: several stages in work at once
-  // and no barrier between them. A slot's owner is fixed, so it meets the slot's phases in
-  // order (a parity wait must never run a phase ahead).
-  __device__ bool Owns(const Ring& ring) const {
-    return static_cast<int>((ring.iter % ring.stages) % kConsumerWarps) == warp;
+  // The stages of the GEMV phases belong to consumer warps by ring slot (StageSharers: one
+  // warp a slot, or two for a ring of 4 stages), each computing whole rows of its part of the
+  // stage and freeing it alone: several stages in work at once and no barrier between them. A
+  // slot's owners are fixed, so they meet the slot's phases in order (a parity wait must never
+  // run a phase ahead). Returns this warp's part of the current stage, or -1 if it has none.
+  __device__ int Part(const Ring& ring) const {
+    const int sharers = ring.Sharers(), owners = kConsumerWarps / sharers;
+    const int slot = static_cast<int>(ring.iter % ring.stages);
+    return warp % owners == slot % owners && warp < owners * sharers ? warp / owners : -1;
+  }
+  // Items [0, n) of a stage split over its sharers: part `part`'s [begin, end).
+  __device__ static Range PartOf(int n, int part, int sharers) {
+    return {n * part / sharers, n * (part + 1) / sharers};
   }
   __device__ const bf16_t* StageRows(const Ring& ring) const {
     return reinterpret_cast<const bf16_t*>(smem + (ring.Stage() - SmemAddr(smem)));
   }
 
-  // kRows rows of w (each k long, shared memory) dotted with x (shared, bf16 or f32 [k]):
-  // sums in out[0, kRows) on every lane. kRows is a template argument so the loop has no
-  // per-row guards (a guard on a value the compiler cannot see is warp-uniform costs a
-  // convergence barrier per row and chunk).
+  // kRows rows of w (each k long, `stride` elements apart (0: k), shared memory) dotted with x
+  // (shared, bf16 or f32 [k]): sums in out[0, kRows) on every lane. kRows is a template argument so
+  // the loop has no per-row guards (a guard on a value the compiler cannot see is warp-uniform
+  // costs a convergence barrier per row and chunk).
   template <int kRows, typename X>
-  __device__ void DotRowsN(const bf16_t* w, int k, const X* x, float (&out)[4]) const {
+  __device__ void DotRowsN(const bf16_t* w, int k, const X* x, float (&out)[4],
+                           int stride = 0) const {
+    if (stride == 0) stride = k;
     float acc[kRows] = {};
     const int chunks = k / 8;
 #pragma unroll 2
@@ -85,7 +92,7 @@ struct Consumer {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float wf[8];
-        Load8(w + r * k + c * 8, wf);
+        Load8(w + r * stride + c * 8, wf);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
       }
@@ -116,16 +123,19 @@ struct Consumer {
     }
   }
 
-  // Rows [r0, r1) of a [*, k] weight from the ring, dotted with x; out(row, value) on lane 0
-  // of the warp that owns the row's stage.
-  template <typename Out>
-  __device__ void Gemv(Ring& ring, int r0, int r1, int k, const bf16_t* x, Out out) {
+  // Rows [r0, r1) of a [*, k] weight from the ring, dotted with x (bf16 or f32 [k], shared
+  // memory); out(row, value) on lane 0 of the warp that owns the row's part of its stage.
+  template <typename X, typename Out>
+  __device__ void Gemv(Ring& ring, int r0, int r1, int k, const X* x, Out out) {
     const int per = RowsPerStage(k);
     for (int r = r0; r < r1; r += per, ++ring.iter) {
-      if (!Owns(ring)) continue;
-      const int n = min(per, r1 - r);
+      const int part = Part(ring);
+      if (part < 0) continue;
+      const Range mine = PartOf(min(per, r1 - r), part, ring.Sharers());
       ring.WaitFull();
-      DotRows(StageRows(ring), n, k, x, [&](int row, float v) { out(r + row, v); });
+      if (mine.end > mine.begin)
+        DotRows(StageRows(ring) + mine.begin * k, mine.end - mine.begin, k, x,
+                [&](int row, float v) { out(r + mine.begin + row, v); });
       ring.Release(lane);
     }
   }
@@ -137,6 +147,12 @@ struct Consumer {
     bf16_t* qs = reinterpret_cast<bf16_t*>(smem + SmemLayout::kQ);
     bf16_t* new_kv = reinterpret_cast<bf16_t*>(smem + SmemLayout::kNewKv);
     const bool last = s == plan.splits - 1;
+    if (p.head_wait) {  // the CTAs that write this head's q, k and v rows are done with them
+      if (tid == 0)
+        StackSpin(p.sync + kSyncQkvHead + g * 32,
+                  static_cast<unsigned>((layer + 1) * p.qkv_head_arrivals[g]));
+      ConsumerSync();
+    }
     // RoPE of the lane's 4 elements e0.. (pairs (i, i + 64): the partner sits in lane ^ 16).
     const int e0 = lane * 4;
     float cs[4], sn[4];
@@ -234,17 +250,21 @@ struct Consumer {
     };
     const KeyRange keys = plan.Keys(s);
     const int k0 = keys.begin, k1 = keys.end;
-    for (int cpos = k0; cpos < k1; cpos += kChunkKeys) {
-      const int n = min(kChunkKeys, k1 - cpos);
-      ring.WaitFull();
-      const uint8_t* stage = smem + (ring.Stage() - SmemAddr(smem));
-      chunk(reinterpret_cast<const bf16_t*>(stage),
-            reinterpret_cast<const bf16_t*>(stage + kStageBytes / 2), n);
-      ConsumerSync();  // every warp is done with the stage
-      if (tid == 0) MbarArrive(ring.Empty());
+    // The cached keys' chunks from the ring, then (last split) the new key: one call site of
+    // the chunk's code (the kernel's code size is what an SM's instruction caches hold).
+    const int chunks = k1 > k0 ? (k1 - k0 + kChunkKeys - 1) / kChunkKeys : 0;
+    for (int i = 0; i < chunks + (last ? 1 : 0); ++i) {
+      const bool cached = i < chunks;
+      const int n = cached ? min(kChunkKeys, k1 - k0 - i * kChunkKeys) : 1;
+      if (cached) ring.WaitFull();
+      const bf16_t* kr =
+          cached ? reinterpret_cast<const bf16_t*>(smem + (ring.Stage() - SmemAddr(smem))) : new_kv;
+      chunk(kr, cached ? kr + kStageBytes / 4 : new_kv + kD, n);
+      if (!cached) break;
+      ConsumerSync();  // every warp is done with the stage: its sharers' arrivals free it
+      if (lane == 0 && warp < ring.Sharers()) MbarArrive(ring.Empty());
       ++ring.iter;
     }
-    if (last) chunk(new_kv, new_kv + kD, 1);
     Trace(layer, 19);
     // Partials (or, with one split, the output).
     unsigned* head_count = p.sync + kSyncHead + g * 32;
@@ -281,38 +301,41 @@ struct Consumer {
       const bool merge = flag[0] != 0;
       if (merge) {
         const int first = g * plan.splits;
-        // The splits' (m, l) across the lanes, then their o partials eight loads at a time.
+        // Every split's (m, l) and o partial loaded at once (16 splits a batch: one trip to L2
+        // for up to 16 splits), then summed in split order, rescaled between batches.
         for (int hh = warp; hh < group; hh += kConsumerWarps) {
           auto part = [&](int sp) {
             return p.attn_part + (static_cast<int64_t>(first + sp) * kMaxGroup + hh) * kPartStride;
           };
-          float mx = -INFINITY;
-          for (int sp = lane; sp < plan.splits; sp += 32) mx = fmaxf(mx, __ldcg(part(sp) + kD));
-          mx = WarpMax(mx);
-          float lsum = 0.f;
-          for (int sp = lane; sp < plan.splits; sp += 32) {
-            const float ms = __ldcg(part(sp) + kD);
-            lsum += ms == -INFINITY ? 0.f : exp2f(ms - mx) * __ldcg(part(sp) + kD + 1);
-          }
-          lsum = WarpSum(lsum);
-          float acc[4] = {};
-          for (int sp0 = 0; sp0 < plan.splits; sp0 += 8) {
-            float4 ov[8];
-            float wgt[8];
+          constexpr int kBatch = 16;
+          float mx = -INFINITY, lsum = 0.f, acc[4] = {};
+          for (int sp0 = 0; sp0 < plan.splits; sp0 += kBatch) {
+            float4 ov[kBatch];
+            float2 ml[kBatch];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
+            for (int u = 0; u < kBatch; ++u) {
               const int sp = min(sp0 + u, plan.splits - 1);
               ov[u] = __ldcg(reinterpret_cast<const float4*>(part(sp) + e0));
-              const float ms = __ldcg(part(sp) + kD);
-              wgt[u] = sp0 + u >= plan.splits || ms == -INFINITY ? 0.f : exp2f(ms - mx);
+              ml[u] = __ldcg(reinterpret_cast<const float2*>(part(sp) + kD));
+              if (sp0 + u >= plan.splits) ml[u].x = -INFINITY;  // past the last split: no weight
             }
+            float bm = mx;
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
-              acc[0] += wgt[u] * ov[u].x;
-              acc[1] += wgt[u] * ov[u].y;
-              acc[2] += wgt[u] * ov[u].z;
-              acc[3] += wgt[u] * ov[u].w;
+            for (int u = 0; u < kBatch; ++u) bm = fmaxf(bm, ml[u].x);
+            const float rescale = mx == -INFINITY ? 0.f : exp2f(mx - bm);
+            lsum *= rescale;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] *= rescale;
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+              const float w = ml[u].x == -INFINITY ? 0.f : exp2f(ml[u].x - bm);
+              lsum += w * ml[u].y;
+              acc[0] += w * ov[u].x;
+              acc[1] += w * ov[u].y;
+              acc[2] += w * ov[u].z;
+              acc[3] += w * ov[u].w;
             }
+            mx = bm;
           }
           const float inv = 1.f / lsum;
           bf16_t out[4];

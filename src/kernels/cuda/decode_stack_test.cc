@@ -90,22 +90,25 @@ TEST(CudaDecodeStack, MatchesOpByOpPath) {
   Tensor route_ids = be.Empty(DType::kI32, {config.num_layers, top_k});
   Tensor logits = be.Empty(DType::kF32, {1, vocab});
   NullClock clock;
-  const bool saved = cuda::Tuning().decode_stack;
+  const cuda::KernelTuning saved = cuda::Tuning();
   struct Case {
     int block_size, prefix;
+    bool resident;  // the kernel's resident layout (qkv / o rows held in ring A's 8 stages)
   };
-  for (const Case& c : std::vector<Case>{{16, 0},
-                                         {16, 1},
-                                         {16, 63},
-                                         {16, 130},
-                                         {16, 1000},
-                                         {16, 2900},
-                                         {5, 77},
-                                         {5, 1500},
-                                         {1, 200},
-                                         {64, 4095}}) {
-    const std::string name =
-        "bs " + std::to_string(c.block_size) + " prefix " + std::to_string(c.prefix);
+  for (const Case& c : std::vector<Case>{{16, 0, false},
+                                         {16, 1, true},
+                                         {16, 63, false},
+                                         {16, 130, true},
+                                         {16, 1000, false},
+                                         {16, 2900, true},
+                                         {5, 77, false},
+                                         {5, 1500, true},
+                                         {1, 200, true},
+                                         {64, 4095, false}}) {
+    const std::string name = "bs " + std::to_string(c.block_size) + " prefix " +
+                             std::to_string(c.prefix) + (c.resident ? " resident" : "");
+    cuda::Tuning().decode_stack_resident = c.resident;
+    cuda::Tuning().decode_stack_stages_a = c.resident ? 8 : saved.decode_stack_stages_a;
     const int blocks = c.prefix / c.block_size + 2;
     KvCache kv(be, model.kv_cache_spec(), blocks, c.block_size);
     for (const KvCacheView& v : kv.views()) {  // random K/V everywhere (the new slot is rewritten)
@@ -203,7 +206,7 @@ TEST(CudaDecodeStack, MatchesOpByOpPath) {
       if (strict) break;
     }
   }
-  cuda::Tuning().decode_stack = saved;
+  cuda::Tuning() = saved;
 }
 
 // What the decode stack's bulk-copy rings pull from HBM alone, by stage size, ring depth and

@@ -88,6 +88,10 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_DECODE_STACK")) t.decode_stack = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_SPLIT_KEYS")) t.decode_stack_split_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_DECODE_STACK_STAGES_A")) t.decode_stack_stages_a = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_DECODE_STACK_HEAD_WAIT"))
+      t.decode_stack_head_wait = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_DECODE_STACK_RESIDENT"))
+      t.decode_stack_resident = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_SAMPLE_TOPK_SELECT"))
       t.sample_top_k_select = std::atoi(v) != 0;
     return t;

@@ -409,10 +409,21 @@ struct KernelTuning {
   // more CTAs share a head's keys but more partials for the last one to merge (32: 3.67 ms, 64:
   // 3.67, 128: 3.84 at ctx 1024). COROLLA_DECODE_STACK_SPLIT_KEYS sets it.
   int decode_stack_split_keys = 64;
-  // Its weight stream: 12 shared-memory stages of 16 KB, this many for ring A (qkv, KV, o, router:
-  // known before the step) and the rest for ring B (the routed experts): 3 / 4 / 5 / 6 gave 3.75
-  // / 3.57 / 3.63 / 3.68 ms. COROLLA_DECODE_STACK_STAGES_A sets it.
+  // Its weight stream: 12 shared-memory stages of 16 KB, this many for ring A (the stream known
+  // before the step: qkv, keys, o, router rows) and the rest for ring B (the routed experts);
+  // rings of fewer than 8 stages share each stage between warps. 3 / 4 / 5 / 6 gave 3.75 / 3.57
+  // / 3.63 / 3.68 ms (session 6). COROLLA_DECODE_STACK_STAGES_A sets it.
   int decode_stack_stages_a = 4;
+  // Ring A holds the CTA's qkv rows (as many as its stages take) and o rows, refilled as they
+  // are multiplied, so neither GEMV waits for HBM; ring B carries the other qkv rows, the keys
+  // and the router rows ahead of the experts. Session 30 (stages_a 8 with it): slower, 4.01-4.10
+  // against 3.51-3.53 ms, the resident rows' dot products still take ~5 us (notes/decode_step.md
+  // "Persistent decode kernel", session 30). COROLLA_DECODE_STACK_RESIDENT=1 turns it on.
+  bool decode_stack_resident = false;
+  // Its attention tasks wait for the CTAs that wrote their KV head's q, k and v rows (a counter
+  // per head) instead of a grid barrier after the qkv rows. COROLLA_DECODE_STACK_HEAD_WAIT=0
+  // restores the barrier.
+  bool decode_stack_head_wait = true;
   // Sampling: a step whose sampled rows all name a top_k <= 256 keeps each row's first K entries
   // of the sampling order through chunked in-block sorts (sampling_order.cuh, TopKSelectKernel)
   // instead of sorting the whole vocabulary. On an H200 (Qwen3-30B-A3B, `bench serve --in-process`,
