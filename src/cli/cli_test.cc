@@ -191,9 +191,8 @@ TEST(Cli, BenchPrefillWithDecodeRows) {
   EXPECT_TRUE(std::regex_search(r.output, std::regex("\\n +MoeExperts +3 +[0-9.]+ +[0-9.]+%")))
       << r.output;
   r = RunCorolla(
-      "bench prefill --config tests/data/models/qwen3-moe/config.json --random-weights --device "
-      "cpu "
-      "--decode-rows -1");
+      "bench prefill --config tests/data/models/qwen3-moe/config.json --random-weights "
+      "--device cpu --decode-rows -1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--decode-rows must be in [0, 65536]"), std::string::npos) << r.output;
 }

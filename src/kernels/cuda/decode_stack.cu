@@ -102,9 +102,9 @@ __device__ __forceinline__ int RingAQkvRows(const StackParams& p) {
   return p.resident ? p.stages_a * RowsPerStage(p.hidden) : (p.hq + 2 * p.hk) * kD;
 }
 
-// The attention task's cached keys of layer L (CTAs that have one).
-__device__ void ProduceLayerKeys(Ring& ring, const StackParams& p, const StackLayer& L, int lane) {
-  const SplitPlan plan = PlanSplits(p);
+// The attention task's cached keys of layer L (CTAs that have one under `plan`).
+__device__ void ProduceLayerKeys(Ring& ring, const StackParams& p, const SplitPlan& plan,
+                                 const StackLayer& L, int lane) {
   if (blockIdx.x >= p.hk * plan.splits) return;
   const int g = blockIdx.x / plan.splits, s = blockIdx.x % plan.splits;
   const KeyRange keys = plan.Keys(s);
@@ -122,11 +122,12 @@ __device__ void ProducerA(const StackParams& p, Ring ring, int lane) {
   const Range qkv = Share(qkv_rows, c, grid), o = Share(p.hidden, c, grid),
               r = Share(p.experts, c, grid);
   const int qkv_split = min(qkv.end, qkv.begin + RingAQkvRows(p));
+  const SplitPlan plan = PlanSplits(p);
   for (int l = 0; l < p.layers; ++l) {
     const StackLayer& L = p.layer[l];
     ProduceRows(ring, L.qkv, qkv.begin, qkv_split, p.hidden, lane, first);
     if (lane == 0) TraceNow(p.trace, l, 25);
-    if (!p.resident) ProduceLayerKeys(ring, p, L, lane);
+    if (!p.resident) ProduceLayerKeys(ring, p, plan, L, lane);
     ProduceRows(ring, L.o, o.begin, o.end, q_cols, lane, first);
     if (lane == 0) TraceNow(p.trace, l, 24);
     if (!p.resident) ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
@@ -194,12 +195,13 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
   const uint64_t first = EvictFirst();
   const Range qkv = Share(qkv_rows, c, grid), r = Share(p.experts, c, grid);
   const int qkv_split = min(qkv.end, qkv.begin + RingAQkvRows(p));
+  const SplitPlan plan = PlanSplits(p);
   for (int l = 0; l < p.layers; ++l) {
     const StackLayer& L = p.layer[l];
     if (p.resident) {
       ProduceRows(ring, L.qkv, qkv_split, qkv.end, p.hidden, lane, first);
       if (lane == 0) TraceNow(p.trace, l, 26);
-      ProduceLayerKeys(ring, p, L, lane);
+      ProduceLayerKeys(ring, p, plan, L, lane);
       ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
     }
     if (lane == 0) StackSpin(p.sync + kSyncGrid, BarrierTarget(p, l, kBarRouter));
@@ -594,13 +596,11 @@ bool DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
   p.stages_a = std::clamp(Tuning().decode_stack_stages_a, 2, kStages - 2);
   p.head_wait = Tuning().decode_stack_head_wait;
   p.resident = Tuning().decode_stack_resident;
-  for (int c = 0; c < grid; ++c) {  // Share() of the qkv rows, as the kernel deals them
-    const int64_t rows = (hq + 2 * hk) * kD;
-    const int begin = static_cast<int>(rows * c / grid),
-              end = static_cast<int>(rows * (c + 1) / grid);
+  for (int c = 0; c < grid; ++c) {  // the qkv rows as the kernel deals them
+    const Range rows = Share(static_cast<int>((hq + 2 * hk) * kD), c, grid);
     for (int g = 0; g < hk; ++g)
       p.qkv_head_arrivals[g] +=
-          QkvRowsTouchHead(begin, end, static_cast<int>(hq), static_cast<int>(hk), g);
+          QkvRowsTouchHead(rows.begin, rows.end, static_cast<int>(hq), static_cast<int>(hk), g);
   }
   p.route_logits = route_sink.logits;
   p.route_ids = route_sink.ids;

@@ -157,8 +157,8 @@ __device__ __forceinline__ void Load8(const float* p, float f[8]) {
 struct Range {
   int begin, end;
 };
-// CTA c's share of n items over `parts` CTAs.
-__device__ __forceinline__ Range Share(int n, int c, int parts) {
+// CTA c's share of n items over `parts` CTAs (the host counts the qkv shares' heads with it).
+__device__ __host__ inline Range Share(int n, int c, int parts) {
   return {static_cast<int>(static_cast<int64_t>(n) * c / parts),
           static_cast<int>(static_cast<int64_t>(n) * (c + 1) / parts)};
 }
