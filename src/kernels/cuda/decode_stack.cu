@@ -222,13 +222,16 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
     if (lane == 0 && p.trace)
       p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 17] = wgmma::GlobalTimerNs();
     const Range pr = Share(pairs, c, grid), h = Share(p.hidden, c, grid);
+    unsigned long long waited = 1;  // trace event 28: time in Acquire (stages not yet free)
     for (int q = pr.begin; q < pr.end;) {
       const int slot = q / p.inter, j = q % p.inter;
       const int n = min(pairs_per_stage, min(pr.end - q, p.inter - j));
       const int e = ids[slot];
       const uint32_t half = static_cast<uint32_t>(n) * p.hidden * 2;
       if (lane == 0) {
+        const unsigned long long t0 = p.trace ? wgmma::GlobalTimerNs() : 0;
         ring.Acquire(2 * half);
+        if (p.trace) waited += wgmma::GlobalTimerNs() - t0;
         const bf16_t* w = L.gate_up + static_cast<int64_t>(e) * 2 * p.inter * p.hidden;
         BulkCopy(ring.Stage(), w + static_cast<int64_t>(j) * p.hidden, half, ring.Full(), first);
         BulkCopy(ring.Stage() + half, w + static_cast<int64_t>(p.inter + j) * p.hidden, half,
@@ -238,6 +241,8 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
       ++ring.iter;
       q += n;
     }
+    if (lane == 0 && p.trace)
+      p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 28] = waited;
     for (int slot = 0; slot < p.top_k; ++slot) {
       const bf16_t* w = L.down + static_cast<int64_t>(ids[slot]) * p.hidden * p.inter;
       ProduceRows(ring, w, h.begin, h.end, p.inter, lane, first);
@@ -336,6 +341,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       {
         const int pairs = p.top_k * p.inter, per = kStageBytes / (4 * p.hidden);
         const Range pr = Share(pairs, c, grid);
+        unsigned long long waited = 1;  // trace event 29: warp 0's waits after its first stage
+        bool first = true;
         // A stage holds n gate rows, then their n up rows; each sharer takes whole pairs.
         for (int q = pr.begin; q < pr.end; ++ring_b.iter) {
           const int slot = q / p.inter, j = q % p.inter;
@@ -344,7 +351,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int part = cons.Part(ring_b);
           if (part < 0) continue;
           const Range mine = Consumer::PartOf(n, part, ring_b.Sharers());
+          const unsigned long long t0 = p.trace && !first ? wgmma::GlobalTimerNs() : 0;
           ring_b.WaitFull();
+          if (t0 != 0) waited += wgmma::GlobalTimerNs() - t0;
+          first = false;
           if (mine.end - mine.begin == n) {  // the whole stage: its 2n rows four at a time
             float gate[4];                   // n <= 4: kStageBytes / (4 H) with H >= 1024
             cons.DotRows(cons.StageRows(ring_b), 2 * n, p.hidden, x, [&](int row, float v) {
@@ -366,6 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           ring_b.Release(lane);
         }
+        if (tid == 0 && p.trace)
+          p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 29] = waited;
       }
       trace(11);
       cons.GridSync(BarrierTarget(p, l, kBarGateUp));
@@ -455,7 +467,9 @@ void PrintTrace(const unsigned long long* dev, int layers, int grid, cudaStream_
                                              "A: o rows issued",
                                              "A: qkv rows issued",
                                              "B: qkv tail issued",
-                                             "qkv: stage 0 full"};
+                                             "qkv: stage 0 full",
+                                             "B: gate/up stage waits",
+                                             "gate/up full waits"};
   std::fprintf(stderr,
                "decode stack trace (%d layers, %d CTAs), us: mean over CTAs / max CTA mean\n",
                layers, grid);
@@ -466,16 +480,19 @@ void PrintTrace(const unsigned long long* dev, int layers, int grid, cudaStream_
     // stage's arrival from the O phase's start, producer A's last o issue from the norm (it
     // waits for the layer's qkv stages), its last qkv issue (for this layer, issued during the
     // previous one) and producer B's qkv tail from the layer's start.
+    // Events 28-29 are durations: producer B's time waiting for free gate/up stages, and
+    // consumer warp 0's time waiting for full ones after its first (which includes the routing).
     static const int kFrom[6] = {1, 5, 1, 0, 0, 1};
-    const int from = e == 16 ? 10 : e == 18 ? 3 : e >= 22 ? kFrom[e - 22] : e - 1;
+    const int from = e == 16 ? 10 : e == 18 ? 3 : e >= 22 && e < 28 ? kFrom[e - 22] : e - 1;
+    const bool duration = e >= kTraceWaitEvents;
     double sum = 0, worst = 0;
     int ctas = 0;
     for (int c = 0; c < grid; ++c) {
       double cta = 0;
       int n = 0;
       for (int l = 1; l < layers; ++l) {
-        if (at(l, c, e) == 0 || at(l, c, from) == 0) continue;
-        cta += (at(l, c, e) - at(l, c, from)) / 1000.0;
+        if (at(l, c, e) == 0 || (!duration && at(l, c, from) == 0)) continue;
+        cta += (duration ? at(l, c, e) - 1 : at(l, c, e) - at(l, c, from)) / 1000.0;
         ++n;
       }
       if (n == 0) continue;

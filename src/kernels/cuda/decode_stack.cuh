@@ -34,7 +34,9 @@ constexpr int kD = 128;        // head dim
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kChunkKeys = kStageBytes / (4 * kD);  // keys per ring-A stage: K rows at 0, V at half
 static_assert(kChunkKeys == 32, "the softmax keeps one key a lane");
-constexpr int kTraceEvents = 28;  // COROLLA_DECODE_STACK_TRACE: timestamps per (layer, CTA)
+constexpr int kTraceEvents = 30;  // COROLLA_DECODE_STACK_TRACE: timestamps per (layer, CTA)
+// Events from kTraceWaitEvents on are durations (ns + 1), not timestamps.
+constexpr int kTraceWaitEvents = 28;
 constexpr int kMaxVec = 8192;     // bf16 elements of the GEMV input (H and Hq * D)
 constexpr int kMaxAct = 6144;     // top_k * I (f32)
 constexpr int kMaxExperts = 512;
