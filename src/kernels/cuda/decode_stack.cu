@@ -69,7 +69,7 @@ __device__ void ProduceRows(Ring& ring, const bf16_t* w, int r0, int r1, int k, 
       BulkCopy(ring.Stage(), w + static_cast<int64_t>(r) * k, bytes, ring.Full(), policy);
     }
     __syncwarp();
-    ++ring.iter;
+    ring.Next();
   }
 }
 
@@ -91,7 +91,7 @@ __device__ void ProduceKeys(Ring& ring, const StackParams& p, const StackLayer& 
       BulkCopy(ring.Stage() + kStageBytes / 2 + off, L.v_cache + row * kD, bytes, ring.Full());
     }
     __syncwarp();
-    ++ring.iter;
+    ring.Next();
   }
 }
 
@@ -238,7 +238,7 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
                  ring.Full(), first);
       }
       __syncwarp();
-      ++ring.iter;
+      ring.Next();
       q += n;
     }
     if (lane == 0 && p.trace)
@@ -344,10 +344,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         unsigned long long waited = 1;  // trace event 29: warp 0's waits after its first stage
         bool first = true;
         // A stage holds n gate rows, then their n up rows; each sharer takes whole pairs.
-        for (int q = pr.begin; q < pr.end; ++ring_b.iter) {
-          const int slot = q / p.inter, j = q % p.inter;
+        // (slot, j) of pair q, walked without a division a stage.
+        int next_slot = pr.begin / p.inter, next_j = pr.begin % p.inter;
+        for (int q = pr.begin; q < pr.end; ring_b.Next()) {
+          const int slot = next_slot, j = next_j;
           const int n = min(per, min(pr.end - q, p.inter - j));
           q += n;
+          if ((next_j += n) == p.inter) next_j = 0, ++next_slot;
           const int part = cons.Part(ring_b);
           if (part < 0) continue;
           const Range mine = Consumer::PartOf(n, part, ring_b.Sharers());

@@ -211,23 +211,35 @@ __device__ __forceinline__ void StackWait(uint32_t bar, uint32_t parity) {
 }
 __device__ __noinline__ void StackSpin(const unsigned* p, unsigned target) { SpinUntil(p, target); }
 
-// A ring of stages: the producer's and each consumer's position in it.
+// A ring of stages: the producer's and each consumer's position in it. The position advances
+// with Next() (slot and phase kept as counters): a division by the runtime ring size at every
+// stage cost each warp a ~100-instruction chain (notes/decode_step.md, "Session 31").
+static_assert(kConsumerWarps == 8, "Ring::owner_shift is log2 of a divisor of 8");
 struct Ring {
   uint32_t base;  // shared address of stage 0
   uint32_t full;  // shared address of full barrier 0 (8 bytes apart)
   uint32_t empty;
   int stages;
-  uint32_t iter = 0;
-  __device__ int Sharers() const { return StageSharers(stages); }
-  __device__ uint32_t Stage() const { return base + (iter % stages) * kStageBytes; }
-  __device__ uint32_t Full() const { return full + (iter % stages) * 8; }
-  __device__ uint32_t Empty() const { return empty + (iter % stages) * 8; }
+  int sharers = StageSharers(stages);
+  // kConsumerWarps / sharers warps own the ring's slots, a power of two: slot s belongs to the
+  // warps w with w % owners == s % owners (mask), part w / owners (shift) of the stage.
+  int owner_mask = kConsumerWarps / sharers - 1;
+  int owner_shift = owner_mask == 7 ? 3 : owner_mask == 3 ? 2 : owner_mask;  // log2(owners)
+  uint32_t iter = 0, slot = 0, phase = 0;
+  __device__ int Sharers() const { return sharers; }
+  __device__ void Next() {
+    ++iter;
+    if (++slot == static_cast<uint32_t>(stages)) slot = 0, phase ^= 1;
+  }
+  __device__ uint32_t Stage() const { return base + slot * kStageBytes; }
+  __device__ uint32_t Full() const { return full + slot * 8; }
+  __device__ uint32_t Empty() const { return empty + slot * 8; }
   // Producer (one lane): waits until the stage is free, then expects `bytes` on its full barrier.
   __device__ void Acquire(uint32_t bytes) const {
-    if (iter >= static_cast<uint32_t>(stages)) StackWait(Empty(), ((iter / stages) - 1) & 1);
+    if (iter >= static_cast<uint32_t>(stages)) StackWait(Empty(), phase ^ 1);
     MbarArriveExpectTx(Full(), bytes);
   }
-  __device__ void WaitFull() const { StackWait(Full(), (iter / stages) & 1); }
+  __device__ void WaitFull() const { StackWait(Full(), phase); }
   // Each consumer warp that read the stage (one of Sharers()): done with it.
   __device__ void Release(int lane) const {
     __syncwarp();

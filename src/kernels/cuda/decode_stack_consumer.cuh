@@ -63,12 +63,13 @@ struct Consumer {
   // slot's owners are fixed, so they meet the slot's phases in order (a parity wait must never
   // run a phase ahead). Returns this warp's part of the current stage, or -1 if it has none.
   __device__ int Part(const Ring& ring) const {
-    const int sharers = ring.Sharers(), owners = kConsumerWarps / sharers;
-    const int slot = static_cast<int>(ring.iter % ring.stages);
-    return warp % owners == slot % owners && warp < owners * sharers ? warp / owners : -1;
+    return (warp & ring.owner_mask) == (static_cast<int>(ring.slot) & ring.owner_mask)
+               ? warp >> ring.owner_shift
+               : -1;
   }
   // Items [0, n) of a stage split over its sharers: part `part`'s [begin, end).
   __device__ static Range PartOf(int n, int part, int sharers) {
+    if (sharers == 1) return {0, n};
     return {n * part / sharers, n * (part + 1) / sharers};
   }
   __device__ const bf16_t* StageRows(const Ring& ring) const {
@@ -128,7 +129,7 @@ struct Consumer {
   template <typename X, typename Out>
   __device__ void Gemv(Ring& ring, int r0, int r1, int k, const X* x, Out out) {
     const int per = RowsPerStage(k);
-    for (int r = r0; r < r1; r += per, ++ring.iter) {
+    for (int r = r0; r < r1; r += per, ring.Next()) {
       const int part = Part(ring);
       if (part < 0) continue;
       const Range mine = PartOf(min(per, r1 - r), part, ring.Sharers());
@@ -263,7 +264,7 @@ struct Consumer {
       if (!cached) break;
       ConsumerSync();  // every warp is done with the stage: its sharers' arrivals free it
       if (lane == 0 && warp < ring.Sharers()) MbarArrive(ring.Empty());
-      ++ring.iter;
+      ring.Next();
     }
     Trace(layer, 19);
     // Partials (or, with one split, the output).
