@@ -205,8 +205,7 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
       ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
     }
     if (lane == 0) StackSpin(p.sync + kSyncGrid, BarrierTarget(p, l, kBarRouter));
-    if (lane == 0 && p.trace)
-      p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 16] = wgmma::GlobalTimerNs();
+    if (lane == 0) TraceNow(p.trace, l, 16);
     __syncwarp();
     for (int e = lane; e < p.experts; e += 32) logit[e] = __ldcg(p.logits + e);
     __syncwarp();
@@ -219,8 +218,7 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
     if (p.route_ids != nullptr && c == 0 && lane < p.top_k)
       p.route_ids[l * p.top_k + lane] = ids[lane];
     __syncwarp();
-    if (lane == 0 && p.trace)
-      p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 17] = wgmma::GlobalTimerNs();
+    if (lane == 0) TraceNow(p.trace, l, 17);
     const Range pr = Share(pairs, c, grid), h = Share(p.hidden, c, grid);
     unsigned long long waited = 1;  // trace event 28: time in Acquire (stages not yet free)
     for (int q = pr.begin; q < pr.end;) {
@@ -241,8 +239,7 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
       ring.Next();
       q += n;
     }
-    if (lane == 0 && p.trace)
-      p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 28] = waited;
+    if (lane == 0) TraceSet(p.trace, l, 28, waited);
     for (int slot = 0; slot < p.top_k; ++slot) {
       const bf16_t* w = L.down + static_cast<int64_t>(ids[slot]) * p.hidden * p.inter;
       ProduceRows(ring, w, h.begin, h.end, p.inter, lane, first);
@@ -379,8 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           ring_b.Release(lane);
         }
-        if (tid == 0 && p.trace)
-          p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 29] = waited;
+        if (tid == 0) TraceSet(p.trace, l, 29, waited);
       }
       trace(11);
       cons.GridSync(BarrierTarget(p, l, kBarGateUp));
@@ -486,7 +482,10 @@ void PrintTrace(const unsigned long long* dev, int layers, int grid, cudaStream_
     // Events 28-29 are durations: producer B's time waiting for free gate/up stages, and
     // consumer warp 0's time waiting for full ones after its first (which includes the routing).
     static const int kFrom[6] = {1, 5, 1, 0, 0, 1};
-    const int from = e == 16 ? 10 : e == 18 ? 3 : e >= 22 && e < 28 ? kFrom[e - 22] : e - 1;
+    const int from = e == 16                           ? 10
+                     : e == 18                         ? 3
+                     : e >= 22 && e < kTraceWaitEvents ? kFrom[e - 22]
+                                                       : e - 1;
     const bool duration = e >= kTraceWaitEvents;
     double sum = 0, worst = 0;
     int ctas = 0;

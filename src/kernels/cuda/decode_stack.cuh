@@ -34,7 +34,7 @@ constexpr int kD = 128;        // head dim
 constexpr int kMaxGroup = 16;  // query heads per KV head
 constexpr int kChunkKeys = kStageBytes / (4 * kD);  // keys per ring-A stage: K rows at 0, V at half
 static_assert(kChunkKeys == 32, "the softmax keeps one key a lane");
-constexpr int kTraceEvents = 30;  // COROLLA_DECODE_STACK_TRACE: timestamps per (layer, CTA)
+constexpr int kTraceEvents = 30;  // COROLLA_DECODE_STACK_TRACE: events per (layer, CTA)
 // Events from kTraceWaitEvents on are durations (ns + 1), not timestamps.
 constexpr int kTraceWaitEvents = 28;
 constexpr int kMaxVec = 8192;     // bf16 elements of the GEMV input (H and Hq * D)
@@ -164,11 +164,15 @@ __device__ __host__ inline Range Share(int n, int c, int parts) {
   return {static_cast<int>(static_cast<int64_t>(n) * c / parts),
           static_cast<int>(static_cast<int64_t>(n) * (c + 1) / parts)};
 }
-// COROLLA_DECODE_STACK_TRACE: event `event` of (layer, this CTA) happens now (one thread).
-__device__ __forceinline__ void TraceNow(unsigned long long* trace, int layer, int event) {
+// COROLLA_DECODE_STACK_TRACE: event `event` of (layer, this CTA) is `value` (one thread).
+__device__ __forceinline__ void TraceSet(unsigned long long* trace, int layer, int event,
+                                         unsigned long long value) {
   if (trace != nullptr)
-    trace[(static_cast<int64_t>(layer) * gridDim.x + blockIdx.x) * kTraceEvents + event] =
-        wgmma::GlobalTimerNs();
+    trace[(static_cast<int64_t>(layer) * gridDim.x + blockIdx.x) * kTraceEvents + event] = value;
+}
+// Event `event` of (layer, this CTA) happens now.
+__device__ __forceinline__ void TraceNow(unsigned long long* trace, int layer, int event) {
+  if (trace != nullptr) TraceSet(trace, layer, event, wgmma::GlobalTimerNs());
 }
 __device__ __forceinline__ int RowsPerStage(int k) { return min(kMaxRows, kStageBytes / (2 * k)); }
 
