@@ -205,7 +205,8 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
       ProduceRows(ring, L.router, r.begin, r.end, p.hidden, lane, first);
     }
     if (lane == 0) StackSpin(p.sync + kSyncGrid, BarrierTarget(p, l, kBarRouter));
-    if (lane == 0) TraceNow(p.trace, l, 16);
+    if (lane == 0 && p.trace)
+      p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 16] = wgmma::GlobalTimerNs();
     __syncwarp();
     for (int e = lane; e < p.experts; e += 32) logit[e] = __ldcg(p.logits + e);
     __syncwarp();
@@ -218,7 +219,8 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
     if (p.route_ids != nullptr && c == 0 && lane < p.top_k)
       p.route_ids[l * p.top_k + lane] = ids[lane];
     __syncwarp();
-    if (lane == 0) TraceNow(p.trace, l, 17);
+    if (lane == 0 && p.trace)
+      p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 17] = wgmma::GlobalTimerNs();
     const Range pr = Share(pairs, c, grid), h = Share(p.hidden, c, grid);
     unsigned long long waited = 1;  // trace event 28: time in Acquire (stages not yet free)
     for (int q = pr.begin; q < pr.end;) {
@@ -239,7 +241,8 @@ __device__ void ProducerB(const StackParams& p, Ring ring, uint8_t* smem, int la
       ring.Next();
       q += n;
     }
-    if (lane == 0) TraceSet(p.trace, l, 28, waited);
+    if (lane == 0 && p.trace)
+      p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 28] = waited;
     for (int slot = 0; slot < p.top_k; ++slot) {
       const bf16_t* w = L.down + static_cast<int64_t>(ids[slot]) * p.hidden * p.inter;
       ProduceRows(ring, w, h.begin, h.end, p.inter, lane, first);
@@ -376,7 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           ring_b.Release(lane);
         }
-        if (tid == 0) TraceSet(p.trace, l, 29, waited);
+        if (tid == 0 && p.trace)
+          p.trace[(static_cast<int64_t>(l) * grid + c) * kTraceEvents + 29] = waited;
       }
       trace(11);
       cons.GridSync(BarrierTarget(p, l, kBarGateUp));
