@@ -44,6 +44,18 @@ __device__ __forceinline__ TileCoord Locate(const Schedule& sch, int tile) {
   return t;
 }
 
+// The tile a persistent CTA takes in its round r (its r-th tile, increasing in r): rounds of
+// gridDim.x tiles in alternating directions (snake), or blockIdx.x + r gridDim.x. The tiles of a
+// group repeat with a period (an expert's full m-tile, then its partial one, n fastest: 2 n_tiles
+// tiles an expert where routing is even); where the grid is a multiple of that period, the
+// straight order gives each CTA the same place of it in every round, so that some CTAs run only
+// full tiles and the others only partial ones (132 CTAs, 6 n-tiles: half the SMs idle for half
+// the kernel). The snake alternates each CTA between two places.
+__device__ __forceinline__ int RoundTile(int r, bool snake) {
+  const int c = blockIdx.x, grid = gridDim.x;
+  return r * grid + (snake && (r & 1) != 0 ? grid - 1 - c : c);
+}
+
 // Warp 0: tile_start from offsets (lane l sums a contiguous run of experts, then a shuffle scan).
 template <int kBM>
 __device__ void ScanTiles(const int32_t* offsets, int32_t* tile_start, int experts, int lane) {

@@ -30,7 +30,7 @@
 // the tile's last (Tuning().moe_gemm_wgmma_skip_idle) only waits and frees the stages. The
 // producer waits empty[stage] before refilling it and runs ahead across tile boundaries, so the
 // next tile's loads overlap this tile's epilogue.
-// Persistent grid: one CTA per SM (~200 KB of shared memory), tiles blockIdx.x + i gridDim.x.
+// Persistent grid: one CTA per SM (~200 KB of shared memory), tiles in grouped::RoundTile's order.
 // No setmaxnreg: 384 threads x 168 registers fit an SM, and the consumers need ~154 (128 of
 // them accumulators).
 #include <algorithm>
@@ -98,6 +98,7 @@ struct WgmmaParams {
   int experts, n, k;
   bool out_bf16;   // Down: y in bf16
   bool skip_idle;  // Tuning().moe_gemm_wgmma_skip_idle
+  bool snake;      // Tuning().moe_gemm_snake: grouped::RoundTile's order
 };
 
 template <bool kGateUp, int kBM>
@@ -110,7 +111,7 @@ __device__ __forceinline__ void Produce(const WgmmaParams& p, const Schedule& sc
   const int t = threadIdx.x - kConsumers * 128;
   const int chunk = t % 8, row0 = t / 8;  // this thread's A rows: row0 + i kARowsPerPass
   int step = 0;                           // k-blocks issued so far (over all tiles)
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int rnd = 0, tile; (tile = grouped::RoundTile(rnd, p.snake)) < num_tiles; ++rnd) {
     const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
     const bf16_t* a_row[kAPasses];  // null: past the expert's rows (zero fill)
 #pragma unroll
@@ -173,7 +174,7 @@ __device__ __forceinline__ void Consume(const WgmmaParams& p, const Schedule& sc
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
   int step = 0;
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int rnd = 0, tile; (tile = grouped::RoundTile(rnd, p.snake)) < num_tiles; ++rnd) {
     const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
     // kBM 128: a tile of at most 64 rows (an expert's rows past its whole tiles, or all of a
     // small expert's) leaves consumer 1 without rows. It keeps the ring's waits and arrivals but
@@ -422,6 +423,7 @@ void GroupedWgmmaGateUp(int tile_rows, const TensorView& x, int64_t x_stride,
   p.k = static_cast<int>(hidden);
   p.out_bf16 = false;  // act is always bf16
   p.skip_idle = Tuning().moe_gemm_wgmma_skip_idle;
+  p.snake = Tuning().moe_gemm_snake;
   if (tile_rows == 64)
     LaunchWgmma<true, 64>(p, act.dim(0), s);
   else
@@ -445,6 +447,7 @@ void GroupedWgmmaDown(int tile_rows, const TensorView& act, const int32_t* offse
   p.k = static_cast<int>(inter);
   p.out_bf16 = y.dtype == DType::kBF16;
   p.skip_idle = Tuning().moe_gemm_wgmma_skip_idle;
+  p.snake = Tuning().moe_gemm_snake;
   if (tile_rows == 64)
     LaunchWgmma<false, 64>(p, act.dim(0), s);
   else

@@ -36,6 +36,7 @@
 #include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/tensor_map.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
@@ -95,6 +96,7 @@ struct Fp8WgmmaParams {
   const int32_t* offsets;     // [E + 1]
   int experts, n, k, n_blocks, k_groups;
   bool out_bf16;  // Down: y in bf16
+  bool snake;     // Tuning().moe_gemm_snake: grouped::RoundTile's order
 };
 
 template <int kBN, bool kGateUp>
@@ -107,7 +109,7 @@ __device__ __forceinline__ void Produce(const Fp8WgmmaParams& p, const Schedule&
   const int t = threadIdx.x - kConsumers * 128;
   const int chunk = t % 8, row0 = t / 8;  // this thread's A rows: row0 + i kARowsPerPass
   int step = 0;                           // k-blocks issued so far (over all tiles)
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int rnd = 0, tile; (tile = grouped::RoundTile(rnd, p.snake)) < num_tiles; ++rnd) {
     const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
     const uint8_t* a_row[kAPasses];  // null: past the expert's rows (zero fill)
 #pragma unroll
@@ -175,7 +177,7 @@ __device__ __forceinline__ void Consume(const Fp8WgmmaParams& p, const Schedule&
 #pragma unroll
   for (int i = 0; i < 64; ++i) tmp[i] = 0.f;
   int step = 0;
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int rnd = 0, tile; (tile = grouped::RoundTile(rnd, p.snake)) < num_tiles; ++rnd) {
     const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
     // Scale rows of this thread's two fragment rows (rows past the expert's are computed from
     // zeros and never written: any valid scale) and of the tile's one or two weight blocks.
@@ -453,6 +455,7 @@ void GroupedFp8WgmmaGateUp(const uint8_t* xq, const float* xs, int64_t tokens_st
   p.n_blocks = static_cast<int>(CeilDiv(inter, kGroup));
   p.k_groups = static_cast<int>(CeilDiv(hidden, kGroup));
   p.out_bf16 = false;  // act is always bf16
+  p.snake = Tuning().moe_gemm_snake;
   if (Tuning().moe_fp8_wgmma_tile_n == 256)
     LaunchFp8Wgmma<256, true>(p, rows, s);
   else
@@ -479,6 +482,7 @@ void GroupedFp8WgmmaDown(const uint8_t* actq, const float* act_scale, const int3
   p.n_blocks = static_cast<int>(CeilDiv(hidden, kGroup));
   p.k_groups = static_cast<int>(CeilDiv(inter, kGroup));
   p.out_bf16 = y.dtype == DType::kBF16;
+  p.snake = Tuning().moe_gemm_snake;
   if (Tuning().moe_fp8_wgmma_tile_n == 256)
     LaunchFp8Wgmma<256, false>(p, rows, s);
   else

@@ -114,6 +114,7 @@ struct MoePath {
   bool wgmma_tile64 = false;    // the 64-row wgmma tiles (with wgmma)
   bool prompt = false;          // PlanStep says the tokens are one prompt chunk's
   bool y_bf16 = false;          // the down GEMM's y in bf16 (Tuning().moe_y_bf16)
+  bool snake = true;            // Tuning().moe_gemm_snake
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
@@ -140,10 +141,12 @@ const MoePath kMoePaths[] = {
      .wgmma_tile64 = true,
      .y_bf16 = true},
     {.name = "gemv y bf16", .gemv = true, .y_bf16 = true},
+    {.name = "wgmma tile 128 straight order", .tile_rows = 128, .wgmma = true, .snake = false},
 };
 void Apply(const MoePath& path) {
   cuda::KernelTuning& t = cuda::Tuning();
   t = DefaultTuning();
+  t.moe_gemm_snake = path.snake;
   if (path.dispatch) return;
   t.moe_pair_gemv_max_pairs = 0;
   t.moe_decode_max_pairs = path.gemv ? int64_t{1} << 40 : 0;
@@ -525,7 +528,7 @@ TEST(CudaPerf, GroupedGemm) {
       kPeakBytes / 1e12);
   std::printf("grouped gemm perf: %5s %6s %6s | %-30s | %-30s\n", "tpe", "tokens", "tile",
               "gate_up us TFLOP/s wGB/s roof", "down us TFLOP/s wGB/s roof");
-  for (int64_t tpe : {1, 4, 16, 64, 512, 2048}) {
+  for (int64_t tpe : {1, 4, 16, 64, 136, 256, 512, 2048}) {
     const int64_t rows = experts * tpe, tokens = rows / k;
     // Pair i = t k + s goes to expert i % E (k distinct experts per token); the j-th row of
     // expert e is pair j E + e.
@@ -549,7 +552,7 @@ TEST(CudaPerf, GroupedGemm) {
     const double gu_bytes =
         gu_wbytes + 2.0 * rows * hidden + 2.0 * rows * inter;  // + x rows read, act written
     const double down_bytes = down_wbytes + 2.0 * rows * inter + 4.0 * rows * hidden;
-    const int reps = tpe >= 512 ? 10 : 30;
+    const int reps = tpe >= 136 ? 10 : 30;
     auto stats = [&](double us, double flops, double wbytes, double bytes) {
       const double roof = std::max(flops / kPeakFlops, bytes / kPeakBytes) * 1e6 / us;
       char buf[96];
@@ -565,11 +568,17 @@ TEST(CudaPerf, GroupedGemm) {
     const int auto_tile =
         auto_wgmma && auto_rows == 64 && !def.moe_gemm_wgmma_tile64 ? 128 : auto_rows;
     double mma128_us[2] = {0, 0};  // gate_up, down of the 128-row mma.sync tiles
-    for (int variant = 0; variant < 5; ++variant) {
-      // 32, 64, 128 on mma.sync, then 128 and 64 on wgmma ("128w", "64w").
-      const int tile = variant == 3 ? 128 : variant == 4 ? 64 : 32 << variant;
-      const bool wgmma = variant >= 3;
-      Apply({"mma", false, false, tile, true, wgmma, true, true});
+    for (int variant = 0; variant < 6; ++variant) {
+      // 32, 64, 128 on mma.sync, then 128 and 64 on wgmma ("128w", "64w"), then 128 on wgmma in
+      // the straight tile order ("128s").
+      const int tile = variant == 3 || variant == 5 ? 128 : variant == 4 ? 64 : 32 << variant;
+      const bool wgmma = variant >= 3, straight = variant == 5;
+      if (straight && tpe < 64) continue;
+      Apply({.name = "mma",
+             .tile_rows = tile,
+             .wgmma = wgmma,
+             .wgmma_tile64 = true,
+             .snake = !straight});
       const double gu_us = median_us(
           [&] {
             cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream);
@@ -578,20 +587,25 @@ TEST(CudaPerf, GroupedGemm) {
       const double down_us =
           median_us([&] { cuda::GroupedGemmDown(act, goff.ptr<int32_t>(), wd, y, stream); }, reps);
       std::printf("grouped gemm perf: %5ld %6ld %4d%s%s | %s | %s\n", static_cast<long>(tpe),
-                  static_cast<long>(tokens), tile, wgmma ? "w" : " ",
-                  tile == auto_tile && wgmma == auto_wgmma ? "*" : " ",
+                  static_cast<long>(tokens), tile,
+                  straight ? "s"
+                  : wgmma  ? "w"
+                           : " ",
+                  tile == auto_tile && wgmma == auto_wgmma && !straight ? "*" : " ",
                   stats(gu_us, gu_flops, gu_wbytes, gu_bytes).c_str(),
                   stats(down_us, down_flops, down_wbytes, down_bytes).c_str());
       if (tile == 128 && !wgmma) mma128_us[0] = gu_us, mma128_us[1] = down_us;
-      if (wgmma && tile == 128)
+      if (wgmma && tile == 128 && !straight)
         std::printf(
             "grouped gemm perf: %5ld wgmma vs mma.sync (128-row tiles): gate_up %.2fx (%.0f%% of "
             "%.0f TFLOP/s), down %.2fx (%.0f%%)\n",
             static_cast<long>(tpe), mma128_us[0] / gu_us,
             100 * gu_flops / (gu_us * 1e-6) / kPeakFlops, kPeakFlops / 1e12, mma128_us[1] / down_us,
             100 * down_flops / (down_us * 1e-6) / kPeakFlops);
-      const std::string key =
-          "tpe" + std::to_string(tpe) + " tile" + std::to_string(tile) + (wgmma ? "w" : "");
+      const std::string key = "tpe" + std::to_string(tpe) + " tile" + std::to_string(tile) +
+                              (straight ? "s"
+                               : wgmma  ? "w"
+                                        : "");
       Record("Perf.grouped_gemm_gate_up_us", key, gu_us, 0);
       Record("Perf.grouped_gemm_down_us", key, down_us, 0);
     }
@@ -609,6 +623,7 @@ TEST(CudaPerf, GroupedGemm) {
     };
     op({"default", true, false, 0});
     if (tpe >= 512) op({"mma.sync 128", false, false, 128});  // the whole op without wgmma
+    if (tpe >= 64) op({.name = "straight order", .dispatch = true, .snake = false});
     if (tpe >= 16 && tpe <= 64) {  // the wgmma tiles where mma.sync's 32/64-row tiles are chosen
       op({"wgmma 64", false, false, 64, true, true, true, true});
       op({"wgmma 128", false, false, 128, true, true});

@@ -25,6 +25,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_WGMMA_TILE64")) t.moe_gemm_wgmma_tile64 = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_WGMMA_SKIP_IDLE"))
       t.moe_gemm_wgmma_skip_idle = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_MOE_GEMM_SNAKE")) t.moe_gemm_snake = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_PERMUTE_ONE_CTA_MAX_PAIRS"))
       t.moe_permute_one_cta_max_pairs = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MOE_GEMM_TILE_ROWS")) t.moe_gemm_tile_rows = std::atoi(v);

@@ -38,6 +38,10 @@ struct KernelTuning {
   // 1024 + 512 decode rows 32.7 vs 33.7; single prompts of 1-4k, whose routing crowds onto
   // fewer experts, within their noise. COROLLA_MOE_WGMMA_SKIP_IDLE sets it.
   bool moe_gemm_wgmma_skip_idle = true;
+  // The wgmma grouped GEMMs (bf16 and FP8) walk their tiles in grouped::RoundTile's snake order
+  // (rounds of the grid in alternating directions), else blockIdx.x + i gridDim.x.
+  // COROLLA_MOE_GEMM_SNAKE sets it.
+  bool moe_gemm_snake = true;
   // MoePermute (moe_permute.cu) takes up to this many (token, slot) pairs in one CTA (at most
   // 8192), more in three launches of CTAs of 2048 pairs; 0: three launches at every size. 4096:
   // on an H200 (E 128, k 8, `CudaPerf.MoePermute`) one CTA took 256 / 512 / 1024 tokens in 5.4 /
