@@ -100,6 +100,7 @@ struct ServeOptions {
   int64_t max_body_bytes = 8 << 20;
   int64_t drain_seconds = 30;
   bool prefix_caching = true;
+  bool graph_warmup = true;
   std::string async_scheduling;  // on|off; unset: on for cuda
   int64_t ep_capacity = -1;      // --dp D --ep D: see --ep-capacity
 };
@@ -133,6 +134,7 @@ Result<EngineOptions> MakeEngineOptions(const ServeOptions& o, const LoadedModel
                                                           o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
   eo.max_model_len = static_cast<int>(o.max_model_len);
   eo.enable_prefix_caching = o.prefix_caching;
+  eo.warm_decode_graphs = o.graph_warmup;
   eo.async_scheduling = async_scheduling;
   ASSIGN_OR_RETURN(eo.linear_state_dtype, o.model.LinearStateDtype());
   return eo;
@@ -298,6 +300,10 @@ int ServeMain(int argc, char** argv) {
   flags.Int("max-body-bytes", &o.max_body_bytes, "largest request body accepted (413 above)");
   flags.Int("drain-seconds", &o.drain_seconds, "on SIGTERM, how long in-flight requests may still run");
   flags.Bool("prefix-caching", &o.prefix_caching, "reuse the KV cache of shared prompt prefixes");
+  flags.Bool(
+      "graph-warmup", &o.graph_warmup,
+      "capture the decode CUDA graphs (batch x context buckets) while the server is idle, small "
+      "batches first, instead of in the first step that needs each");
   flags.Int(
       "ep-capacity", &o.ep_capacity,
       "--dp D --ep D: tokens per rank up to which a round exchanges fixed-size blocks and replays "

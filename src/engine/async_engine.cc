@@ -179,9 +179,17 @@ void AsyncEngine::Loop() {
     bool stopping = false, past_deadline = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
+      auto ready = [&] {
         return stopping_ || !incoming_.empty() || !cancels_.empty() || !ended_by_callback_.empty() || !active_.empty();
-      });
+      };
+      // Idle: capture decode graphs ahead of use, one at a time, so that a request arriving now
+      // waits for at most one capture instead of its step capturing later.
+      while (warming_ && !ready()) {
+        lock.unlock();
+        warming_ = engine_->WarmDecodeGraph();
+        lock.lock();
+      }
+      cv_.wait(lock, ready);
       incoming.swap(incoming_);
       cancels.swap(cancels_);
       ended.swap(ended_by_callback_);

@@ -190,6 +190,7 @@ class AsyncEngine final : public StepThreadEngine {
   void PublishStats(int num_incoming);
 
   std::unique_ptr<Engine> engine_;  // touched by the step thread only (Validate: any thread)
+  bool warming_ = true;  // step thread: Engine::WarmDecodeGraph has graphs left to capture
   const AsyncEngineOptions options_;
   const int max_model_len_;
 

@@ -61,7 +61,9 @@ int DecodeGraphs::ContextBucket(int max_seq_len) {
 
 void DecodeGraphs::Capture(Bucket& bucket, std::pair<int, int> key) {
   Upload(bucket, {});
-  auto graph = backend_.CaptureGraph([&] { Forward(bucket, key.second); });
+  // Holds nothing of this call's frame: a backend may keep fn (a test's stands in for a graph).
+  auto graph =
+      backend_.CaptureGraph([this, &bucket, context = key.second] { Forward(bucket, context); });
   COROLLA_CHECK(graph.ok()) << "decode graph (batch " << key.first << ", context " << key.second
                             << "): " << graph.status().ToString();
   graphs_.emplace(key, std::move(*graph));
@@ -85,6 +87,24 @@ int DecodeGraphs::CaptureAll(int max_context) {
   }
   frozen_ = true;
   return num_forwards;
+}
+
+bool DecodeGraphs::CaptureNext(int max_context) {
+  if (!capture_ || frozen_ || warmed_) return false;
+  const int max_rows = std::min<int>(
+      BatchBucket(std::min<int64_t>(max_batch_, sampled_ids_.numel())), logits_.dim(0));
+  for (int rows = 1; rows <= max_rows; rows = BatchBucket(rows + 1)) {
+    for (int context = kMinContext;; context *= 2) {
+      const std::pair<int, int> key(rows, ClampContext(context));
+      if (!graphs_.count(key)) {
+        Capture(GetBucket(rows), key);
+        return true;
+      }
+      if (context >= max_context) break;
+    }
+  }
+  warmed_ = true;
+  return false;
 }
 
 DecodeGraphs::Bucket& DecodeGraphs::GetBucket(int rows) {

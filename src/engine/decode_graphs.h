@@ -3,6 +3,8 @@
 // 1, 2, 3, ... 16 is its own bucket, then multiples of 8 and of 32 (BatchBucket); each owns a
 // persistent device buffer for the step's metadata, which every graph of that bucket reads, and
 // all write their logits into one buffer, so a step only copies fresh metadata there and replays.
+// A serving engine also captures them ahead of use while it is idle (CaptureNext), so that the
+// requests after start-up seldom wait for a capture.
 // Under DP-EP (every forward collective over the ranks) the graphs are all captured at start-up by
 // CaptureAll, the same list in the same order on every rank, and Run never captures after it.
 // Captures and start-up forwards run rows of padding: token 0 at position 0, cache slot -1 (no KV
@@ -59,6 +61,12 @@ class DecodeGraphs {
   // its forward. Every rank passing the same max_context runs the same number of forwards, each
   // with ForwardBatch::ep_fixed_capacity. Afterwards Run never captures. Returns the forwards.
   int CaptureAll(int max_context);
+  // Single-process serving, while no step runs: captures the first (batch bucket, context
+  // bucket) of the warm-up order not captured yet and returns true, or returns false when every
+  // one is (or graphs run eagerly, or after CaptureAll). The order: batch buckets 1, 2, ... up
+  // to max_batch, small first (where a capture's cost weighs most against the step it delays),
+  // each over the context buckets kMinContext, 2 kMinContext, ... up to the first >= max_context.
+  bool CaptureNext(int max_context);
   // Float32 logits [B, V], one row per chunk: a view of the buffer every bucket writes,
   // overwritten by the next Run.
   Tensor Run(std::span<const ScheduledChunk> chunks);
@@ -127,6 +135,7 @@ class DecodeGraphs {
   // logits before the next step is enqueued (a bucket each: 243 MB for buckets up to 64 rows).
   Tensor logits_;
   bool frozen_ = false;  // CaptureAll ran: no more captures
+  bool warmed_ = false;  // CaptureNext found every graph of its order captured
   std::map<int, Bucket> buckets_;  // rows -> bucket (node-based: addresses stay)
   std::map<std::pair<int, int>, std::unique_ptr<Backend::Graph>> graphs_;  // (rows, context)
 };

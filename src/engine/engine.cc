@@ -437,6 +437,19 @@ std::vector<StepOutput> Engine::Step() {
   return outputs;
 }
 
+bool Engine::WarmDecodeGraph() {
+  if (!options_.warm_decode_graphs) return false;
+  if (HasUnfinished()) return true;
+  if (in_flight_) {
+    Batch previous = std::move(*in_flight_);
+    in_flight_.reset();
+    const std::vector<StepOutput> dropped = Finish(previous);
+    COROLLA_CHECK(dropped.empty())
+        << "a step of ended sequences produced " << dropped.size() << " outputs";
+  }
+  return runner_.WarmDecodeGraph(max_model_len_);
+}
+
 Result<std::vector<std::pair<std::vector<int32_t>, FinishReason>>> Engine::Generate(
     std::vector<GenerationRequest> requests) {
   std::vector<int64_t> ids;

@@ -44,6 +44,9 @@ struct EngineOptions {
   bool async_scheduling = true;
   // Decode graphs (ModelRunner): kAuto on CUDA; tests may ask kBucketsEager.
   DecodeGraphMode decode_graphs = DecodeGraphMode::kAuto;
+  // Whether WarmDecodeGraph captures decode graphs ahead of use (the serving loop calls it while
+  // idle); off, each is captured by the first step that needs it.
+  bool warm_decode_graphs = true;
   // DP-EP serving: every forward is collective over the ranks (ModelRunner's `collective`):
   // decode graphs only from CaptureDecodeGraphs, steps as SetCollectiveStep says.
   bool collective_forwards = false;
@@ -108,6 +111,13 @@ class Engine {
   // sequence that ends at batch N has been scheduled into N+1 already: that step's token for
   // it is dropped, never output. Sequences stopped by length are not scheduled again.
   std::vector<StepOutput> Step();
+
+  // While no request is in the engine: takes a step still in flight (whose tokens belong to
+  // ended sequences), then captures one decode graph ahead of use (ModelRunner::WarmDecodeGraph).
+  // Returns false once there is nothing left to capture (graphs off or collective, every graph
+  // of the warm-up order captured, warm_decode_graphs off); with a request in the engine it
+  // captures nothing and returns true. The serving loop calls it while idle.
+  bool WarmDecodeGraph();
 
   // Runs requests to completion together; returns each one's generated ids and finish reason.
   Result<std::vector<std::pair<std::vector<int32_t>, FinishReason>>> Generate(

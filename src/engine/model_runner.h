@@ -75,6 +75,12 @@ class ModelRunner {
     return graphs_ ? graphs_->CaptureAll(max_context) : 0;
   }
 
+  // Single-process serving, while no step is in flight: DecodeGraphs::CaptureNext; false when
+  // graphs are off or collective, or all are captured.
+  bool WarmDecodeGraph(int max_context) {
+    return graphs_ && !collective_ && graphs_->CaptureNext(max_context);
+  }
+
   // Runs the chunks and returns float32 logits (backend memory): one row per token of
   // every chunk when `all_logits`, else one row per chunk that reaches the end of its sequence,
   // in chunk order. Does not advance num_computed_tokens (the caller does). Read the logits
