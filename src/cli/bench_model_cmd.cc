@@ -17,6 +17,7 @@
 
 #include "base/numeric.h"
 #include "cli/commands.h"
+#include "cli/expert_load.h"
 #include "cli/flags.h"
 #include "cli/model_options.h"
 #include "engine/decode_graphs.h"
@@ -48,6 +49,7 @@ struct BenchOptions {
   bool graph = true;
   bool plan_bucket = false;  // decode: attention planned on the engine's context bucket
   bool breakdown = false;
+  bool expert_load = false;  // prefill: rows an expert of one step's MoE layers
   std::string skip_ops;  // comma-separated op labels not run (ProfilingBackend::SkipOps)
   bool marginal = false;  // decode: the step without each op kind in turn
   int64_t tp = 1;             // decode: tensor-parallel ranks (experts split over them: TP-EP)
@@ -160,6 +162,7 @@ struct Loaded {
   Backend* device = nullptr;              // the device's own backend (timers and graphs need it)
   ProfilingBackend* profiler = nullptr;  // with --breakdown
   ProfilingBackend* skipper = nullptr;   // with --breakdown, --skip-op or --marginal
+  ProfilingBackend* observer = nullptr;  // with --expert-load
   std::vector<std::string> skip;         // --skip-op's labels
   int64_t free_bytes = -1;               // the device's free memory once loaded (-1: not reported)
 };
@@ -184,11 +187,12 @@ Result<Loaded> Load(const BenchOptions& o) {
   l.parallel = std::move(setup.parallel);
   l.shard = setup.shard;
   l.device = l.backend.get();
-  if (o.breakdown || !o.skip_ops.empty() || o.marginal) {
+  if (o.breakdown || !o.skip_ops.empty() || o.marginal || o.expert_load) {
     auto profiler = std::make_unique<ProfilingBackend>(std::move(l.backend));
     l.skip = SplitLabels(o.skip_ops);
     profiler->SkipOps(l.skip);
     if (o.breakdown) l.profiler = profiler.get();
+    if (o.expert_load) l.observer = profiler.get();
     l.skipper = profiler.get();
     l.backend = std::move(profiler);
   }
@@ -424,6 +428,11 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
              "router changes which experts run)");
   flags.String("linear-state-dtype", &o->linear_state_dtype,
                "hybrid models: storage of the Gated DeltaNet recurrent state, f32 or bf16");
+  if (std::string(name) == "prefill")
+    flags.Bool("expert-load", &o->expert_load,
+               "also run one step recording each MoE layer's routing: rows an expert and the "
+               "grouped GEMMs' "
+               "128-row tiles (full, tails) they make");
   if (std::string(name) == "prefill") {
     flags.Int("decode-rows", &o->decode_rows,
               "sequences that decode one token in the same step, ahead of the prompts "
@@ -723,6 +732,14 @@ void PrefillOne(const BenchOptions& o, Loaded& l, DeviceTimer& timer, double pea
   std::printf("  %.3f ms, %.0f tokens/s, %.1f TFLOP/s = %.1f%% of the matmul peak\n", ms, tokens / (ms * 1e-3),
               rate / 1e12, 100.0 * rate / peak);
   if (l.profiler) PrintBreakdown(l, /*graph=*/false, ms, step);
+  if (l.observer) {  // one more step, its routing recorded
+    ExpertLoad load;
+    l.observer->ObserveExpertIds(
+        [&](const TensorView& ids, int experts) { load.Record(backend, ids, experts); });
+    step();
+    l.observer->ObserveExpertIds({});
+    std::printf("%s", load.Summary().c_str());
+  }
   std::fflush(stdout);
 }
 

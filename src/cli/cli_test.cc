@@ -134,6 +134,18 @@ TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
 }
 
+// --expert-load: one more step whose MoE layers' routing is summarised (3 layers of 16 experts,
+// 4 a token: 83 tokens route 332 rows a layer).
+TEST(Cli, BenchPrefillExpertLoad) {
+  RunResult r = RunCorolla(
+      "bench prefill --config tests/data/models/qwen3-moe/config.json --random-weights --device "
+      "cpu "
+      "--batch 2 --context 40 --decode-rows 3 --steps 1 --expert-load");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("expert load over 3 MoE layers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("of 16 experts active"), std::string::npos) << r.output;
+}
+
 // A combination whose KV cache cannot fit the free memory (here 2 x 1e8 cached tokens, ~300 GB of
 // host RAM) is skipped with the reason; the sweep goes on to the next one instead of aborting.
 TEST(Cli, BenchSkipsABatchThatDoesNotFit) {

@@ -110,6 +110,7 @@ void ProfilingBackend::MoeExpertsResidual(const TensorView& x, const TensorView&
                                           const TensorView& topk_weights, const TensorView& w_gate_up,
                                           const TensorView& w_down, const TensorView& out, const TensorView& sum) {
   if (!Mark("MoeExperts+residual")) return;
+  if (observe_ids_) observe_ids_(topk_ids, static_cast<int>(w_gate_up.dim(0)));
   inner_->MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum);
 }
 void ProfilingBackend::NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
@@ -143,6 +144,7 @@ void ProfilingBackend::MoeExpertsFp8(const TensorView& x, const TensorView& topk
                                      const TensorView& w_gate_up, const TensorView& gu_scale,
                                      const TensorView& w_down, const TensorView& d_scale, const TensorView& out) {
   if (!Mark("MoeExpertsFp8")) return;
+  if (observe_ids_) observe_ids_(topk_ids, static_cast<int>(w_gate_up.dim(0)));
   inner_->MoeExpertsFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out);
 }
 bool ProfilingBackend::DecodeMoeStack(const MoeDecoderStack& stack, const AttentionBatch& batch,
@@ -197,6 +199,7 @@ void ProfilingBackend::MoeRoute(const TensorView& router_logits, const MoeRoutin
 void ProfilingBackend::MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                                   const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out) {
   if (!Mark("MoeExperts")) return;
+  if (observe_ids_) observe_ids_(topk_ids, static_cast<int>(w_gate_up.dim(0)));
   inner_->MoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
 }
 void ProfilingBackend::SigmoidMul(const TensorView& x, const TensorView& gate) {

@@ -6,6 +6,7 @@
 // inner backend's answers (model/residual_fold_test.cc).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,11 @@ class ProfilingBackend : public Backend {
   // the step time without them is their marginal cost inside the replayed graph, overlaps
   // included. The results are wrong then; only the timing means anything.
   void SkipOps(std::vector<std::string> names) { skip_ = std::move(names); }
+  // Called with each routed-experts op's topk_ids and expert count (MoeExperts, its residual and
+  // FP8 forms) before the op runs, until reset with an empty function (`bench prefill
+  // --expert-load`).
+  using ExpertIdsObserver = std::function<void(const TensorView& topk_ids, int experts)>;
+  void ObserveExpertIds(ExpertIdsObserver fn) { observe_ids_ = std::move(fn); }
   // Appended to the recorded label of an op the inner backend declined (DecodeMoeStack: the
   // caller's ops ran instead); skipping such an op would skip what replaced it.
   static constexpr const char* kDeclined = " (declined)";
@@ -147,6 +153,7 @@ class ProfilingBackend : public Backend {
   OpClock* clock_ = nullptr;
   std::vector<std::string> labels_;
   std::vector<std::string> skip_;
+  ExpertIdsObserver observe_ids_;
 };
 
 // One row per label: calls, total and share of the summed time, sorted by total.
