@@ -636,5 +636,60 @@ TEST(CudaPerf, GroupedGemm) {
   cuda::Tuning() = DefaultTuning();
 }
 
+// The grouped GEMMs on uneven routing like that of Qwen3-30B-A3B's mixed step with random
+// weights (`bench prefill --context 1024 --batch 2 --decode-rows 128 --expert-load`: 17408 rows,
+// the busiest expert ~830, every expert active): expert e of 128 gets rows in proportion to
+// (r + 1)^-0.5 for its rank r = 37 e mod 128 (~820 down to ~73 rows), on the default 128-row wgmma
+// tiles in the snake and the straight tile order.
+TEST(CudaPerf, GroupedGemmSkewed) {
+  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = *Gpu();
+  cudaStream_t stream = static_cast<cuda::CudaBackend&>(gpu).stream();
+  constexpr double kPeakFlops = 788e12;
+  const int experts = 128;
+  const int64_t hidden = 2048, inter = 768, rows = 17408, tokens = rows / 8;
+  std::vector<double> weight(experts);
+  double sum = 0;
+  for (int e = 0; e < experts; ++e) sum += weight[e] = 1.0 / std::sqrt(1.0 + (37 * e) % experts);
+  std::vector<int32_t> offsets(experts + 1, 0);
+  for (int e = 0; e < experts; ++e)
+    offsets[e + 1] = offsets[e] + static_cast<int32_t>(std::lround(rows * weight[e] / sum));
+  offsets[experts] = static_cast<int32_t>(rows);  // the rounding's remainder to the last expert
+  int64_t busiest = 0;
+  for (int e = 0; e < experts; ++e)
+    busiest = std::max<int64_t>(busiest, offsets[e + 1] - offsets[e]);
+  std::vector<int32_t> perm(rows);
+  for (int64_t i = 0; i < rows; ++i) perm[i] = static_cast<int32_t>((i * 7919) % tokens);
+  Tensor wgu = DevicePattern(gpu, {experts, 2 * inter, hidden}, 1.f / std::sqrt(float(hidden)));
+  Tensor wd = DevicePattern(gpu, {experts, hidden, inter}, 1.f / std::sqrt(float(inter)));
+  Tensor goff = UploadI32(gpu, offsets, {experts + 1}), gperm = UploadI32(gpu, perm, {rows});
+  Tensor x = DevicePattern(gpu, {tokens, hidden}, 1.f);
+  Tensor act = DevicePattern(gpu, {rows, inter}, 1.f);
+  Tensor y = gpu.Empty(DType::kBF16, {rows, hidden});
+  const double gu_flops = 2.0 * rows * 2 * inter * hidden, down_flops = 2.0 * rows * hidden * inter;
+  for (bool snake : {true, false}) {
+    Apply({.name = "default", .dispatch = true, .snake = snake});
+    const double gu_us = MedianUs(
+        stream,
+        [&] {
+          cuda::GroupedGemmGateUp(x, gperm.ptr<int32_t>(), goff.ptr<int32_t>(), wgu, act, stream,
+                                  true);
+        },
+        10);
+    const double down_us = MedianUs(
+        stream, [&] { cuda::GroupedGemmDown(act, goff.ptr<int32_t>(), wd, y, stream, true); }, 10);
+    std::printf(
+        "grouped gemm skewed: %ld rows, busiest expert %ld, %s order: gate_up %.1f us (%.0f%% of "
+        "%.0f TFLOP/s), "
+        "down %.1f us (%.0f%%)\n",
+        static_cast<long>(rows), static_cast<long>(busiest), snake ? "snake" : "straight", gu_us,
+        100 * gu_flops / (gu_us * 1e-6) / kPeakFlops, kPeakFlops / 1e12, down_us,
+        100 * down_flops / (down_us * 1e-6) / kPeakFlops);
+    Record("Perf.grouped_gemm_skewed_us", snake ? "gate_up snake" : "gate_up straight", gu_us, 0);
+    Record("Perf.grouped_gemm_skewed_us", snake ? "down snake" : "down straight", down_us, 0);
+  }
+  cuda::Tuning() = DefaultTuning();
+}
+
 }  // namespace
 }  // namespace corolla::cuda_test
