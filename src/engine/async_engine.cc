@@ -186,7 +186,16 @@ void AsyncEngine::Loop() {
       // waits for at most one capture instead of its step capturing later.
       while (warming_ && !ready()) {
         lock.unlock();
+        const auto start = std::chrono::steady_clock::now();
         warming_ = engine_->WarmDecodeGraph();
+        if (warming_) {
+          ++warm_graphs_;
+          warm_seconds_ +=
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        } else if (warm_graphs_ > 0) {
+          LOG(INFO) << "decode graphs: " << warm_graphs_ << " captured while idle in "
+                    << warm_seconds_ << " s";
+        }
         lock.lock();
       }
       cv_.wait(lock, ready);

@@ -191,6 +191,8 @@ class AsyncEngine final : public StepThreadEngine {
 
   std::unique_ptr<Engine> engine_;  // touched by the step thread only (Validate: any thread)
   bool warming_ = true;  // step thread: Engine::WarmDecodeGraph has graphs left to capture
+  int warm_graphs_ = 0;  // step thread: graphs it captured, and the seconds that took
+  double warm_seconds_ = 0;
   const AsyncEngineOptions options_;
   const int max_model_len_;
 
