@@ -428,12 +428,10 @@ Status ParseOptions(const char* name, const char* summary, int argc, char** argv
              "router changes which experts run)");
   flags.String("linear-state-dtype", &o->linear_state_dtype,
                "hybrid models: storage of the Gated DeltaNet recurrent state, f32 or bf16");
-  if (std::string(name) == "prefill")
+  if (std::string(name) == "prefill") {
     flags.Bool("expert-load", &o->expert_load,
                "also run one step recording each MoE layer's routing: rows an expert and the "
-               "grouped GEMMs' "
-               "128-row tiles (full, tails) they make");
-  if (std::string(name) == "prefill") {
+               "grouped GEMMs' 128-row tiles (full, tails) they make");
     flags.Int("decode-rows", &o->decode_rows,
               "sequences that decode one token in the same step, ahead of the prompts "
               "(the engine's mixed steps under chunked prefill)");
