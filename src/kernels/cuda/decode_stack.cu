@@ -275,8 +275,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     ProducerB(p, ring_b, smem, lane);
   } else {
     Consumer cons{p, smem, tid, warp, lane};
-    // The ring of the qkv rows past ring A's, the keys and the router rows.
-    Ring& ring_s = p.resident ? ring_b : ring_a;
+    // The ring of the qkv rows past ring A's, the keys and the router rows: ring B in the
+    // resident layout, else ring A. Each use works on a copy chosen by value and written back
+    // by a branch: a reference chosen at run time (`Ring& s = p.resident ? ring_b : ring_a`)
+    // took both rings' addresses, which put them in local memory (a 128-byte stack frame, a
+    // local load and store at every Next(), Stage(), Full() and Empty() of every warp).
+    auto with_ring_s = [&](auto&& use) {
+      Ring ring_s = p.resident ? ring_b : ring_a;
+      use(ring_s);
+      if (p.resident)
+        ring_b = ring_s;
+      else
+        ring_a = ring_s;
+    };
     const int c = blockIdx.x, grid = gridDim.x;
     const int qkv_rows = (p.hq + 2 * p.hk) * kD, q_cols = p.hq * kD;
     const SplitPlan plan = PlanSplits(p);
@@ -299,7 +310,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       trace(27);
       cons.Gemv(ring_a, qkv.begin, qkv_split, p.hidden, x, qkv_out);
       trace(22);
-      cons.Gemv(ring_s, qkv_split, qkv.end, p.hidden, x, qkv_out);
+      with_ring_s(
+          [&](Ring& ring_s) { cons.Gemv(ring_s, qkv_split, qkv.end, p.hidden, x, qkv_out); });
       trace(2);
       if (p.head_wait) {  // count once on each KV head whose rows this CTA wrote
         ConsumerSync();
@@ -310,7 +322,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       trace(3);
       // ATTN
-      if (c < p.hk * plan.splits) cons.Attention(ring_s, L, l, plan);
+      if (c < p.hk * plan.splits)
+        with_ring_s([&](Ring& ring_s) { cons.Attention(ring_s, L, l, plan); });
       trace(4);
       // O: waits for every KV head's merged output.
       if (tid == 0) StackSpin(p.sync + kSyncMerged, static_cast<unsigned>((l + 1) * p.hk));
@@ -333,7 +346,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       cons.NormInto(p.sum, L.post_norm, p.hidden, x);
       trace(8);
       const Range r = Share(p.experts, c, grid);
-      cons.Gemv(ring_s, r.begin, r.end, p.hidden, x, [&](int row, float v) { p.logits[row] = v; });
+      with_ring_s([&](Ring& ring_s) {
+        cons.Gemv(ring_s, r.begin, r.end, p.hidden, x,
+                  [&](int row, float v) { p.logits[row] = v; });
+      });
       trace(9);
       cons.GridSync(BarrierTarget(p, l, kBarRouter));
       trace(10);
