@@ -28,8 +28,7 @@
 # this script unpacks that into gpu-bundle/ first.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+. scripts/gpu_env.sh
 OUT=${OUT:-/tmp/corolla-gpu-out}
 logs=$OUT/ab
 mkdir -p "$logs" gpu-bundle

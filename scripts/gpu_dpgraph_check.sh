@@ -16,8 +16,8 @@
 # COROLLA_SKIP_BENCH=1 skips 4.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. scripts/gpu_env.sh
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # nor torch's multicast
 OUT=${OUT:-/tmp/corolla-dpgraph-out}
 B=${B:-mgpu-bundle}
 mkdir -p "$OUT"

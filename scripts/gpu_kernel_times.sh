@@ -16,8 +16,7 @@
 # ncu runs with --clock-control none: its default locks the clocks, which are not ours to change.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+. scripts/gpu_env.sh
 OUT=${OUT:-/tmp/corolla-gpu-out}
 mkdir -p "$OUT" gpu-bundle
 if [ -f mgpu-bundle/b.tar.xz ]; then tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi

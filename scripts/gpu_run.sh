@@ -14,9 +14,7 @@
 # src/kernels/cuda/notes/decode_timeline.md).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-# NCCL from python's wheel first (2.28.9, matching our headers), then CUDA 13 / cuBLAS 13.
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+. scripts/gpu_env.sh
 OUT=${OUT:-/tmp/corolla-gpu-out}
 mkdir -p "$OUT"
 

@@ -10,7 +10,7 @@
 #     each against the golden (scripts/compare_logits.py: max|a-b| / max|b|).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. scripts/gpu_env.sh
 OUT=${OUT:-/tmp/corolla-fp8-out}
 mkdir -p "$OUT"
 B=gpu-bundle

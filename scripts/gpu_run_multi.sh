@@ -27,9 +27,7 @@
 # DP 2 + EP 2 against one GPU at the same per-GPU batch (two independent replicas would do 2x).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# NCCL 2.28.9 from python's wheel first (matches our headers; the system's is 2.28.3), then CUDA.
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+. scripts/gpu_env.sh
 # The FP8 fixture's checks below are against one GPU and the golden at bf16 tolerances: its
 # weights dequantised (CUDA's default is native FP8; cuda_kernels_test's CudaFp8Model checks that).
 export COROLLA_FP8=${COROLLA_FP8:-dequant}

@@ -14,8 +14,7 @@
 # values of Qwen3's generation_config, which `corolla serve` gives a request that names none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+. scripts/gpu_env.sh
 OUT=${OUT:-/tmp/corolla-serve-out}
 mkdir -p "$OUT"
 

@@ -53,7 +53,7 @@ struct BenchRequestResult {
 };
 
 struct LatencySummary {
-  double mean = 0, p50 = 0, p90 = 0, p99 = 0;  // seconds
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0, max = 0;  // seconds
 };
 
 // An in-process run's engine steps of one kind (StepRecord). Times in seconds; rows and tokens

@@ -46,6 +46,8 @@ void ExpectCountsAddUp(const BenchServeReport& r, const BenchServeOptions& o) {
   EXPECT_GT(r.ttft.mean, 0);
   EXPECT_LE(r.ttft.p50, r.ttft.p90);
   EXPECT_LE(r.ttft.p90, r.ttft.p99);
+  EXPECT_LE(r.ttft.p99, r.ttft.max);
+  EXPECT_LE(r.itl.p99, r.itl.max);
   EXPECT_GT(r.tpot.mean, 0);
   EXPECT_GT(r.itl.mean, 0);
   EXPECT_GE(r.e2e.p50, r.ttft.p50);
