@@ -95,8 +95,9 @@ struct Fp8WgmmaParams {
   void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N] f32, or bf16 (out_bf16)
   const int32_t* offsets;     // [E + 1]
   int experts, n, k, n_blocks, k_groups;
-  bool out_bf16;  // Down: y in bf16
-  bool snake;     // Tuning().moe_gemm_snake: grouped::RoundTile's order
+  bool out_bf16;   // Down: y in bf16
+  bool snake;      // Tuning().moe_gemm_snake: grouped::RoundTile's order
+  bool skip_idle;  // Tuning().moe_gemm_wgmma_skip_idle
 };
 
 template <int kBN, bool kGateUp>
@@ -179,6 +180,17 @@ __device__ __forceinline__ void Consume(const Fp8WgmmaParams& p, const Schedule&
   int step = 0;
   for (int rnd = 0, tile; (tile = grouped::RoundTile(rnd, p.snake)) < num_tiles; ++rnd) {
     const TileCoord tc = Locate<kBM, kNPerTile>(sch, tile);
+    // A tile of at most 64 rows leaves consumer 1 without rows: it only waits for and frees the
+    // stages (Tuning().moe_gemm_wgmma_skip_idle, as the bf16 kernel); its acc stays zero.
+    if (p.skip_idle && wg * 64 >= tc.rows) {
+      for (int kb = 0; kb < k_blocks; ++kb, ++step) {
+        const int stage = step % kStages;
+        wgmma::MbarWait(full + 8 * stage, (step / kStages) & 1);
+        __syncwarp();
+        if (lane == 0) wgmma::MbarArrive(empty + 8 * stage);
+      }
+      continue;
+    }
     // Scale rows of this thread's two fragment rows (rows past the expert's are computed from
     // zeros and never written: any valid scale) and of the tile's one or two weight blocks.
     const float* as[2];
@@ -456,6 +468,7 @@ void GroupedFp8WgmmaGateUp(const uint8_t* xq, const float* xs, int64_t tokens_st
   p.k_groups = static_cast<int>(CeilDiv(hidden, kGroup));
   p.out_bf16 = false;  // act is always bf16
   p.snake = Tuning().moe_gemm_snake;
+  p.skip_idle = Tuning().moe_gemm_wgmma_skip_idle;
   if (Tuning().moe_fp8_wgmma_tile_n == 256)
     LaunchFp8Wgmma<256, true>(p, rows, s);
   else
@@ -483,6 +496,7 @@ void GroupedFp8WgmmaDown(const uint8_t* actq, const float* act_scale, const int3
   p.k_groups = static_cast<int>(CeilDiv(inter, kGroup));
   p.out_bf16 = y.dtype == DType::kBF16;
   p.snake = Tuning().moe_gemm_snake;
+  p.skip_idle = Tuning().moe_gemm_wgmma_skip_idle;
   if (Tuning().moe_fp8_wgmma_tile_n == 256)
     LaunchFp8Wgmma<256, false>(p, rows, s);
   else
