@@ -39,7 +39,11 @@ for mode in warm cold; do
     >"$OUT/serve_$mode.log" 2>&1 &
   server=$!
   for _ in $(seq 1 1200); do health && break; kill -0 "$server" 2>/dev/null || break; sleep 0.25; done
-  if ! health; then echo "$mode: server did not become healthy"; tail -20 "$OUT/serve_$mode.log"; rc=1; continue; fi
+  if ! health; then
+    echo "$mode: server did not become healthy"; tail -20 "$OUT/serve_$mode.log"; rc=1
+    kill -TERM "$server" 2>/dev/null; wait "$server"
+    continue
+  fi
   echo "=== $mode: healthy after $(since "$start") s, GPU memory $(mem)"
   if [ "$mode" = warm ]; then
     for _ in $(seq 1 $((wait_s * 4))); do grep -q "captured while idle" "$OUT/serve_$mode.log" && break; sleep 0.25; done
