@@ -93,8 +93,11 @@ Status Run(Options& o) {
     eo.max_num_seqs = static_cast<int>(o.max_num_seqs);
     eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
     ASSIGN_OR_RETURN(eo.linear_state_dtype, o.model.LinearStateDtype());
-    ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
-                                                            o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
+    ASSIGN_OR_RETURN(
+        eo.kv_cache_bytes,
+        ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
+                            o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs,
+                            /*max_model_len=*/0));
     ASSIGN_OR_RETURN(engine, Engine::Create(*loaded.model, *loaded.backend, eo));
     if (b.vocab_size <= 0) b.vocab_size = loaded.model->config().vocab_size;
     if (model_name.empty()) model_name = loaded.name;

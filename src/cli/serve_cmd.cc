@@ -130,8 +130,11 @@ Result<EngineOptions> MakeEngineOptions(const ServeOptions& o, const LoadedModel
   eo.max_batch_tokens = static_cast<int>(o.max_batch_tokens);
   // With --gpu-memory-utilization the KV cache takes what the fraction leaves after the weights
   // (now loaded) and activations.
-  ASSIGN_OR_RETURN(eo.kv_cache_bytes, ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
-                                                          o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs));
+  ASSIGN_OR_RETURN(
+      eo.kv_cache_bytes,
+      ResolveKvCacheBytes(*loaded.backend, loaded.model->config(), o.gpu_memory_utilization,
+                          o.kv_cache_memory, eo.max_batch_tokens, eo.max_num_seqs,
+                          static_cast<int>(o.max_model_len)));
   eo.max_model_len = static_cast<int>(o.max_model_len);
   eo.enable_prefix_caching = o.prefix_caching;
   eo.warm_decode_graphs = o.graph_warmup;

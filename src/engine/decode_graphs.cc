@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/logging.h"
 #include "engine/model_runner.h"
 
 namespace corolla {
@@ -59,14 +60,19 @@ int DecodeGraphs::ContextBucket(int max_seq_len) {
   return context;
 }
 
-void DecodeGraphs::Capture(Bucket& bucket, std::pair<int, int> key) {
+bool DecodeGraphs::Capture(Bucket& bucket, std::pair<int, int> key) {
   Upload(bucket, {});
   // Holds nothing of this call's frame: a backend may keep fn (a test's stands in for a graph).
   auto graph =
       backend_.CaptureGraph([this, &bucket, context = key.second] { Forward(bucket, context); });
-  COROLLA_CHECK(graph.ok()) << "decode graph (batch " << key.first << ", context " << key.second
-                            << "): " << graph.status().ToString();
+  if (!graph.ok()) {
+    LOG(WARNING) << "decode graph (batch " << key.first << ", context " << key.second
+                 << ") not captured, its steps run eagerly: " << graph.status().ToString();
+    uncaptured_.insert(key);
+    return false;
+  }
   graphs_.emplace(key, std::move(*graph));
+  return true;
 }
 
 int DecodeGraphs::CaptureAll(int max_context) {
@@ -76,7 +82,8 @@ int DecodeGraphs::CaptureAll(int max_context) {
     for (int context = kMinContext;; context *= 2) {
       const std::pair<int, int> key(rows, ClampContext(context));
       if (capture_ && graphs_.count(key) == 0) {
-        Capture(bucket, key);  // its warm-up is the one forward that runs
+        // Its warm-up is the one forward that runs. Every rank must replay the same graphs.
+        COROLLA_CHECK(Capture(bucket, key)) << "DP-EP start-up: a decode graph failed to capture";
       } else {
         Upload(bucket, {});
         Forward(bucket, key.second);
@@ -96,9 +103,12 @@ bool DecodeGraphs::CaptureNext(int max_context) {
   for (int rows = 1; rows <= max_rows; rows = BatchBucket(rows + 1)) {
     for (int context = kMinContext;; context *= 2) {
       const std::pair<int, int> key(rows, ClampContext(context));
-      if (!graphs_.count(key)) {
-        Capture(GetBucket(rows), key);
-        return true;
+      if (!graphs_.count(key) && !uncaptured_.count(key)) {
+        // A failed capture (out of device memory, most likely) ends the warm-up: the rest would
+        // take more memory still. Steps capture their own buckets later, or run eagerly.
+        if (Capture(GetBucket(rows), key)) return true;
+        warmed_ = true;
+        return false;
       }
       if (context >= max_context) break;
     }
@@ -159,7 +169,8 @@ void DecodeGraphs::Forward(Bucket& bucket, int max_seq_len) {
   const int64_t num_sources = l.rows + l.num_sampled;
   backend_.Copy(sampled_ids_.Reshape({l.num_sampled, 1}),
                 part(l.sampled(), l.num_sampled).Reshape({l.num_sampled, 1}));
-  backend_.GatherRows(part(l.host_tokens(), num_sources).Reshape({num_sources, 1}), part(l.token_source(), l.rows),
+  backend_.GatherRows(part(l.host_tokens(), num_sources).Reshape({num_sources, 1}),
+                      part(l.token_source(), l.rows),
                       part(l.tokens(), l.rows).Reshape({l.rows, 1}));
   ForwardBatch batch;
   batch.token_ids = part(l.tokens(), l.rows);
@@ -189,13 +200,17 @@ Tensor DecodeGraphs::Run(std::span<const ScheduledChunk> chunks) {
     Upload(bucket, chunks);
     Forward(bucket, key.second);
   } else {
-    if (graphs_.count(key) == 0) {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end() && !uncaptured_.count(key)) {
       COROLLA_CHECK(!frozen_) << "decode graph (batch " << key.first << ", context " << key.second
                               << ") was not captured at start-up";
-      Capture(bucket, key);
+      if (Capture(bucket, key)) it = graphs_.find(key);
     }
     Upload(bucket, chunks);
-    graphs_.at(key)->Replay();
+    if (it != graphs_.end())
+      it->second->Replay();
+    else
+      Forward(bucket, key.second);  // its capture failed: the same forward, eagerly
   }
   std::shared_ptr<void> owner = std::make_shared<Tensor>(logits_);
   return Tensor::Adopt(bucket.logits.Slice(0, num_seqs), std::move(owner));

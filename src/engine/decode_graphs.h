@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -63,9 +64,11 @@ class DecodeGraphs {
   int CaptureAll(int max_context);
   // Single-process serving, while no step runs: captures the first (batch bucket, context
   // bucket) of the warm-up order not captured yet and returns true, or returns false when every
-  // one is (or graphs run eagerly, or after CaptureAll). The order: batch buckets 1, 2, ... up
-  // to max_batch, small first (where a capture's cost weighs most against the step it delays),
-  // each over the context buckets kMinContext, 2 kMinContext, ... up to the first >= max_context.
+  // one is (or graphs run eagerly, or after CaptureAll), and from the first capture that fails
+  // on (the backend out of memory for graphs, say: the next would need more). The order: batch
+  // buckets 1, 2, ... up to max_batch, small first (where a capture's cost weighs most against the
+  // step it delays), each over the context buckets kMinContext, 2 kMinContext, ... up to the first
+  // >= max_context.
   bool CaptureNext(int max_context);
   // Float32 logits [B, V], one row per chunk: a view of the buffer every bucket writes,
   // overwritten by the next Run.
@@ -118,8 +121,9 @@ class DecodeGraphs {
   // The (batch bucket, context bucket) a step of these chunks runs in.
   std::pair<int, int> Key(std::span<const ScheduledChunk> chunks) const;
   int ClampContext(int context) const;
-  // Warm-up and capture over padding only: no KV or state of a real sequence is touched.
-  void Capture(Bucket& bucket, std::pair<int, int> key);
+  // Warm-up and capture over padding only: no KV or state of a real sequence is touched. False
+  // (with a warning) when the backend could not capture: the key's steps then run eagerly.
+  bool Capture(Bucket& bucket, std::pair<int, int> key);
   // Fills the bucket's staging metadata from the chunks (rows past them padded) and uploads it.
   void Upload(Bucket& bucket, std::span<const ScheduledChunk> chunks);
   void Forward(Bucket& bucket, int max_seq_len);
@@ -135,9 +139,10 @@ class DecodeGraphs {
   // logits before the next step is enqueued (a bucket each: 243 MB for buckets up to 64 rows).
   Tensor logits_;
   bool frozen_ = false;  // CaptureAll ran: no more captures
-  bool warmed_ = false;  // CaptureNext found every graph of its order captured
+  bool warmed_ = false;  // CaptureNext found every graph of its order captured, or one failed
   std::map<int, Bucket> buckets_;  // rows -> bucket (node-based: addresses stay)
   std::map<std::pair<int, int>, std::unique_ptr<Backend::Graph>> graphs_;  // (rows, context)
+  std::set<std::pair<int, int>> uncaptured_;  // whose capture failed: run eagerly, not retried
 };
 
 }  // namespace corolla

@@ -23,10 +23,15 @@ class ReplayingBackend : public ProfilingBackend {
   bool supports_graphs() const override { return true; }
   Result<std::unique_ptr<Graph>> CaptureGraph(const std::function<void()>& fn) override {
     fn();  // the warm-up run, as CUDA's capture makes one
+    if (fail_from >= 0 && captures >= fail_from) {  // as CUDA's graph instantiation out of memory
+      ++failures;
+      return ResourceExhausted("CUDA graph capture: out of memory");
+    }
     ++captures;
     return std::unique_ptr<Graph>(std::make_unique<FnGraph>(fn, &replays));
   }
-  std::atomic<int> captures{0}, replays{0};
+  std::atomic<int> captures{0}, replays{0}, failures{0};
+  int fail_from = -1;  // captures after this many fail (-1: none)
 
  private:
   class FnGraph : public Graph {
@@ -119,6 +124,36 @@ TEST_F(GraphWarmupTest, WarmUpWaitsWhileARequestIsInTheEngine) {
   while (engine->WarmDecodeGraph()) {
   }
   EXPECT_EQ(backend_->captures, kWarmGraphs);  // the request's step captured (1, 256) itself
+}
+
+// A capture that fails (on CUDA: no memory left for the graph) is no crash: the warm-up ends
+// there, each bucket whose capture failed runs its steps eagerly without trying again, and the
+// tokens stay the eager engine's.
+TEST_F(GraphWarmupTest, FailedCaptureEndsTheWarmUpAndItsBucketRunsEagerly) {
+  auto eager = Engine::Create(*model_, *backend_, Options(false, DecodeGraphMode::kOff)).value();
+  const auto expected = eager->Generate(Requests()).value();
+  backend_->fail_from = 3;  // the warm-up's fourth graph, (2 rows, context 512), on
+  auto engine = Engine::Create(*model_, *backend_, Options(true)).value();
+  int warmed = 0;
+  while (engine->WarmDecodeGraph()) ASSERT_LE(++warmed, 100) << "the warm-up does not end";
+  EXPECT_EQ(warmed, 3);
+  EXPECT_EQ(backend_->captures, 3);
+  EXPECT_EQ(backend_->failures, 1);
+  EXPECT_FALSE(engine->WarmDecodeGraph());
+
+  engine->set_record_steps(true);
+  for (int round = 0; round < 2; ++round) {
+    const int failures_before = backend_->failures;
+    const auto got = engine->Generate(Requests()).value();
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i].first, expected[i].first) << "round " << round << " request " << i;
+    // The first round's steps try each bucket not yet tried once; the second tries none.
+    if (round == 1) EXPECT_EQ(backend_->failures, failures_before);
+  }
+  EXPECT_GT(backend_->failures, 1) << "the requests' steps needed buckets past the warm-up's";
+  EXPECT_EQ(backend_->captures, 3);
+  EXPECT_EQ(engine->num_used_blocks(), 0);
 }
 
 // The serving loop warms while idle; a request submitted during the warm-up still gets the eager
