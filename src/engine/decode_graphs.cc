@@ -83,7 +83,9 @@ int DecodeGraphs::CaptureAll(int max_context) {
       const std::pair<int, int> key(rows, ClampContext(context));
       if (capture_ && graphs_.count(key) == 0) {
         // Its warm-up is the one forward that runs. Every rank must replay the same graphs.
-        COROLLA_CHECK(Capture(bucket, key)) << "DP-EP start-up: a decode graph failed to capture";
+        COROLLA_CHECK(Capture(bucket, key))
+            << "DP-EP start-up: a decode graph failed to capture (the warning above says why); "
+               "lower --gpu-memory-utilization, or --ep-capacity 0 runs without graphs";
       } else {
         Upload(bucket, {});
         Forward(bucket, key.second);
