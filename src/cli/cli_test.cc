@@ -138,9 +138,8 @@ TEST(Cli, BenchDecodeWithRandomWeightsOnTheCpu) {
 // 4 a token: 83 tokens route 332 rows a layer).
 TEST(Cli, BenchPrefillExpertLoad) {
   RunResult r = RunCorolla(
-      "bench prefill --config tests/data/models/qwen3-moe/config.json --random-weights --device "
-      "cpu "
-      "--batch 2 --context 40 --decode-rows 3 --steps 1 --expert-load");
+      "bench prefill --config tests/data/models/qwen3-moe/config.json --random-weights "
+      "--device cpu --batch 2 --context 40 --decode-rows 3 --steps 1 --expert-load");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("expert load over 3 MoE layers"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("of 16 experts active"), std::string::npos) << r.output;
