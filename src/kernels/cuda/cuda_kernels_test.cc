@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/sampling.h"
@@ -514,6 +515,173 @@ TEST_F(CudaKernelTest, SampleTopK) {
     }
   }
   cuda::Tuning().sample_top_k_select = select_default;
+}
+
+// Steps whose sampled rows name no top_k take the nucleus path (sampling_nucleus.cuh: a weight
+// histogram, then only the bins that hold the cut and the draw sorted): the same tokens as the
+// CPU sampler and as the full sort (Tuning().sample_nucleus off), with top-p, min-p, both, the
+// temperature alone, top_p 0, ties, few finite entries, NaN, +-inf, a greedy row beside sampled
+// ones, flat rows, and rows all equal (more entries in a bin than one in-block sort takes: the
+// one-CTA sort in global memory).
+TEST_F(CudaKernelTest, SampleNucleus) {
+  const bool nucleus_default = cuda::Tuning().sample_nucleus;
+  struct Case {
+    DType dtype;
+    int64_t vocab, batch;
+  };
+  std::vector<Case> cases;
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (int64_t vocab : {7, 1000, 4097, 129280, 151936}) cases.push_back({dt, vocab, 12});
+  cases.push_back({DType::kF32, 151936, 64});
+  for (const Case& c : cases) {
+    const int64_t vocab = c.vocab, batch = c.batch;
+    std::vector<float> logits(batch * vocab);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    for (auto& l : logits) l = nd(Rng());
+    auto row = [&](int64_t b) { return logits.data() + b * vocab; };
+    std::vector<SamplingParams> params(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      SamplingParams& p = params[b];
+      p.seed = 31 + b;
+      float* r = row(b);
+      switch (b % 12) {
+        case 0:
+          p.temperature = 0.f;
+          break;  // greedy
+        case 1:
+          p.temperature = 1.f;
+          break;  // the temperature alone
+        case 2:
+          p.temperature = 1.f;
+          p.top_p = 0.9f;
+          break;
+        case 3:
+          p.temperature = 0.6f;
+          p.top_p = 0.95f;
+          for (int64_t i = 0; i < vocab; ++i) r[i] = std::round(r[i]);  // ties everywhere
+          break;
+        case 4:
+          p.temperature = 0.8f;
+          p.top_p = 0.5f;
+          p.min_p = 0.1f;
+          break;
+        case 5:
+          p.temperature = 1.2f;
+          p.min_p = 0.05f;
+          break;
+        case 6:
+          p.temperature = 1.f;
+          p.top_p = 0.9f;
+          for (int64_t i = 0; i < vocab; ++i) r[i] = i % 97 == 5 ? r[i] : -INFINITY;  // few finite
+          r[vocab / 2] = NAN;
+          break;
+        case 7:
+          p.temperature = 0.7f;
+          p.top_p = 0.9f;
+          for (int64_t i = 0; i < vocab; ++i) r[i] = -INFINITY;  // nothing to sample: 0
+          break;
+        case 8:
+          p.temperature = 1.f;
+          p.top_p = 0.95f;
+          r[vocab / 3] = r[vocab - 1] = INFINITY;
+          break;
+        case 9:
+          p.temperature = 1.f;
+          p.top_p = 0.9f;
+          for (int64_t i = 0; i < vocab; ++i) r[i] = 2.5f;  // all equal: one bin holds the row
+          break;
+        case 10:
+          p.temperature = 2.f;
+          p.top_p = 0.99f;
+          for (int64_t i = 0; i < vocab; ++i) r[i] *= 0.05f;  // flat
+          break;
+        case 11:
+          p.temperature = 0.5f;
+          p.top_p = 0.f;
+          break;  // only the first token
+      }
+    }
+    if (c.dtype == DType::kBF16)
+      for (auto& l : logits) l = ToFloat(ToBf16(l));
+    Tensor g = Upload(gpu(), logits, {batch, vocab}, c.dtype);
+    const std::string shape = std::string(c.dtype == DType::kF32 ? "f32" : "bf16") + " B" +
+                              std::to_string(batch) + " V" + std::to_string(vocab);
+    int mismatches = 0;
+    std::vector<uint64_t> steps(batch);
+    for (int rep = 0; rep < 6; ++rep) {  // several draws
+      for (int64_t b = 0; b < batch; ++b) steps[b] = 13 * rep + b;
+      std::vector<int32_t> ref(batch), got(batch, -7), sorted(batch, -7);
+      cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
+      cuda::Tuning().sample_nucleus = true;
+      gpu().Sample(g, params.data(), steps.data(), got.data());
+      cuda::Tuning().sample_nucleus = false;
+      gpu().Sample(g, params.data(), steps.data(), sorted.data());
+      for (int64_t b = 0; b < batch; ++b) {
+        mismatches += got[b] != ref[b];
+        EXPECT_EQ(got[b], ref[b]) << shape << " row " << b << " (mode " << b % 12 << ") step "
+                                  << steps[b];
+        EXPECT_EQ(got[b], sorted[b]) << shape << " row " << b << " step " << steps[b];
+      }
+    }
+    Record("SampleNucleus.mismatches", shape + " x6 steps", mismatches, 0);
+  }
+  cuda::Tuning().sample_nucleus = nucleus_default;
+}
+
+// The sampler's latency a call (upload, kernels, the ids back; wall clock, median of 15) at
+// batch 1 and 64 over Qwen3's 151936 logits, with the nucleus path and with the full sort it
+// replaces (Tuning().sample_nucleus), beside greedy and top_k 20 (the selection). Two rows:
+// logits of std 0.9 (what Qwen3-30B-A3B's random weights give: flat, ~500 entries a bin) and of
+// std 3 (peaked).
+TEST(CudaPerf, Sample) {
+  if (Gpu() == nullptr) GTEST_SKIP() << "no CUDA device";
+  Backend& gpu = *Gpu();
+  const int64_t vocab = 151936;
+  struct Mode {
+    const char* name;
+    float temperature, top_p, min_p;
+    int top_k;
+  };
+  const Mode modes[] = {{"greedy", 0.f, 1.f, 0.f, 0},
+                        {"t0.6 top_k 20 top_p 0.95", 0.6f, 0.95f, 0.f, 20},
+                        {"t0.7 top_p 0.9", 0.7f, 0.9f, 0.f, 0},
+                        {"t1", 1.f, 1.f, 0.f, 0},
+                        {"t1.2 min_p 0.05", 1.2f, 1.f, 0.05f, 0}};
+  for (const float sd : {0.9f, 3.f}) {
+    for (const int64_t batch : {1, 64}) {
+      std::vector<float> logits(batch * vocab);
+      std::normal_distribution<float> nd(0.f, sd);
+      for (auto& l : logits) l = nd(Rng());
+      Tensor g = Upload(gpu, logits, {batch, vocab}, DType::kF32);
+      std::vector<int32_t> got(batch);
+      std::vector<uint64_t> steps(batch, 0);
+      for (const Mode& m : modes) {
+        std::vector<SamplingParams> params(batch);
+        for (int64_t b = 0; b < batch; ++b)
+          params[b] = {m.temperature, m.top_k, m.top_p, m.min_p, static_cast<uint64_t>(b)};
+        for (const bool nucleus : {true, false}) {
+          if (!nucleus && (m.temperature == 0.f || m.top_k > 0)) continue;  // the same path
+          cuda::Tuning().sample_nucleus = nucleus;
+          std::vector<double> us;
+          for (int rep = 0; rep < 18; ++rep) {
+            for (auto& st : steps) ++st;
+            const auto t0 = std::chrono::steady_clock::now();
+            gpu.Sample(g, params.data(), steps.data(), got.data());
+            const auto t1 = std::chrono::steady_clock::now();
+            if (rep >= 3) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+          }
+          std::sort(us.begin(), us.end());
+          std::printf("sample perf: sd %.1f batch %3lld %-26s %-9s %8.1f us\n", sd,
+                      static_cast<long long>(batch), m.name,
+                      m.temperature == 0.f || m.top_k > 0 ? ""
+                      : nucleus                           ? "nucleus"
+                                                          : "sort",
+                      us[us.size() / 2]);
+        }
+      }
+    }
+  }
+  cuda::Tuning() = DefaultTuning();
 }
 
 }  // namespace corolla::cuda_test

@@ -19,31 +19,11 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
-#include "kernels/cuda/sampling_order.cuh"
+#include "kernels/cuda/sampling_nucleus.cuh"
+#include "kernels/cuda/sampling_walk.cuh"
 
 namespace corolla::cuda {
 namespace {
-
-constexpr int kItems = 8;
-
-__device__ float UniformFromSeedDevice(uint64_t seed, uint64_t step) {
-  uint32_t c0 = static_cast<uint32_t>(step), c1 = static_cast<uint32_t>(step >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const uint32_t lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
-    const uint32_t lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
-    const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0;
-    c1 = n1;
-    c2 = n2;
-    c3 = n3;
-  }
-  return static_cast<float>(c0 >> 8) * 0x1p-24f;
-}
 
 struct SampleParams {
   const void* logits;
@@ -64,6 +44,7 @@ struct SampleParams {
   int32_t* slice_id;
   int slices;
   int32_t* out;
+  bool all_rows;  // ArgmaxSliceKernel takes sampled rows too (their max, for the nucleus path)
 };
 
 // A greedy row's argmax runs over many CTAs: one CTA alone walked the 151936 logits with one
@@ -74,41 +55,11 @@ struct SampleParams {
 constexpr int kArgmaxItems = 8;
 constexpr int kArgmaxSlice = kThreads * kArgmaxItems;
 
-// (v, i) beats (best, best_id): larger value, then lower id; NaN never wins.
-__device__ __forceinline__ void KeepBest(float v, int i, float& best, int& best_id) {
-  if (v > best || (v == best && i < best_id)) {
-    best = v;
-    best_id = i;
-  }
-}
-
-// The block's best (value, id) of every thread's (best, best_id), in thread 0 (no id: INT_MAX).
-__device__ void BlockBest(float& best, int& best_id) {
-  for (int o = 16; o > 0; o >>= 1)
-    KeepBest(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_id, o), best,
-             best_id);
-  __shared__ float vals[kThreads / 32];
-  __shared__ int ids[kThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    vals[warp] = best;
-    ids[warp] = best_id;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    best = lane < kThreads / 32 ? vals[lane] : -INFINITY;
-    best_id = lane < kThreads / 32 ? ids[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1)
-      KeepBest(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_id, o),
-               best, best_id);
-  }
-}
-
 // grid (slices, batch): the best (value, id) of slice blockIdx.x of greedy row blockIdx.y.
 __global__ void __launch_bounds__(kThreads)
     ArgmaxSliceKernel(const __grid_constant__ SampleParams p) {
   const int64_t b = blockIdx.y;
-  if (p.rows != nullptr && p.rows[b].temperature > 0.f) return;  // sampled by SampleKernel
+  if (!p.all_rows && p.rows != nullptr && p.rows[b].temperature > 0.f) return;  // sampled
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kArgmaxSlice;
   float v[kArgmaxItems];
 #pragma unroll
@@ -131,36 +82,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-using BlockScan = cub::BlockScan<double, kThreads>;
-using BlockReduceD = cub::BlockReduce<double, kThreads>;
-using BlockReduceI = cub::BlockReduce<int, kThreads>;
-
-struct MinOp {
-  __device__ int operator()(int a, int b) const { return a < b ? a : b; }
-};
-
-struct SampleSmem {
-  union {
-    typename BlockScan::TempStorage scan;
-    typename BlockReduceD::TempStorage reduce_d;
-    typename BlockReduceI::TempStorage reduce_i;
-  };
-  double carry;
-  int found;
-  int n_positive, n_floor;
-};
-
-struct Weights {
-  const float* keys;
-  float max, temperature;
-  __device__ float operator()(int64_t i) const {
-    const float v = keys[i];
-    if (max == INFINITY) return v == INFINITY ? 1.f : 0.f;
-    if (!(v > -INFINITY)) return 0.f;
-    return expf((v - max) / temperature);
-  }
-};
-
 // Each entry's weight (Weights) in the sorted order, for the prefix scan; 0 in greedy rows.
 struct SortedWeight {
   const float* keys;
@@ -180,105 +101,13 @@ struct RowOfEntry {
   __host__ __device__ int operator()(int64_t i) const { return static_cast<int>(i / vocab); }
 };
 
-__device__ double BlockSumWeights(const Weights& w, int64_t n, SampleSmem& sm) {
-  double local = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) local += w(i);
-  const double total = BlockReduceD(sm.reduce_d).Sum(local);
-  __syncthreads();
-  if (threadIdx.x == 0) sm.carry = total;
-  __syncthreads();
-  const double r = sm.carry;
-  __syncthreads();
-  return r;
-}
-
-// First j in [0, n) whose inclusive prefix sum of weights exceeds `threshold` (or reaches it
-// when !strict); n if none. *sum_before returns the sum of the weights before j (all n if none).
-__device__ int64_t FirstPrefix(const Weights& w, int64_t n, double threshold, bool strict,
-                               SampleSmem& sm, double* sum_before) {
-  if (threadIdx.x == 0) sm.carry = 0.0;
-  __syncthreads();
-  for (int64_t base = 0; base < n; base += kThreads * kItems) {
-    double vals[kItems];
-    double local = 0.0;
-    const int64_t first = base + threadIdx.x * kItems;
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      vals[i] = first + i < n ? static_cast<double>(w(first + i)) : 0.0;
-      local += vals[i];
-    }
-    double prefix, total;
-    BlockScan(sm.scan).ExclusiveSum(local, prefix, total);
-    __syncthreads();
-    const double carry = sm.carry;
-    double s = carry + prefix;
-    int hit = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      const double next = s + vals[i];
-      if (hit == 0x7fffffff && first + i < n && (strict ? next > threshold : next >= threshold))
-        hit = i;
-      s = next;
-    }
-    const int local_hit = hit == 0x7fffffff ? 0x7fffffff : static_cast<int>(threadIdx.x * kItems + hit);
-    const int block_hit = BlockReduceI(sm.reduce_i).Reduce(local_hit, MinOp());
-    if (threadIdx.x == 0) sm.found = block_hit;
-    __syncthreads();
-    const int f = sm.found;
-    if (f != 0x7fffffff) {
-      // The sum before the hit: the hitting thread knows it; recompute from its prefix.
-      if (threadIdx.x == f / kItems) {
-        double sb = carry + prefix;
-        for (int i = 0; i < f % kItems; ++i) sb += vals[i];
-        sm.carry = sb;
-      }
-      __syncthreads();
-      *sum_before = sm.carry;
-      __syncthreads();
-      return base + f;
-    }
-    if (threadIdx.x == 0) sm.carry = carry + total;
-    __syncthreads();
-  }
-  *sum_before = sm.carry;
-  __syncthreads();
-  return n;
-}
-
-// First index in [0, n) with w(i) < floor (w is non-increasing along the sorted order).
-__device__ int64_t FirstBelow(const Weights& w, int64_t n, float floor) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (w(mid) >= floor) lo = mid + 1; else hi = mid;
-  }
-  return lo;
-}
-
-// First j in [0, n) with sums[j] > threshold (>= when !strict), n if none: FirstPrefix over
-// inclusive prefix sums already formed (non-decreasing, weights are >= 0).
-__device__ int64_t FirstSumPast(const double* sums, int64_t n, double threshold, bool strict) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (strict ? sums[mid] > threshold : sums[mid] >= threshold)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  return lo;
-}
-
 __global__ void __launch_bounds__(kThreads) SampleKernel(const __grid_constant__ SampleParams p) {
   __shared__ SampleSmem sm;
   const int64_t b = blockIdx.x;
   if (p.rows == nullptr || !(p.rows[b].temperature > 0.f)) {  // greedy (NaN temperature too)
-    float best = -INFINITY;
-    int best_id = 0x7fffffff;
-    for (int i = threadIdx.x; i < p.slices; i += kThreads)
-      KeepBest(p.slice_val[b * p.slices + i], p.slice_id[b * p.slices + i], best, best_id);
-    BlockBest(best, best_id);
-    if (threadIdx.x == 0) p.out[b] = best_id == 0x7fffffff ? 0 : best_id;  // no finite logit: 0
+    const int id =
+        GreedyFromSlices(p.slice_val + b * p.slices, p.slice_id + b * p.slices, p.slices);
+    if (threadIdx.x == 0) p.out[b] = id;
     return;
   }
   const RowParams rp = p.rows[b];
@@ -358,6 +187,36 @@ void CheckLogits(const TensorView& logits) {
   COROLLA_CHECK(logits.dim(0) * logits.dim(1) < (int64_t{1} << 31)) << "sample: batch * vocab exceeds int32";
 }
 
+// Enqueues the nucleus path (sampling_nucleus.cuh) over ArgmaxSliceKernel's slices of every row.
+void SampleNucleusInto(NucleusParams q, int64_t batch, CachingAllocator& alloc, cudaStream_t s) {
+  const int64_t bins = batch * kNucleusBins;
+  // Zeroed together: the bins' masses, counts and the gather cursors.
+  const size_t zeroed_bytes = bins * (sizeof(double) + sizeof(int)) + batch * sizeof(int);
+  ScratchBuffer zeroed(alloc, zeroed_bytes);
+  ScratchBuffer plans(alloc, batch * sizeof(NucleusPlan));
+  ScratchBuffer cand(alloc, 2 * batch * q.vocab * sizeof(uint64_t));
+  q.bin_mass = zeroed.as<double>();
+  q.bin_count = reinterpret_cast<int*>(q.bin_mass + bins);
+  q.cursor = q.bin_count + bins;
+  q.plan = plans.as<NucleusPlan>();
+  q.cand = cand.as<uint64_t>();
+  q.alt = q.cand + batch * q.vocab;
+  q.id_bits = 1;
+  while ((int64_t{1} << q.id_bits) < q.vocab) ++q.id_bits;
+  COROLLA_CUDA_CHECK(cudaMemsetAsync(zeroed.as<void>(), 0, zeroed_bytes, s));
+  const dim3 chunks(static_cast<unsigned>(CeilDiv(q.vocab, kNucleusChunk)),
+                    static_cast<unsigned>(batch));
+  NucleusHistKernel<<<chunks, kThreads, 0, s>>>(q);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  NucleusPlanKernel<<<static_cast<unsigned>(batch), kThreads, 0, s>>>(q);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  NucleusGatherKernel<<<chunks, kThreads, 0, s>>>(q);
+  COROLLA_CUDA_CHECK_LAUNCH();
+  NucleusSampleKernel<<<static_cast<unsigned>(batch), kThreads, 0, s>>>(
+      q);  // before the buffers go back
+  COROLLA_CUDA_CHECK_LAUNCH();
+}
+
 // Enqueues the sampling of every row of logits into d_out (device [batch] i32); the row
 // parameters go up through `staging` when given, else from pageable memory.
 void SampleInto(const TensorView& logits, const SamplingParams* params, const uint64_t* steps, int32_t* d_out,
@@ -367,7 +226,7 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
   bool any_random = false, any_greedy = false;
   // The top-k selection serves the step when every sampled row names a top_k (rows without one
   // need the whole order); K is the largest.
-  bool all_top_k = true;
+  bool all_top_k = true, no_top_k = true;
   int64_t max_top_k = 0;
   for (int64_t b = 0; b < batch; ++b) {
     rows[b] = {params[b].temperature, params[b].top_k, params[b].top_p, params[b].min_p,
@@ -377,6 +236,7 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
     any_greedy |= !sampled;
     if (sampled) {
       all_top_k &= params[b].top_k > 0;
+      no_top_k &= params[b].top_k <= 0;
       max_top_k = std::max<int64_t>(max_top_k, params[b].top_k);
     }
   }
@@ -385,7 +245,9 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
   // Row parameters (only when some row samples: greedy rows need none, so a greedy step uploads
   // nothing), the greedy rows' slice bests.
   const size_t rows_bytes = any_random ? sizeof(RowParams) * batch : 0;
-  const size_t slice_count = any_greedy ? static_cast<size_t>(batch) * slices : 0;
+  // Steps whose sampled rows name no top_k take the nucleus path, which needs every row's max.
+  const bool nucleus = any_random && no_top_k && Tuning().sample_nucleus;
+  const size_t slice_count = any_greedy || nucleus ? static_cast<size_t>(batch) * slices : 0;
   ScratchBuffer meta(alloc, rows_bytes + slice_count * 8);
   RowParams* d_rows = any_random ? meta.as<RowParams>() : nullptr;
   float* slice_val = reinterpret_cast<float*>(meta.as<char>() + rows_bytes);
@@ -395,11 +257,24 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
   } else if (any_random) {
     COROLLA_CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows_bytes, cudaMemcpyHostToDevice, s));
   }
-  SampleParams sp{logits.data, is_bf16, vocab,     d_rows,   nullptr, nullptr,
-                  vocab,       nullptr, slice_val, slice_id, slices,  d_out};
-  if (any_greedy) {
+  SampleParams sp{logits.data, is_bf16,   vocab,    d_rows, nullptr, nullptr, vocab,
+                  nullptr,     slice_val, slice_id, slices, d_out,   nucleus};
+  if (any_greedy || nucleus) {
     ArgmaxSliceKernel<<<dim3(slices, static_cast<unsigned>(batch)), kThreads, 0, s>>>(sp);
     COROLLA_CUDA_CHECK_LAUNCH();
+  }
+  if (nucleus) {
+    NucleusParams q{};
+    q.logits = logits.data;
+    q.is_bf16 = is_bf16;
+    q.vocab = vocab;
+    q.rows = d_rows;
+    q.slice_val = slice_val;
+    q.slice_id = slice_id;
+    q.slices = slices;
+    q.out = d_out;
+    SampleNucleusInto(q, batch, alloc, s);
+    return;
   }
   const int64_t select_k = std::min(max_top_k, vocab);
   const bool select =

@@ -439,6 +439,11 @@ struct KernelTuning {
   // greedy (top_p 0.9 alone: 2.500 vs 2.389), the selection ~0.03. COROLLA_SAMPLE_TOPK_SELECT=0
   // sorts always.
   bool sample_top_k_select = true;
+  // Sampling: a step whose sampled rows name no top_k (top-p, min-p, temperature alone) finds
+  // the kept set's end and the draw through a histogram of the weights and sorts only the
+  // entries of the bins that hold them (sampling_nucleus.cuh) instead of the whole vocabulary.
+  // COROLLA_SAMPLE_NUCLEUS=0 sorts always.
+  bool sample_nucleus = true;
 };
 KernelTuning& Tuning();
 
