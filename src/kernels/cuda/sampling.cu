@@ -1,7 +1,9 @@
 // Token sampling on the GPU with the CPU sampler's semantics (kernels/cpu/sampling.h):
 // greedy = argmax with ties to the lowest id; otherwise tokens in sampling order (logit
-// descending, ties by id: a stable device-wide radix sort, or where every sampled row names a
-// top_k, only the first K of that order: sampling_order.cuh), weights exp((l - max) / T), then
+// descending, ties by id: a stable device-wide radix sort; where every sampled row names a top_k,
+// only the first K of that order (sampling_order.cuh); where none does, only the entries of the
+// histogram bins that hold the cut and the draw (sampling_nucleus.cuh); a step that mixes both
+// kinds sorts), weights exp((l - max) / T), then
 // top-k, top-p, min-p as prefixes of that order, and one inverse-CDF draw with
 // u = Philox4x32-10(key = seed, counter = step) computed here with the same arithmetic as
 // kernels/sampling.cc. Known deviations: expf may differ from the host's exp by an ulp, and

@@ -6,9 +6,9 @@
 // in units of T; 128 bins a unit, the last bin takes every x >= 32) says which bins hold them:
 //   NucleusHistKernel   each bin's mass (double) and count, many CTAs a row;
 //   NucleusPlanKernel   run B: the bins where the cut can fall (the mass reaching top_p x Z,
-//                       the bin of the min-p floor), one bin either side of a sum within
-//                       1e-9 x Z of its limit; run A: the bins where the draw u x kept can
-//                       fall, given the kept mass lies between the mass before B and through it;
+//                       the bin of the min-p floor; a neighbour too where a sum lies within
+//                       1e-9 x Z of its limit); run A: the bins where the draw u x kept can
+//                       fall, the kept mass lying between the mass before B and through it;
 //   NucleusGatherKernel the entries of runs A and B (typically a few hundred a row);
 //   NucleusSampleKernel one CTA a row sorts them (by logit descending, then id), walks B to
 //                       the cut from the mass before it, then A (or B) to the draw.
@@ -16,8 +16,9 @@
 // contiguous piece of the sampling order and ties share one. The tokens are those of the full
 // sort; the sums associate differently (the bins' masses through atomics), as the known
 // deviations in sampling.cu say. A row whose runs hold more than a tile (4096 entries: logits
-// flat within ~1/64 of T, e.g. all equal) sorts them with one CTA in global memory: slow,
-// exact. Included by sampling.cu only, which enqueues the kernels (SampleInto).
+// flat within ~1/64 of T: all equal, or a temperature far above the spread) sorts them with one CTA
+// in global memory: slow, exact. Included by sampling.cu only, which enqueues the kernels
+// (SampleInto).
 #pragma once
 
 #include <cub/cub.cuh>
@@ -138,18 +139,18 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ unsigned count2[kNucleusBins / 2];  // two 16-bit counts a word: <= 4096 entries a CTA
   __shared__ typename BlockReduceD::TempStorage reduce_d;
   __shared__ typename BlockReduceI::TempStorage reduce_i;
-  for (int i = threadIdx.x; i < kNucleusBins; i += kThreads) mass[i] = 0.0;
-  for (int i = threadIdx.x; i < kNucleusBins / 2; i += kThreads) count2[i] = 0;
-  const float max = BlockRowMax(p.slice_val + b * p.slices, p.slices);  // synchronises
-  if (max == -INFINITY) return;
-  const float t = p.rows[b].temperature;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNucleusChunk;
-  float v[kNucleusItems];
+  float v[kNucleusItems];  // loads out before the max's
 #pragma unroll
   for (int j = 0; j < kNucleusItems; ++j) {
     const int64_t i = begin + j * kThreads + threadIdx.x;
     v[j] = i < p.vocab ? LoadLogit(p.logits, p.is_bf16, b * p.vocab + i) : -INFINITY;
   }
+  for (int i = threadIdx.x; i < kNucleusBins; i += kThreads) mass[i] = 0.0;
+  for (int i = threadIdx.x; i < kNucleusBins / 2; i += kThreads) count2[i] = 0;
+  const float max = BlockRowMax(p.slice_val + b * p.slices, p.slices);  // synchronises
+  if (max == -INFINITY) return;
+  const float t = p.rows[b].temperature;
   double tail = 0.0;
   int tail_n = 0;
 #pragma unroll
@@ -245,7 +246,8 @@ __global__ void __launch_bounds__(kThreads)
   auto count_in = [&](int lo, int hi) {
     return lo > hi ? 0 : row_count[hi] - (lo > 0 ? row_count[lo - 1] : 0);
   };
-  const bool top_p = rp.top_p<1.f, min_p = rp.min_p> 0.f;
+  const bool top_p = rp.top_p < 1.f;
+  const bool min_p = rp.min_p > 0.f;
   plan.cut = top_p || min_p;
   plan.z = z;
   plan.b_lo = 1;
@@ -257,13 +259,17 @@ __global__ void __launch_bounds__(kThreads)
       c_lo = first_past(limit - delta, false);
       c_hi = first_past(limit + delta, false);
     }
-    if (min_p) {  // weights >= floor: x <= -log(floor), give or take the rounding of logf/expf
+    if (min_p) {
+      // Weights >= floor: x <= -log(floor), give or take logf's and expf's rounding (~1e-5 of
+      // a unit at x = 100), far inside the 0.05 of a bin either side taken here.
       const float floor = fmaxf(fminf(rp.min_p, 1.f), 1.401298464e-45f);
       const float x = -logf(floor) * kNucleusBinsPerUnit;
-      const int bin =
-          x < static_cast<float>(kNucleusBins - 1) ? static_cast<int>(x) : kNucleusBins - 1;
-      f_lo = min(max(bin - 1, 0), last);
-      f_hi = min(bin + 1, last);
+      auto bin_of = [](float y) {
+        return y < static_cast<float>(kNucleusBins - 1) ? static_cast<int>(fmaxf(y, 0.f))
+                                                        : kNucleusBins - 1;
+      };
+      f_lo = min(bin_of(x - 0.05f), last);
+      f_hi = min(bin_of(x + 0.05f), last);
     }
     if (top_p && min_p) {
       if (f_hi < c_lo) {
@@ -307,17 +313,17 @@ __global__ void __launch_bounds__(kThreads)
     NucleusGatherKernel(const __grid_constant__ NucleusParams p) {
   const int64_t b = blockIdx.y;
   if (!(p.rows[b].temperature > 0.f)) return;
-  const NucleusPlan plan = p.plan[b];
-  if (plan.max == -INFINITY) return;
-  const float t = p.rows[b].temperature;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNucleusChunk;
-  const int lane = threadIdx.x % 32;
-  float v[kNucleusItems];
+  float v[kNucleusItems];  // loads out before the plan's
 #pragma unroll
   for (int j = 0; j < kNucleusItems; ++j) {
     const int64_t i = begin + j * kThreads + threadIdx.x;
     v[j] = i < p.vocab ? LoadLogit(p.logits, p.is_bf16, b * p.vocab + i) : -INFINITY;
   }
+  const NucleusPlan plan = p.plan[b];
+  if (plan.max == -INFINITY) return;
+  const float t = p.rows[b].temperature;
+  const int lane = threadIdx.x % 32;
   uint64_t* out = p.cand + b * p.vocab;
 #pragma unroll
   for (int j = 0; j < kNucleusItems; ++j) {
@@ -342,11 +348,17 @@ using NucleusTileSort = cub::BlockRadixSort<uint64_t, kThreads, kNucleusItems>;
 constexpr int kNucleusSmallItems = 4;  // up to 1024 entries (most rows): a quarter of the work
 using NucleusSmallSort = cub::BlockRadixSort<uint64_t, kThreads, kNucleusSmallItems>;
 
+struct OrOp {
+  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a | b; }
+};
+
 struct NucleusSortSmem {
   union {
     typename NucleusTileSort::TempStorage sort;
     typename NucleusSmallSort::TempStorage small;
+    typename cub::BlockReduce<uint64_t, kThreads>::TempStorage reduce;
   };
+  uint64_t varying;
   typename cub::BlockScan<int, kThreads>::TempStorage scan;
   int digits[256], offsets[256], tile_start[256];
 };
@@ -369,12 +381,21 @@ __device__ void SortTileInPlace(uint64_t* keys, int n, int bits, typename Sort::
   __syncthreads();
 }
 
-// The n candidates at keys in ascending order, in keys or alt (returned); bits [0, bits) of the
-// keys. Up to a tile: one in-block sort (of 1024 or 4096 entries). More: one CTA's LSD radix sort
-// in global memory, 8 bits a pass, each tile of the source sorted on the pass's digit in shared
-// memory (stable) and scattered behind the digit's earlier entries.
-__device__ const uint64_t* SortCandidates(uint64_t* keys, uint64_t* alt, int n, int bits,
+// The n candidates at keys in ascending order, in keys or alt (returned), sorted on the low bits
+// up to the highest in which two differ (a row's candidates share a narrow range of logits, so
+// their float bits agree high up). Up to a tile: one in-block sort (of 1024 or 4096 entries).
+// More: one CTA's LSD radix sort in global memory, 8 bits a pass, each tile of the source sorted
+// on the pass's digit in shared memory (stable) and scattered behind the digit's earlier entries.
+__device__ const uint64_t* SortCandidates(uint64_t* keys, uint64_t* alt, int n,
                                           NucleusSortSmem& sm) {
+  const uint64_t first = keys[0];
+  uint64_t diff = 0;
+  for (int i = threadIdx.x; i < n; i += kThreads) diff |= keys[i] ^ first;
+  diff = cub::BlockReduce<uint64_t, kThreads>(sm.reduce).Reduce(diff, OrOp());
+  if (threadIdx.x == 0) sm.varying = diff;
+  __syncthreads();
+  const int bits = sm.varying == 0 ? 0 : 64 - __clzll(static_cast<long long>(sm.varying));
+  if (bits == 0) return keys;  // one entry
   if (n <= kThreads * kNucleusSmallItems) {
     SortTileInPlace<kNucleusSmallItems, NucleusSmallSort>(keys, n, bits, sm.small);
     return keys;
@@ -455,8 +476,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) p.out[b] = 0;
     return;
   }
-  const uint64_t* sorted =
-      SortCandidates(p.cand + b * p.vocab, p.alt + b * p.vocab, n, 32 + p.id_bits, sm.sort);
+  const uint64_t* sorted = SortCandidates(p.cand + b * p.vocab, p.alt + b * p.vocab, n, sm.sort);
   __syncthreads();
   const CandidateWeights wa{sorted, plan.max, rp.temperature, p.id_bits};
   const CandidateWeights wb{sorted + plan.n_a, plan.max, rp.temperature, p.id_bits};
@@ -465,9 +485,17 @@ __global__ void __launch_bounds__(kThreads)
   if (plan.cut) {
     const float floor =
         rp.min_p > 0.f ? fmaxf(fminf(rp.min_p, 1.f), 1.401298464e-45f) : 1.401298464e-45f;
-    if (threadIdx.x == 0) n_floor_shared = static_cast<int>(FirstBelow(wb, plan.n_b, floor));
-    __syncthreads();
-    const int64_t n_floor = n_floor_shared;
+    // Entries at or above the floor: a prefix (weights fall along the order), counted. Without
+    // min_p every candidate (weight > 0) is.
+    int64_t n_floor = plan.n_b;
+    if (rp.min_p > 0.f) {
+      int above = 0;
+      for (int64_t i = threadIdx.x; i < plan.n_b; i += kThreads) above += wb(i) >= floor;
+      above = BlockReduceI(sm.walk.reduce_i).Sum(above);
+      if (threadIdx.x == 0) n_floor_shared = above;
+      __syncthreads();
+      n_floor = n_floor_shared;
+    }
     kept_b = n_floor;
     if (rp.top_p < 1.f) {
       const double limit = static_cast<double>(rp.top_p) * plan.z;
