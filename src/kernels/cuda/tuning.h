@@ -442,7 +442,9 @@ struct KernelTuning {
   // Sampling: a step whose sampled rows name no top_k (top-p, min-p, temperature alone) finds
   // the kept set's end and the draw through a histogram of the weights and sorts only the
   // entries of the bins that hold them (sampling_nucleus.cuh) instead of the whole vocabulary.
-  // COROLLA_SAMPLE_NUCLEUS=0 sorts always.
+  // On an H200 (Qwen3-30B-A3B, `bench serve --in-process`, temperature 0.7 top_p 0.9, session 34)
+  // the ITL at concurrency 1 was 2.47 ms against 2.55 with the sort (greedy 2.43), the p50 at 64
+  // 18.94 against 19.58 (greedy 18.80). COROLLA_SAMPLE_NUCLEUS=0 sorts always.
   bool sample_nucleus = true;
 };
 KernelTuning& Tuning();
