@@ -14,10 +14,10 @@
 //                       the cut from the mass before it, then A (or B) to the draw.
 // x is monotone in the logit (correctly rounded subtraction and division), so a bin is a
 // contiguous piece of the sampling order and ties share one. The tokens are those of the full
-// sort; the sums associate differently (the bins' masses through atomics), as the known
-// deviations in sampling.cu say. A row whose runs hold more than a tile (4096 entries: logits
-// flat within ~1/64 of T: all equal, or a temperature far above the spread) sorts them with one CTA
-// in global memory: slow, exact. Included by sampling.cu only, which enqueues the kernels
+// sort; the sums differ in the last bits (the bins' masses through fixed point and atomics), as
+// the known deviations in sampling.cu say. A row whose runs hold more than a tile (4096 entries:
+// logits flat within ~1/64 of T: all equal, or a temperature far above the spread) sorts them with
+// one CTA in global memory: slow, exact. Included by sampling.cu only, which enqueues the kernels
 // (SampleInto).
 #pragma once
 
@@ -131,11 +131,16 @@ struct CandidateWeights {
 
 // grid (chunks, batch): the bins of chunk blockIdx.x of sampled row blockIdx.y, added to the
 // row's. The last bin (most of a peaked row's entries) sums in registers: no contention.
+// A CTA sums its bins' weights in 2^-51 fixed point, two 32-bit words a bin (native shared-memory
+// atomics, the carry by hand): doubles took compare-and-swap loops, 11.7 us a batch-1 histogram
+// against 7.9 (H200, ncu; batch 64 64.8 against 45.7). Each weight (<= 1) loses < 2^-51, so a
+// row's sums stay within 152k x 2^-51 < 1e-10 of its mass Z of the exact ones, inside the plan's
+// 1e-9 x Z margins; at most 4096 weights a CTA keep a bin's sum under 2^63.
 __global__ void __launch_bounds__(kThreads)
     NucleusHistKernel(const __grid_constant__ NucleusParams p) {
   const int64_t b = blockIdx.y;
   if (!(p.rows[b].temperature > 0.f)) return;
-  __shared__ double mass[kNucleusBins];
+  __shared__ unsigned fixed[2][kNucleusBins];    // low words, high words
   __shared__ unsigned count2[kNucleusBins / 2];  // two 16-bit counts a word: <= 4096 entries a CTA
   __shared__ typename BlockReduceD::TempStorage reduce_d;
   __shared__ typename BlockReduceI::TempStorage reduce_i;
@@ -146,7 +151,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = begin + j * kThreads + threadIdx.x;
     v[j] = i < p.vocab ? LoadLogit(p.logits, p.is_bf16, b * p.vocab + i) : -INFINITY;
   }
-  for (int i = threadIdx.x; i < kNucleusBins; i += kThreads) mass[i] = 0.0;
+  for (int i = threadIdx.x; i < kNucleusBins; i += kThreads) fixed[0][i] = fixed[1][i] = 0;
   for (int i = threadIdx.x; i < kNucleusBins / 2; i += kThreads) count2[i] = 0;
   const float max = BlockRowMax(p.slice_val + b * p.slices, p.slices);  // synchronises
   if (max == -INFINITY) return;
@@ -162,7 +167,10 @@ __global__ void __launch_bounds__(kThreads)
       tail += w;
       ++tail_n;
     } else {
-      atomicAdd(&mass[bin], static_cast<double>(w));
+      const unsigned long long q = static_cast<unsigned long long>(static_cast<double>(w) * 0x1p51);
+      const unsigned lo = static_cast<unsigned>(q);
+      const unsigned old = atomicAdd(&fixed[0][bin], lo);
+      atomicAdd(&fixed[1][bin], static_cast<unsigned>(q >> 32) + (old + lo < old ? 1u : 0u));
       atomicAdd(&count2[bin / 2], 1u << (16 * (bin % 2)));
     }
   }
@@ -174,7 +182,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < kNucleusBins - 1; i += kThreads) {
     const int c = static_cast<int>((count2[i / 2] >> (16 * (i % 2))) & 0xffffu);
     if (c == 0) continue;
-    atomicAdd(&row_mass[i], mass[i]);
+    const unsigned long long q = (static_cast<unsigned long long>(fixed[1][i]) << 32) | fixed[0][i];
+    atomicAdd(&row_mass[i], static_cast<double>(q) * 0x1p-51);
     atomicAdd(&row_count[i], c);
   }
   if (threadIdx.x == 0 && tail_n > 0) {
