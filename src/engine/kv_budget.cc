@@ -34,12 +34,14 @@ std::string KvBudget::ToString() const {
 int64_t EstimateActivationBytes(const ModelConfig& config, int max_batch_tokens, int max_num_seqs) {
   // Per token: a few hidden-sized buffers (residual, normed, attention in/out, q/k/v) and the
   // widest MLP/MoE intermediate (gate and up of every routed expert of the token); per sampled
-  // row: logits and their softmax. Four bytes each covers float32 and bf16 alike.
+  // row: its logits and their softmax, and the GPU sampler's scratch over the vocabulary (the
+  // full sort's keys, ids and prefix sums, double-buffered: 24 bytes an entry; rows without a
+  // top_k take 16). Four bytes each covers float32 and bf16 alike.
   const int64_t t = max_batch_tokens;
   const int64_t width = 2 * std::max<int64_t>(config.intermediate_size,
                                               int64_t{config.num_experts_per_token} * config.moe_intermediate_size);
   const int64_t per_token = 16 * int64_t{config.hidden_size} + 2 * width;
-  const int64_t per_row = 2 * int64_t{config.vocab_size};
+  const int64_t per_row = (2 + 6) * int64_t{config.vocab_size};
   constexpr int64_t kSlack = int64_t{256} << 20;  // library workspaces, allocator rounding
   return 4 * (t * per_token + int64_t{max_num_seqs} * per_row) + kSlack;
 }

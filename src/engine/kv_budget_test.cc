@@ -25,6 +25,10 @@ TEST(KvBudget, FractionOfMemoryLessWhatIsInUseAndActivations) {
   EXPECT_NE(b.ToString().find("GiB"), std::string::npos);
   EXPECT_GT(EstimateActivationBytes(c, 4096, 64), EstimateActivationBytes(c, 2048, 64));
   EXPECT_GT(EstimateActivationBytes(c, 2048, 128), EstimateActivationBytes(c, 2048, 64));
+  // A sampled row holds its f32 logits and the GPU sampler's full-sort scratch (24 bytes an
+  // entry of the vocabulary, sampling.cu) beside them.
+  EXPECT_GE(EstimateActivationBytes(c, 2048, 65) - EstimateActivationBytes(c, 2048, 64),
+            (4 + 24) * int64_t{c.vocab_size});
 
   EXPECT_EQ(KvBudgetForUtilization(*backend, c, 1e-9, 2048, 64).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(KvBudgetForUtilization(*backend, c, 0, 2048, 64).status().code(), StatusCode::kInvalidArgument);
