@@ -1,14 +1,13 @@
 // Token sampling on the GPU with the CPU sampler's semantics (kernels/cpu/sampling.h):
 // greedy = argmax with ties to the lowest id; otherwise tokens in sampling order (logit
-// descending, ties by id: a stable device-wide radix sort; where every sampled row names a top_k,
-// only the first K of that order (sampling_order.cuh); where none does, only the entries of the
-// histogram bins that hold the cut and the draw (sampling_nucleus.cuh); a step that mixes both
-// kinds sorts), weights exp((l - max) / T), then
-// top-k, top-p, min-p as prefixes of that order, and one inverse-CDF draw with
-// u = Philox4x32-10(key = seed, counter = step) computed here with the same arithmetic as
-// kernels/sampling.cc. Known deviations: expf may differ from the host's exp by an ulp, and
-// prefix sums (double) associate differently, so a draw that lands within ~1e-7 of a bucket
-// edge can pick the neighbouring token; greedy is exact.
+// descending, ties by id), weights exp((l - max) / T), then top-k, top-p, min-p as prefixes of
+// that order, and one inverse-CDF draw with u = Philox4x32-10(key = seed, counter = step)
+// computed with the same arithmetic as kernels/sampling.cc. The order: where every sampled row
+// names a top_k, only its first K (sampling_order.cuh); where none does, only the entries of the
+// weight-histogram bins that hold the cut and the draw (sampling_nucleus.cuh); a step mixing
+// both, a stable device-wide radix sort of the whole vocabulary. Known deviations: expf may
+// differ from the host's exp by an ulp, and prefix sums (double) associate differently, so a
+// draw that lands within ~1e-7 of a bucket edge can pick the neighbouring token; greedy is exact.
 // SampleAsync leaves the ids on the device (for the next step's input, through GatherIds) and
 // copies them to pinned memory behind an event instead of synchronising.
 #include <thrust/iterator/counting_iterator.h>
@@ -57,7 +56,8 @@ struct SampleParams {
 constexpr int kArgmaxItems = 8;
 constexpr int kArgmaxSlice = kThreads * kArgmaxItems;
 
-// grid (slices, batch): the best (value, id) of slice blockIdx.x of greedy row blockIdx.y.
+// grid (slices, batch): the best (value, id) of slice blockIdx.x of greedy row blockIdx.y (of
+// every row with all_rows).
 __global__ void __launch_bounds__(kThreads)
     ArgmaxSliceKernel(const __grid_constant__ SampleParams p) {
   const int64_t b = blockIdx.y;
