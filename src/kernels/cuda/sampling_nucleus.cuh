@@ -4,7 +4,7 @@
 // min-p cut the kept set, and where the draw lands. Both are prefixes of the sampling order,
 // and a histogram of the row's weights by x = (max - l) / T (a logit's distance below the max,
 // in units of T; 128 bins a unit, the last bin takes every x >= 32) says which bins hold them:
-//   NucleusHistKernel   each bin's mass (double) and count, many CTAs a row;
+//   NucleusHistKernel   each bin's mass and count, many CTAs a row;
 //   NucleusPlanKernel   run B: the bins where the cut can fall (the mass reaching top_p x Z,
 //                       the bin of the min-p floor; a neighbour too where a sum lies within
 //                       1e-9 x Z of its limit); run A: the bins where the draw u x kept can
@@ -52,7 +52,7 @@ struct NucleusParams {
   const float* slice_val;  // ArgmaxSliceKernel's bests of every row [batch, slices]
   const int32_t* slice_id;
   int slices;
-  double* bin_mass;   // [batch, kNucleusBins], zeroed; the plan leaves inclusive sums there
+  double* bin_mass;   // [batch, kNucleusBins], zeroed
   int* bin_count;     // [batch, kNucleusBins], zeroed; the plan leaves inclusive counts there
   int* cursor;        // [batch], zeroed: entries gathered
   NucleusPlan* plan;  // [batch]
