@@ -121,11 +121,11 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const __grid_constant__
     return;
   }
   const Weights w{keys, max, rp.temperature};
-  const float floor = rp.min_p > 0.f ? fmaxf(fminf(rp.min_p, 1.f), 1.401298464e-45f) : 1.401298464e-45f;
+  const float floor = MinPFloor(rp.min_p);
   // Over a top-k selection (sorted_len = K >= the row's top_k) these are min(K, the counts over
   // the vocabulary), which leave n_cand and n_lim below as they are over the whole order.
   if (threadIdx.x == 0) {
-    sm.n_positive = static_cast<int>(FirstBelow(w, p.sorted_len, 1.401298464e-45f));
+    sm.n_positive = static_cast<int>(FirstBelow(w, p.sorted_len, kMinWeight));
     sm.n_floor = static_cast<int>(FirstBelow(w, p.sorted_len, floor));
   }
   __syncthreads();

@@ -83,7 +83,7 @@ __device__ float BlockRowMax(const float* slice_val, int slices) {
 }
 
 // An entry's weight and bin; false for weight 0 (-inf, NaN, underflow, or finite beside +inf).
-// The weight is Weights' (sampling_walk.cuh) to the bit.
+// The weight is WeightOf's (sampling_walk.cuh) to the bit.
 __device__ __forceinline__ bool NucleusEntry(float v, float max, float t, float& w, int& bin) {
   if (max == INFINITY) {
     if (v != INFINITY) return false;
@@ -122,12 +122,20 @@ struct CandidateWeights {
   float max, temperature;
   int id_bits;
   __device__ float operator()(int64_t i) const {
-    const float v = CandidateLogit(keys[i], id_bits);
-    if (max == INFINITY) return v == INFINITY ? 1.f : 0.f;
-    if (!(v > -INFINITY)) return 0.f;
-    return expf((v - max) / temperature);
+    return WeightOf(CandidateLogit(keys[i], id_bits), max, temperature);
   }
 };
+
+// Row b's logits begin + j * kThreads + threadIdx.x (-inf past the vocabulary), the entries a
+// thread of a histogram / gather CTA takes.
+__device__ __forceinline__ void LoadChunk(const NucleusParams& p, int64_t b, int64_t begin,
+                                          float (&v)[kNucleusItems]) {
+#pragma unroll
+  for (int j = 0; j < kNucleusItems; ++j) {
+    const int64_t i = begin + j * kThreads + threadIdx.x;
+    v[j] = i < p.vocab ? LoadLogit(p.logits, p.is_bf16, b * p.vocab + i) : -INFINITY;
+  }
+}
 
 // grid (chunks, batch): the bins of chunk blockIdx.x of sampled row blockIdx.y, added to the
 // row's. The last bin (most of a peaked row's entries) sums in registers: no contention.
@@ -145,12 +153,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ typename BlockReduceD::TempStorage reduce_d;
   __shared__ typename BlockReduceI::TempStorage reduce_i;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNucleusChunk;
-  float v[kNucleusItems];  // loads out before the max's
-#pragma unroll
-  for (int j = 0; j < kNucleusItems; ++j) {
-    const int64_t i = begin + j * kThreads + threadIdx.x;
-    v[j] = i < p.vocab ? LoadLogit(p.logits, p.is_bf16, b * p.vocab + i) : -INFINITY;
-  }
+  float v[kNucleusItems];
+  LoadChunk(p, b, begin, v);  // out before the max's loads
   for (int i = threadIdx.x; i < kNucleusBins; i += kThreads) fixed[0][i] = fixed[1][i] = 0;
   for (int i = threadIdx.x; i < kNucleusBins / 2; i += kThreads) count2[i] = 0;
   const float max = BlockRowMax(p.slice_val + b * p.slices, p.slices);  // synchronises
@@ -271,7 +275,7 @@ __global__ void __launch_bounds__(kThreads)
     if (min_p) {
       // Weights >= floor: x <= -log(floor), give or take logf's and expf's rounding (~1e-5 of
       // a unit at x = 100), far inside the 0.05 of a bin either side taken here.
-      const float floor = fmaxf(fminf(rp.min_p, 1.f), 1.401298464e-45f);
+      const float floor = MinPFloor(rp.min_p);
       const float x = -logf(floor) * kNucleusBinsPerUnit;
       auto bin_of = [](float y) {
         return y < static_cast<float>(kNucleusBins - 1) ? static_cast<int>(fmaxf(y, 0.f))
@@ -323,12 +327,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.y;
   if (!(p.rows[b].temperature > 0.f)) return;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNucleusChunk;
-  float v[kNucleusItems];  // loads out before the plan's
-#pragma unroll
-  for (int j = 0; j < kNucleusItems; ++j) {
-    const int64_t i = begin + j * kThreads + threadIdx.x;
-    v[j] = i < p.vocab ? LoadLogit(p.logits, p.is_bf16, b * p.vocab + i) : -INFINITY;
-  }
+  float v[kNucleusItems];
+  LoadChunk(p, b, begin, v);  // out before the plan's loads
   const NucleusPlan plan = p.plan[b];
   if (plan.max == -INFINITY) return;
   const float t = p.rows[b].temperature;
@@ -492,8 +492,7 @@ __global__ void __launch_bounds__(kThreads)
   double kept_mass = plan.z;
   int64_t kept_b = plan.n_b;
   if (plan.cut) {
-    const float floor =
-        rp.min_p > 0.f ? fmaxf(fminf(rp.min_p, 1.f), 1.401298464e-45f) : 1.401298464e-45f;
+    const float floor = MinPFloor(rp.min_p);
     // Entries at or above the floor: a prefix (weights fall along the order), counted. Without
     // min_p every candidate (weight > 0) is.
     int64_t n_floor = plan.n_b;

@@ -92,15 +92,24 @@ struct SampleSmem {
   int n_positive, n_floor;
 };
 
+// A logit's weight exp((v - max) / T): 0 for -inf / NaN; with +inf logits, 1 for those only.
+__device__ __forceinline__ float WeightOf(float v, float max, float temperature) {
+  if (max == INFINITY) return v == INFINITY ? 1.f : 0.f;
+  if (!(v > -INFINITY)) return 0.f;
+  return expf((v - max) / temperature);
+}
+
+// The smallest positive weight; min-p's floor (the top token's weight is 1, so a floor <= 1 keeps
+// it), or the positive weights' without min_p.
+constexpr float kMinWeight = 1.401298464e-45f;
+__device__ __forceinline__ float MinPFloor(float min_p) {
+  return min_p > 0.f ? fmaxf(fminf(min_p, 1.f), kMinWeight) : kMinWeight;
+}
+
 struct Weights {
   const float* keys;
   float max, temperature;
-  __device__ float operator()(int64_t i) const {
-    const float v = keys[i];
-    if (max == INFINITY) return v == INFINITY ? 1.f : 0.f;
-    if (!(v > -INFINITY)) return 0.f;
-    return expf((v - max) / temperature);
-  }
+  __device__ float operator()(int64_t i) const { return WeightOf(keys[i], max, temperature); }
 };
 
 template <typename W>
