@@ -21,6 +21,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling_nucleus.cuh"
+#include "kernels/cuda/sampling_nucleus_fused.cuh"
 #include "kernels/cuda/sampling_walk.cuh"
 
 namespace corolla::cuda {
@@ -69,19 +70,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = begin + k * kThreads + threadIdx.x;
     v[k] = i < p.vocab ? LoadLogit(p.logits, p.is_bf16, b * p.vocab + i) : -INFINITY;
   }
-  float best = -INFINITY;
-  int best_id = 0x7fffffff;
-#pragma unroll
-  for (int k = 0; k < kArgmaxItems; ++k)  // ids ascend with k: strict > keeps the lowest of ties
-    if (v[k] > best) {
-      best = v[k];
-      best_id = static_cast<int>(begin + k * kThreads + threadIdx.x);
-    }
-  BlockBest(best, best_id);
-  if (threadIdx.x == 0) {
-    p.slice_val[b * p.slices + blockIdx.x] = best;
-    p.slice_id[b * p.slices + blockIdx.x] = best_id;
-  }
+  ChunkBest(v, begin, p.slice_val + b * p.slices + blockIdx.x,
+            p.slice_id + b * p.slices + blockIdx.x);
 }
 
 // Each entry's weight (Weights) in the sorted order, for the prefix scan; 0 in greedy rows.
@@ -189,17 +179,41 @@ void CheckLogits(const TensorView& logits) {
   COROLLA_CHECK(logits.dim(0) * logits.dim(1) < (int64_t{1} << 31)) << "sample: batch * vocab exceeds int32";
 }
 
-// Enqueues the nucleus path (sampling_nucleus.cuh) over ArgmaxSliceKernel's slices of every row.
-void SampleNucleusInto(NucleusParams q, int64_t batch, CachingAllocator& alloc, cudaStream_t s) {
+// CTAs of NucleusFusedKernel the device holds at once: the most one cooperative launch takes.
+int64_t FusedNucleusCapacity() {
+  static const int64_t capacity = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+    COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    COROLLA_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, NucleusFusedKernel, kThreads, 0));
+    return static_cast<int64_t>(sms) * per_sm;
+  }();
+  return capacity;
+}
+
+// Whether a nucleus step of `batch` rows runs as NucleusFusedKernel (which then writes the rows'
+// argmax slices itself: ArgmaxSliceKernel is not launched).
+bool FusedNucleus(int64_t batch, int64_t vocab) {
+  return Tuning().sample_nucleus_fused &&
+         batch * CeilDiv(vocab, int64_t{kNucleusChunk}) <= FusedNucleusCapacity();
+}
+
+// Enqueues the nucleus path (sampling_nucleus.cuh): one cooperative launch when `fused`, else the
+// four kernels over ArgmaxSliceKernel's slices of every row.
+void SampleNucleusInto(NucleusParams q, int64_t batch, bool fused, CachingAllocator& alloc,
+                       cudaStream_t s) {
   const int64_t bins = batch * kNucleusBins;
-  // Zeroed together: the bins' masses, counts and the gather cursors.
-  const size_t zeroed_bytes = bins * (sizeof(double) + sizeof(int)) + batch * sizeof(int);
+  // Zeroed together: the bins' masses, counts, the gather cursors and the fused kernel's counters.
+  const size_t zeroed_bytes = bins * (sizeof(double) + sizeof(int)) +
+                              batch * (sizeof(int) + kNucleusSyncs * sizeof(unsigned));
   ScratchBuffer zeroed(alloc, zeroed_bytes);
   ScratchBuffer plans(alloc, batch * sizeof(NucleusPlan));
   ScratchBuffer cand(alloc, 2 * batch * q.vocab * sizeof(uint64_t));
   q.bin_mass = zeroed.as<double>();
   q.bin_count = reinterpret_cast<int*>(q.bin_mass + bins);
   q.cursor = q.bin_count + bins;
+  q.sync = reinterpret_cast<unsigned*>(q.cursor + batch);
   q.plan = plans.as<NucleusPlan>();
   q.cand = cand.as<uint64_t>();
   q.alt = q.cand + batch * q.vocab;
@@ -208,6 +222,21 @@ void SampleNucleusInto(NucleusParams q, int64_t batch, CachingAllocator& alloc, 
   COROLLA_CUDA_CHECK(cudaMemsetAsync(zeroed.as<void>(), 0, zeroed_bytes, s));
   const dim3 chunks(static_cast<unsigned>(CeilDiv(q.vocab, kNucleusChunk)),
                     static_cast<unsigned>(batch));
+  if (fused) {
+    q.slices = static_cast<int>(chunks.x);
+    q.timeline = TimelineRecord("NucleusFused", int64_t{chunks.x} * chunks.y, s);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeCooperative;  // every CTA resident, or the launch fails
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = chunks;
+    config.blockDim = dim3(kThreads);
+    config.stream = s;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    COROLLA_CUDA_CHECK(cudaLaunchKernelEx(&config, NucleusFusedKernel, q));
+    return;  // the buffers go back behind the launch on the stream
+  }
   NucleusHistKernel<<<chunks, kThreads, 0, s>>>(q);
   COROLLA_CUDA_CHECK_LAUNCH();
   NucleusPlanKernel<<<static_cast<unsigned>(batch), kThreads, 0, s>>>(q);
@@ -261,7 +290,8 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
   }
   SampleParams sp{logits.data, is_bf16,   vocab,    d_rows, nullptr, nullptr, vocab,
                   nullptr,     slice_val, slice_id, slices, d_out,   nucleus};
-  if (any_greedy || nucleus) {
+  const bool fused = nucleus && FusedNucleus(batch, vocab);
+  if ((any_greedy || nucleus) && !fused) {
     ArgmaxSliceKernel<<<dim3(slices, static_cast<unsigned>(batch)), kThreads, 0, s>>>(sp);
     COROLLA_CUDA_CHECK_LAUNCH();
   }
@@ -275,7 +305,7 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
     q.slice_id = slice_id;
     q.slices = slices;
     q.out = d_out;
-    SampleNucleusInto(q, batch, alloc, s);
+    SampleNucleusInto(q, batch, fused, alloc, s);
     return;
   }
   const int64_t select_k = std::min(max_top_k, vocab);

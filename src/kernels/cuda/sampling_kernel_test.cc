@@ -169,18 +169,27 @@ TEST_F(CudaKernelTest, SampleTopK) {
 // histogram, then only the bins that hold the cut and the draw sorted): the same tokens as the
 // CPU sampler and as the full sort (Tuning().sample_nucleus off), with top-p, min-p, both, the
 // temperature alone, top_p 0, ties, few finite entries, NaN, +-inf, a greedy row beside sampled
-// ones, flat rows, and rows all equal (more entries in a bin than one in-block sort takes: the
-// one-CTA sort in global memory).
+// ones, flat rows, rows of 1-4k candidates (the 4096-entry tile), and rows all equal (more entries
+// in a bin than one in-block sort takes: the one-CTA sort in global memory). Steps of a few rows
+// run fused (one cooperative launch: every small vocabulary here, and batch <= 3 at the large ones
+// on an H200); each step runs both ways.
 TEST_F(CudaKernelTest, SampleNucleus) {
   const bool nucleus_default = cuda::Tuning().sample_nucleus;
+  const bool fused_default = cuda::Tuning().sample_nucleus_fused;
   struct Case {
     DType dtype;
     int64_t vocab, batch;
+    int first_mode;  // row b takes mode (first_mode + b) % 13
   };
   std::vector<Case> cases;
   for (DType dt : {DType::kF32, DType::kBF16})
-    for (int64_t vocab : {7, 1000, 4097, 129280, 151936}) cases.push_back({dt, vocab, 12});
-  cases.push_back({DType::kF32, 151936, 64});
+    for (int64_t vocab : {7, 1000, 4097, 129280, 151936}) cases.push_back({dt, vocab, 13, 0});
+  cases.push_back({DType::kF32, 151936, 64, 0});
+  for (int first : {1, 5, 8}) cases.push_back({DType::kF32, 151936, 3, first});
+  cases.push_back({DType::kBF16, 129280, 3, 3});
+  cases.push_back({DType::kF32, 129280, 4, 6});
+  cases.push_back({DType::kF32, 151936, 1, 2});
+  cases.push_back({DType::kBF16, 151936, 1, 9});
   for (const Case& c : cases) {
     const int64_t vocab = c.vocab, batch = c.batch;
     std::vector<float> logits(batch * vocab);
@@ -192,7 +201,7 @@ TEST_F(CudaKernelTest, SampleNucleus) {
       SamplingParams& p = params[b];
       p.seed = 31 + b;
       float* r = row(b);
-      switch (b % 12) {
+      switch ((c.first_mode + b) % 13) {
         case 0:
           p.temperature = 0.f;
           break;  // greedy
@@ -247,6 +256,11 @@ TEST_F(CudaKernelTest, SampleNucleus) {
           p.temperature = 0.5f;
           p.top_p = 0.f;
           break;  // only the first token
+        case 12:
+          p.temperature = 1.f;
+          p.top_p = 0.9f;
+          for (int64_t i = 0; i < vocab; ++i) r[i] *= 0.1f;  // 1-4k candidates at 152k: a full tile
+          break;
       }
     }
     if (c.dtype == DType::kBF16)
@@ -258,27 +272,35 @@ TEST_F(CudaKernelTest, SampleNucleus) {
     std::vector<uint64_t> steps(batch);
     for (int rep = 0; rep < 6; ++rep) {  // several draws
       for (int64_t b = 0; b < batch; ++b) steps[b] = 13 * rep + b;
-      std::vector<int32_t> ref(batch), got(batch, -7), sorted(batch, -7);
+      std::vector<int32_t> ref(batch), got(batch, -7), unfused(batch, -7), sorted(batch, -7);
       cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
       cuda::Tuning().sample_nucleus = true;
+      cuda::Tuning().sample_nucleus_fused = true;
       gpu().Sample(g, params.data(), steps.data(), got.data());
+      cuda::Tuning().sample_nucleus_fused = false;
+      gpu().Sample(g, params.data(), steps.data(), unfused.data());
       cuda::Tuning().sample_nucleus = false;
       gpu().Sample(g, params.data(), steps.data(), sorted.data());
       for (int64_t b = 0; b < batch; ++b) {
-        mismatches += got[b] != ref[b];
-        EXPECT_EQ(got[b], ref[b]) << shape << " row " << b << " (mode " << b % 12 << ") step "
-                                  << steps[b];
-        EXPECT_EQ(got[b], sorted[b]) << shape << " row " << b << " step " << steps[b];
+        const std::string where = shape + " row " + std::to_string(b) + " (mode " +
+                                  std::to_string((c.first_mode + b) % 13) + ") step " +
+                                  std::to_string(steps[b]);
+        mismatches += (got[b] != ref[b]) + (unfused[b] != ref[b]);
+        EXPECT_EQ(got[b], ref[b]) << where;
+        EXPECT_EQ(unfused[b], ref[b]) << where << " unfused";
+        EXPECT_EQ(got[b], sorted[b]) << where << " sort";
       }
     }
-    Record("SampleNucleus.mismatches", shape + " x6 steps", mismatches, 0);
+    Record("SampleNucleus.mismatches", shape + " x6 steps, fused and not", mismatches, 0);
   }
   cuda::Tuning().sample_nucleus = nucleus_default;
+  cuda::Tuning().sample_nucleus_fused = fused_default;
 }
 
 // The sampler's latency a call (upload, kernels, the ids back; wall clock, median of 15) at
-// batch 1 and 64 over Qwen3's 151936 logits, with the nucleus path and with the full sort it
-// replaces (Tuning().sample_nucleus), beside greedy and top_k 20 (the selection). Two rows:
+// batch 1, 3 and 64 over Qwen3's 151936 logits, with the nucleus path, with it never fused
+// (Tuning().sample_nucleus_fused) and with the full sort it replaces (Tuning().sample_nucleus),
+// beside greedy and top_k 20 (the selection). Two rows:
 // logits of std 0.9 (what Qwen3-30B-A3B's random weights give: flat, ~500 entries a bin) and of
 // std 3 (peaked).
 TEST(CudaPerf, Sample) {
@@ -296,7 +318,7 @@ TEST(CudaPerf, Sample) {
                         {"t1", 1.f, 1.f, 0.f, 0},
                         {"t1.2 min_p 0.05", 1.2f, 1.f, 0.05f, 0}};
   for (const float sd : {0.9f, 3.f}) {
-    for (const int64_t batch : {1, 64}) {
+    for (const int64_t batch : {1, 3, 64}) {
       std::vector<float> logits(batch * vocab);
       std::normal_distribution<float> nd(0.f, sd);
       for (auto& l : logits) l = nd(Rng());
@@ -307,9 +329,11 @@ TEST(CudaPerf, Sample) {
         std::vector<SamplingParams> params(batch);
         for (int64_t b = 0; b < batch; ++b)
           params[b] = {m.temperature, m.top_k, m.top_p, m.min_p, static_cast<uint64_t>(b)};
-        for (const bool nucleus : {true, false}) {
-          if (!nucleus && (m.temperature == 0.f || m.top_k > 0)) continue;  // the same path
-          cuda::Tuning().sample_nucleus = nucleus;
+        // 0: the nucleus path (fused where the step fits), 1: never fused, 2: the sort.
+        for (const int way : {0, 1, 2}) {
+          if (way > 0 && (m.temperature == 0.f || m.top_k > 0)) continue;  // the same path
+          cuda::Tuning().sample_nucleus = way < 2;
+          cuda::Tuning().sample_nucleus_fused = way == 0;
           std::vector<double> us;
           for (int rep = 0; rep < 18; ++rep) {
             for (auto& st : steps) ++st;
@@ -322,7 +346,8 @@ TEST(CudaPerf, Sample) {
           std::printf("sample perf: sd %.1f batch %3lld %-26s %-9s %8.1f us\n", sd,
                       static_cast<long long>(batch), m.name,
                       m.temperature == 0.f || m.top_k > 0 ? ""
-                      : nucleus                           ? "nucleus"
+                      : way == 0                          ? "nucleus"
+                      : way == 1                          ? "unfused"
                                                           : "sort",
                       us[us.size() / 2]);
         }

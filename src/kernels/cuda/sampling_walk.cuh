@@ -62,6 +62,25 @@ __device__ void BlockBest(float& best, int& best_id) {
   }
 }
 
+// The best (value, id) of a CTA's logits v, entry j of thread t being id begin + j x kThreads + t,
+// written by thread 0 to *val and *id (NaN never wins; ties go to the lowest id).
+template <int kItemsT>
+__device__ void ChunkBest(const float (&v)[kItemsT], int64_t begin, float* val, int32_t* id) {
+  float best = -INFINITY;
+  int best_id = 0x7fffffff;
+#pragma unroll
+  for (int j = 0; j < kItemsT; ++j)  // ids ascend with j: strict > keeps the lowest of ties
+    if (v[j] > best) {
+      best = v[j];
+      best_id = static_cast<int>(begin + j * kThreads + threadIdx.x);
+    }
+  BlockBest(best, best_id);
+  if (threadIdx.x == 0) {
+    *val = best;
+    *id = best_id;
+  }
+}
+
 // A greedy row's token from the argmax slices' bests [slices] (sampling.cu's
 // ArgmaxSliceKernel): the block's best, in thread 0; 0 when no logit is finite or +inf.
 __device__ int GreedyFromSlices(const float* slice_val, const int32_t* slice_id, int slices) {
