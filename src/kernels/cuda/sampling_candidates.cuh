@@ -56,14 +56,19 @@ struct NucleusSortSmem {
   union {
     typename NucleusTileSort::TempStorage sort;
     typename NucleusSmallSort::TempStorage small;
-    double prefix[kNucleusTile];  // a sorted tile's inclusive weight sums (SampleTile)
+    double prefix[PaddedSize(kNucleusTile)];  // a sorted tile's inclusive weight sums (SampleTile)
+    int32_t tie_ids[kNucleusTile];            // then the ids of the pick's tie group
   };
+  typename cub::BlockReduce<long long, kThreads>::TempStorage reduce_ll;
   typename cub::BlockReduce<uint64_t, kThreads>::TempStorage reduce;
   uint64_t varying;
   typename cub::BlockScan<int, kThreads>::TempStorage scan;
   typename BlockScan::TempStorage scan_d;
   typename BlockReduceI::TempStorage reduce_i;
-  int n_floor, pick;
+  int n_floor, pick, pick_id;
+  uint64_t pick_logit;     // the pick's key above the id bits (SampleTile's ties)
+  long long before_group;  // entries before the pick's tie group, and in it (packed)
+  int n_listed;
   int digits[256], offsets[256], tile_start[256];
 };
 

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 struct PlanSmem {
-  double cum[kNucleusBins];  // the bins' inclusive mass sums
+  double cum[PaddedSize(kNucleusBins)];  // the bins' inclusive mass sums (PaddedSums)
   typename BlockScan::TempStorage scan_d;
   typename BlockReduceI::TempStorage reduce_i;
   typename cub::BlockReduce<long long, kThreads>::TempStorage reduce_ll;
@@ -227,11 +227,11 @@ __device__ NucleusPlan PlanRow(const NucleusParams& p, int64_t b, float row_max,
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     before += m[j];
-    sm.cum[threadIdx.x * kPer + j] = before;
+    StorePadded(sm.cum, threadIdx.x * kPer + j, before);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const double* cum = sm.cum;
+    const PaddedSums cum{sm.cum, 0};
     last = max(last, 0);
     const double z = cum[kNucleusBins - 1];
     const double delta = 1e-9 * z;
@@ -374,11 +374,61 @@ union NucleusSampleSmem {
   SampleSmem walk;
 };
 
+// The id at position `pick` of n keys sorted on their logits' bits only (blocked over the block,
+// kItemsT a thread; ties in any order): the position's tie group (the keys whose logit bits equal
+// the pick's) starts after every key of a larger logit, and the sampling order puts its members in
+// id order, so the id is the group's (pick - start)-th smallest. In every thread.
+template <int kItemsT>
+__device__ int TieGroupId(const uint64_t (&k)[kItemsT], int n, int pick, int id_bits,
+                          NucleusSortSmem& sm) {
+#pragma unroll
+  for (int j = 0; j < kItemsT; ++j)
+    if (threadIdx.x * kItemsT + j == pick) {
+      sm.pick_logit = k[j] >> id_bits;
+      sm.pick_id = CandidateId(k[j], id_bits);
+    }
+  __syncthreads();
+  const uint64_t logit = sm.pick_logit;
+  long long counts = 0;  // before the group (low word), in it (high word)
+#pragma unroll
+  for (int j = 0; j < kItemsT; ++j) {
+    if (threadIdx.x * kItemsT + j >= n) continue;
+    const uint64_t l = k[j] >> id_bits;
+    counts += l < logit ? 1ll : l == logit ? (1ll << 32) : 0ll;
+  }
+  counts = cub::BlockReduce<long long, kThreads>(sm.reduce_ll).Sum(counts);
+  if (threadIdx.x == 0) {
+    sm.before_group = counts;
+    sm.n_listed = 0;
+  }
+  __syncthreads();
+  const int rank = pick - static_cast<int>(sm.before_group & 0xffffffffll);
+  const int members = static_cast<int>(sm.before_group >> 32);
+  if (members == 1) return sm.pick_id;  // no tie: the key's own id
+    // List the members' ids (the sums are no longer needed), then each finds its rank among them.
+#pragma unroll
+  for (int j = 0; j < kItemsT; ++j)
+    if (threadIdx.x * kItemsT + j < n && k[j] >> id_bits == logit)
+      sm.tie_ids[atomicAdd(&sm.n_listed, 1)] = CandidateId(k[j], id_bits);
+  __syncthreads();
+  for (int i = threadIdx.x; i < members; i += kThreads) {
+    const int32_t id = sm.tie_ids[i];
+    int smaller = 0;
+    for (int m = 0; m < members; ++m) smaller += sm.tie_ids[m] < id;
+    if (smaller == rank) sm.pick = id;  // one member: the ids differ
+  }
+  __syncthreads();
+  return sm.pick;
+}
+
 // Sampled row b's token when its n candidates fit kItemsT a thread: they are sorted in
-// registers (blocked: thread t holds entries t x kItemsT ..), their weights' inclusive sums go to
-// shared memory in one block scan, thread 0 finds the kept set's end in run B and then the draw in
-// A or B by binary searches of those sums, and the thread holding the pick writes it. The sums of
-// run B are those of the whole tile less A's (rounding in the last bits, as the walks').
+// registers (blocked: thread t holds entries t x kItemsT ..) on their logits' bits alone, their
+// weights' inclusive sums go to shared memory in one block scan, thread 0 finds the kept set's end
+// in run B and then the draw in A or B by binary searches of those sums, and the pick's id comes
+// from its tie group (TieGroupId). The sums of run B are those of the whole tile less A's
+// (rounding in the last bits, as the walks'). Sorting without the 18 or so id bits takes 3-4
+// radix passes where the whole key took 7; ties keep the gather's order, which only the id at the
+// pick needs, as equal logits have equal weights.
 template <int kItemsT, typename Sort>
 __device__ void SampleTile(const NucleusParams& p, int64_t b, const NucleusPlan& plan,
                            typename Sort::TempStorage& temp, NucleusSortSmem& sm,
@@ -393,7 +443,7 @@ __device__ void SampleTile(const NucleusParams& p, int64_t b, const NucleusPlan&
     k[j] = i < n ? cand[i] : ~uint64_t{0};  // padding sorts last (a stable sort on the low bits)
   }
   const int bits = VaryingBits(k, n, cand[0], sm);
-  if (bits > 0) Sort(temp).Sort(k, 0, bits);
+  if (bits > p.id_bits) Sort(temp).Sort(k, p.id_bits, bits);  // else every logit is equal
   __syncthreads();  // the sort's storage takes the sums
   if (scope != nullptr) scope->Mark(4);
   const float floor = MinPFloor(rp.min_p);
@@ -414,13 +464,13 @@ __device__ void SampleTile(const NucleusParams& p, int64_t b, const NucleusPlan&
 #pragma unroll
   for (int j = 0; j < kItemsT; ++j) {
     sum += w[j];
-    sm.prefix[threadIdx.x * kItemsT + j] = sum;
+    StorePadded(sm.prefix, threadIdx.x * kItemsT + j, sum);
   }
   above = BlockReduceI(sm.reduce_i).Sum(above);
   __syncthreads();
   if (threadIdx.x == 0) {
-    const double* sums = sm.prefix;
-    const double* sums_b = sums + plan.n_a;
+    const PaddedSums sums{sm.prefix, 0};
+    const PaddedSums sums_b{sm.prefix, plan.n_a};
     const double mass_a = plan.n_a > 0 ? sums[plan.n_a - 1] : 0.0;  // B's sums are past it
     double kept_mass = plan.z;
     int kept_b = plan.n_b;
@@ -452,9 +502,8 @@ __device__ void SampleTile(const NucleusParams& p, int64_t b, const NucleusPlan&
   }
   __syncthreads();
   const int pick = sm.pick;
-#pragma unroll
-  for (int j = 0; j < kItemsT; ++j)
-    if (threadIdx.x * kItemsT + j == pick) p.out[b] = CandidateId(k[j], p.id_bits);
+  const int id = TieGroupId(k, n, pick, p.id_bits, sm);
+  if (threadIdx.x == 0) p.out[b] = id;
 }
 
 // Sampled row b's token past a tile: its candidates sorted in global memory

@@ -213,9 +213,25 @@ __device__ int64_t FirstBelow(const W& w, int64_t n, float floor) {
   return lo;
 }
 
+// Inclusive sums in shared memory written blocked (thread t the entries t x k ..), one pad entry
+// after every 16 so that a warp's stores of its k-th entries fall in different banks (unpadded,
+// k = 16 puts all 32 in one bank). Entry i of the sums from `base` on.
+constexpr int PaddedSize(int n) { return n + n / 16; }
+struct PaddedSums {
+  const double* p;
+  int base;
+  __device__ double operator[](int64_t i) const {
+    const int64_t j = base + i;
+    return p[j + j / 16];
+  }
+};
+__device__ __forceinline__ void StorePadded(double* p, int i, double v) { p[i + i / 16] = v; }
+
 // First j in [0, n) with sums[j] > threshold (>= when !strict), n if none: FirstPrefix over
-// inclusive prefix sums already formed (non-decreasing, weights are >= 0).
-__device__ int64_t FirstSumPast(const double* sums, int64_t n, double threshold, bool strict) {
+// inclusive prefix sums already formed (non-decreasing, weights are >= 0). Sums: a pointer or
+// PaddedSums.
+template <typename Sums>
+__device__ int64_t FirstSumPast(const Sums& sums, int64_t n, double threshold, bool strict) {
   int64_t lo = 0, hi = n;
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
