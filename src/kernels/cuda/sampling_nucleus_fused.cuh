@@ -29,6 +29,7 @@ __device__ __forceinline__ void RowSync(unsigned* counter, unsigned ctas, bool w
 union NucleusFusedSmem {
   HistSmem hist;
   PlanSmem plan;
+  GatherSmem gather;
   NucleusSampleSmem sample;
 };
 
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kThreads)
   scope.Mark(1);
   const NucleusPlan plan = PlanRow(p, b, row_max, sm.plan);
   scope.Mark(2);
-  GatherChunk(p, b, begin, v, plan, t);
+  GatherChunk(p, b, begin, v, plan, t, sm.gather);
   RowSync(sync + 2, gridDim.x, blockIdx.x == 0);
   if (blockIdx.x != 0) return;
   scope.Mark(3);
