@@ -450,8 +450,8 @@ struct KernelTuning {
   // once (a few rows; 3 of Qwen3's vocabulary on an H200): the slices' bests, the histogram, the
   // plan (each CTA its own copy), the gather and the sort meet at counters a row instead of five
   // kernel boundaries (sampling_nucleus_fused.cuh). On an H200 (session 35, batch 1, top_p 0.9)
-  // 35.7 us against 41.5 for the five kernels (ncu), and the engine's ITL at concurrency 1
-  // 2.4236 ms against 2.4272-2.4283 (greedy 2.3801). COROLLA_SAMPLE_NUCLEUS_FUSED=0 launches the
+  // 28.0 us against 33.3 for the five kernels (ncu), and the engine's ITL at concurrency 1
+  // 2.4297 ms against 2.4360 (greedy 2.3943). COROLLA_SAMPLE_NUCLEUS_FUSED=0 launches the
   // kernels one by one.
   bool sample_nucleus_fused = true;
 };
