@@ -1,7 +1,7 @@
 // A nucleus row's candidates (the entries of its runs, sampling_nucleus.cuh) as 64-bit keys whose
-// ascending order is the sampling order (logit descending, then id), and their sort in one CTA:
-// one in-block radix sort up to a tile (4096 entries), an LSD sort in global memory past it.
-// Included by sampling_nucleus.cuh only.
+// ascending order is the sampling order (logit descending, then id), the in-block radix sorts
+// and shared memory of a tile's walk (SampleTile, up to 4096 entries) and the LSD sort in global
+// memory past a tile. Included by sampling_nucleus.cuh only.
 #pragma once
 
 #include <cub/cub.cuh>
@@ -40,7 +40,7 @@ struct CandidateWeights {
   }
 };
 
-// 6-bit digits: a tile of keys that differ in ~38 bits (18 of the id) sorts in 7 passes, not 10.
+// 6-bit digits: a tile sorts on its logits' varying bits (~20 for a flat fp32 row) in 4 passes.
 constexpr int kNucleusRadixBits = 6;
 using NucleusTileSort =
     cub::BlockRadixSort<uint64_t, kThreads, kNucleusItems, cub::NullType, kNucleusRadixBits>;

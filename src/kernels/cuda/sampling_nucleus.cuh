@@ -10,8 +10,10 @@
 //                       1e-9 x Z of its limit); run A: the bins where the draw u x kept can
 //                       fall, the kept mass lying between the mass before B and through it;
 //   NucleusGatherKernel the entries of runs A and B (typically a few hundred a row);
-//   NucleusSampleKernel one CTA a row sorts them (by logit descending, then id), walks B to
-//                       the cut from the mass before it, then A (or B) to the draw.
+//   NucleusSampleKernel one CTA a row sorts them (by logit descending, then id) and finds the
+//                       cut in B from the mass before it, then the draw in A (or B): up to a
+//                       tile in registers and binary searches of shared-memory sums
+//                       (SampleTile), past it in global memory and block-scan walks.
 // x is monotone in the logit (correctly rounded subtraction and division), so a bin is a
 // contiguous piece of the sampling order and ties share one. The tokens are those of the full
 // sort; the sums differ in the last bits (the bins' masses through fixed point and atomics), as
@@ -443,8 +445,9 @@ __device__ int TieGroupId(const uint64_t (&k)[kItemsT], int n, int pick, int id_
   __syncthreads();
   const int rank = pick - static_cast<int>(sm.before_group & 0xffffffffll);
   const int members = static_cast<int>(sm.before_group >> 32);
-  if (members == 1) return sm.pick_id;  // no tie: the key's own id
-    // List the members' ids (the sums are no longer needed), then each finds its rank among them.
+  // No tie: the key's own id. Else the members' ids are listed (the sums are no longer needed)
+  // and each member finds its rank among them.
+  if (members == 1) return sm.pick_id;
 #pragma unroll
   for (int j = 0; j < kItemsT; ++j)
     if (threadIdx.x * kItemsT + j < n && k[j] >> id_bits == logit)
