@@ -22,6 +22,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling_nucleus.cuh"
 #include "kernels/cuda/sampling_nucleus_fused.cuh"
+#include "kernels/cuda/sampling_nucleus_pick.cuh"
 #include "kernels/cuda/sampling_walk.cuh"
 
 namespace corolla::cuda {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kernels/cuda/sampling_nucleus.cuh"
+#include "kernels/cuda/sampling_nucleus_pick.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
