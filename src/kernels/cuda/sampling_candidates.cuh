@@ -65,7 +65,7 @@ struct NucleusSortSmem {
   typename cub::BlockScan<int, kThreads>::TempStorage scan;
   typename BlockScan::TempStorage scan_d;
   typename BlockReduceI::TempStorage reduce_i;
-  int n_floor, pick, pick_id;
+  int pick, pick_id;
   uint64_t pick_logit;     // the pick's key above the id bits (SampleTile's ties)
   long long before_group;  // entries before the pick's tie group, and in it (packed)
   int n_listed;

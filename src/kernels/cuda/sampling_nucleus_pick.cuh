@@ -109,7 +109,7 @@ __device__ void SampleTile(const NucleusParams& p, int64_t b, const NucleusPlan&
     sum += w[j];
     StorePadded(sm.prefix, threadIdx.x * kItemsT + j, sum);
   }
-  above = BlockReduceI(sm.reduce_i).Sum(above);
+  if (rp.min_p > 0.f) above = BlockReduceI(sm.reduce_i).Sum(above);  // the row's: uniform
   __syncthreads();
   if (threadIdx.x == 0) {
     const PaddedSums sums{sm.prefix, 0};
