@@ -2,10 +2,11 @@
 // greedy = argmax with ties to the lowest id; otherwise tokens in sampling order (logit
 // descending, ties by id), weights exp((l - max) / T), then top-k, top-p, min-p as prefixes of
 // that order, and one inverse-CDF draw with u = Philox4x32-10(key = seed, counter = step)
-// computed with the same arithmetic as kernels/sampling.cc. The order: where every sampled row
-// names a top_k, only its first K (sampling_order.cuh); where none does, only the entries of the
-// weight-histogram bins that hold the cut and the draw (sampling_nucleus.cuh); a step mixing
-// both, a stable device-wide radix sort of the whole vocabulary. Known deviations: expf may
+// computed with the same arithmetic as kernels/sampling.cc. The order: only the entries of the
+// weight-histogram bins that hold the cut and the draw, or for a row that names a top_k the bins
+// through its K-th entry (sampling_nucleus.cuh). With those paths off (Tuning()), a step whose
+// sampled rows all name a top_k keeps only their first K (sampling_order.cuh), and any other a
+// stable device-wide radix sort of the whole vocabulary. Known deviations: expf may
 // differ from the host's exp by an ulp, and prefix sums (double) associate differently, so a
 // draw that lands within ~1e-7 of a bucket edge can pick the neighbouring token; greedy is exact.
 // SampleAsync leaves the ids on the device (for the next step's input, through GatherIds) and
@@ -224,7 +225,7 @@ void SampleNucleusInto(NucleusParams q, int64_t batch, bool fused, CachingAlloca
   const dim3 chunks(static_cast<unsigned>(CeilDiv(q.vocab, kNucleusChunk)),
                     static_cast<unsigned>(batch));
   if (fused) {
-    q.slices = static_cast<int>(chunks.x);
+    q.slices = 2 * static_cast<int>(chunks.x);  // two a chunk
     q.timeline = TimelineRecord("NucleusFused", int64_t{chunks.x} * chunks.y, s);
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeCooperative;  // every CTA resident, or the launch fails
@@ -277,9 +278,12 @@ void SampleInto(const TensorView& logits, const SamplingParams* params, const ui
   // Row parameters (only when some row samples: greedy rows need none, so a greedy step uploads
   // nothing), the greedy rows' slice bests.
   const size_t rows_bytes = any_random ? sizeof(RowParams) * batch : 0;
-  // Steps whose sampled rows name no top_k take the nucleus path, which needs every row's max.
-  const bool nucleus = any_random && no_top_k && Tuning().sample_nucleus;
-  const size_t slice_count = any_greedy || nucleus ? static_cast<size_t>(batch) * slices : 0;
+  // Steps whose sampled rows name no top_k take the nucleus path, which needs every row's max;
+  // with Tuning().sample_top_k_hist every step that samples does.
+  const bool nucleus =
+      any_random && (no_top_k || Tuning().sample_top_k_hist) && Tuning().sample_nucleus;
+  // (The fused nucleus kernel's slices are two a 4096-logit chunk: one more where slices is odd.)
+  const size_t slice_count = any_greedy || nucleus ? static_cast<size_t>(batch) * (slices + 1) : 0;
   ScratchBuffer meta(alloc, rows_bytes + slice_count * 8);
   RowParams* d_rows = any_random ? meta.as<RowParams>() : nullptr;
   float* slice_val = reinterpret_cast<float*>(meta.as<char>() + rows_bytes);

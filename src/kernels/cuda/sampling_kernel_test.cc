@@ -105,64 +105,104 @@ TEST_F(CudaKernelTest, SampleGreedy) {
   }
 }
 
-// Steps whose sampled rows all name a top_k <= 256 take the top-k selection (chunks of 2048
-// sorted in shared memory, rounds until one CTA holds the row) instead of the full sort: the
-// same tokens as the CPU sampler and as the sort path (Tuning().sample_top_k_select off), with
-// ties at the K-th entry, fewer positive weights than K, NaN, +-inf, a greedy row beside
-// sampled ones, and vocabularies around the chunks' edges.
+// Rows that name a top_k take the histogram path (sampling_nucleus.cuh, the plan counting
+// entries up to the K-th; fused for a few rows) or, with Tuning().sample_top_k_hist off and every
+// sampled row naming a top_k <= 256, the top-k selection (chunks of 2048 sorted in shared memory,
+// rounds until one CTA holds the row): each the same tokens as the CPU sampler and as the full
+// sort, with ties at the K-th entry, fewer positive weights than K, NaN, +-inf, a greedy row
+// beside sampled ones, a K-th entry among weights under e^-32 (the histogram's last bin), and
+// vocabularies around the chunks' edges.
 TEST_F(CudaKernelTest, SampleTopK) {
   const bool select_default = cuda::Tuning().sample_top_k_select;
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (int64_t vocab : {7, 1000, 2048, 2049, 4500, 151936}) {
-      for (int max_k : {20, 256}) {  // K: two rounds over 151936 logits, or four
-        const int64_t batch = 8;
-        std::vector<float> logits(batch * vocab);
-        std::normal_distribution<float> nd(0.f, 3.f);
-        for (auto& l : logits) l = nd(Rng());
-        auto row = [&](int64_t b) { return logits.data() + b * vocab; };
-        for (int64_t i = 0; i < vocab; ++i) row(2)[i] = std::round(row(2)[i]);  // ties everywhere
-        for (int64_t i = 0; i < vocab; ++i)
-          row(3)[i] = i % 97 == 5 ? row(3)[i] : -INFINITY;  // few finite
-        row(3)[vocab / 2] = NAN;
-        for (int64_t i = 0; i < vocab; ++i) row(4)[i] = -INFINITY;  // nothing to sample: 0
-        row(5)[vocab / 3] = row(5)[vocab - 1] = INFINITY;
-        row(6)[0] = row(6)[vocab - 1] = 40.f;  // a tie at the max, in different chunks when long
-        if (dt == DType::kBF16)
-          for (auto& l : logits) l = ToFloat(ToBf16(l));
-        std::vector<SamplingParams> params(batch);
-        const int top_k[batch] = {20, 1, 20, max_k == 20 ? 5 : 50, 20, 3, max_k, 20};
-        for (int64_t b = 0; b < batch; ++b) {
-          SamplingParams& p = params[b];
-          p.seed = 77 + b;
-          p.temperature = b == 7 ? 0.f : 0.6f + 0.1f * static_cast<float>(b);  // row 7 greedy
-          p.top_k = top_k[b];
-          if (b % 2 == 0) p.top_p = 0.95f;
-          if (b == 6) p.min_p = 0.02f;
+  const bool hist_default = cuda::Tuning().sample_top_k_hist;
+  const bool fused_default = cuda::Tuning().sample_nucleus_fused;
+  constexpr int kKinds = 9;
+  struct Case {
+    DType dtype;
+    int64_t vocab, batch;
+    int first_kind;  // row b is of kind (first_kind + b) % kKinds
+  };
+  std::vector<Case> cases;
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (int64_t vocab : {7, 1000, 2048, 2049, 4500, 151936}) cases.push_back({dt, vocab, 9, 0});
+  for (int first : {0, 3, 6}) cases.push_back({DType::kF32, 151936, 3, first});  // fused
+  cases.push_back({DType::kBF16, 151936, 1, 8});
+  for (const Case& c : cases) {
+    for (int max_k : {20, 256}) {  // K: two rounds of the selection over 151936 logits, or four
+      const int64_t vocab = c.vocab, batch = c.batch;
+      std::vector<float> logits(batch * vocab);
+      std::normal_distribution<float> nd(0.f, 3.f);
+      for (auto& l : logits) l = nd(Rng());
+      const int top_k[kKinds] = {20, 1, 20, max_k == 20 ? 5 : 50, 20, 3, max_k, 20, 20};
+      std::vector<SamplingParams> params(batch);
+      for (int64_t b = 0; b < batch; ++b) {
+        const int kind = static_cast<int>((c.first_kind + b) % kKinds);
+        float* r = logits.data() + b * vocab;
+        switch (kind) {
+          case 2:
+            for (int64_t i = 0; i < vocab; ++i) r[i] = std::round(r[i]);  // ties everywhere
+            break;
+          case 3:
+            for (int64_t i = 0; i < vocab; ++i)
+              r[i] = i % 97 == 5 ? r[i] : -INFINITY;  // few finite
+            r[vocab / 2] = NAN;
+            break;
+          case 4:
+            for (int64_t i = 0; i < vocab; ++i) r[i] = -INFINITY;  // nothing to sample: 0
+            break;
+          case 5:
+            r[vocab / 3] = r[vocab - 1] = INFINITY;
+            break;
+          case 6:
+            r[0] = r[vocab - 1] = 40.f;  // a tie at the max, in different chunks when long
+            break;
+          case 8:  // three tokens far above the rest: the K-th lies 32+ units below the max
+            for (int64_t i = 0; i < std::min<int64_t>(3, vocab); ++i) r[i * vocab / 3] = 60.f + i;
+            break;
         }
-        Tensor g = Upload(gpu(), logits, {batch, vocab}, dt);
-        const std::string shape = std::string(dt == DType::kF32 ? "f32" : "bf16") + " B8 V" +
-                                  std::to_string(vocab) + " K" + std::to_string(max_k);
-        int mismatches = 0;
-        std::vector<uint64_t> steps(batch);
-        for (int rep = 0; rep < 6; ++rep) {  // several draws
-          for (int64_t b = 0; b < batch; ++b) steps[b] = 11 * rep + b;
-          std::vector<int32_t> ref(batch), sel(batch, -7), sorted(batch, -7);
-          cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
-          cuda::Tuning().sample_top_k_select = true;
-          gpu().Sample(g, params.data(), steps.data(), sel.data());
-          cuda::Tuning().sample_top_k_select = false;
-          gpu().Sample(g, params.data(), steps.data(), sorted.data());
-          for (int64_t b = 0; b < batch; ++b) {
-            mismatches += sel[b] != ref[b];
-            EXPECT_EQ(sel[b], ref[b]) << shape << " row " << b << " step " << steps[b];
-            EXPECT_EQ(sel[b], sorted[b]) << shape << " row " << b << " step " << steps[b];
+        SamplingParams& p = params[b];
+        p.seed = 77 + b;
+        p.temperature = kind == 7 ? 0.f : 0.6f + 0.1f * static_cast<float>(kind);  // 7 greedy
+        p.top_k = top_k[kind];
+        if (kind % 2 == 0) p.top_p = 0.95f;
+        if (kind == 6) p.min_p = 0.02f;
+      }
+      if (c.dtype == DType::kBF16)
+        for (auto& l : logits) l = ToFloat(ToBf16(l));
+      Tensor g = Upload(gpu(), logits, {batch, vocab}, c.dtype);
+      const std::string shape = std::string(c.dtype == DType::kF32 ? "f32" : "bf16") + " B" +
+                                std::to_string(batch) + " V" + std::to_string(vocab) + " K" +
+                                std::to_string(max_k) + " first " + std::to_string(c.first_kind);
+      int mismatches = 0;
+      std::vector<uint64_t> steps(batch);
+      for (int rep = 0; rep < 6; ++rep) {  // several draws
+        for (int64_t b = 0; b < batch; ++b) steps[b] = 11 * rep + b;
+        std::vector<int32_t> ref(batch);
+        cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
+        // 0: the histogram (fused where the step fits), 1: never fused, 2: the selection, 3: sort.
+        std::vector<int32_t> got[4];
+        for (int way = 0; way < 4; ++way) {
+          cuda::Tuning().sample_top_k_hist = way < 2;
+          cuda::Tuning().sample_nucleus_fused = way == 0;
+          cuda::Tuning().sample_top_k_select = way != 3;
+          got[way].assign(batch, -7);
+          gpu().Sample(g, params.data(), steps.data(), got[way].data());
+        }
+        for (int64_t b = 0; b < batch; ++b) {
+          const std::string where =
+              shape + " row " + std::to_string(b) + " step " + std::to_string(steps[b]);
+          for (int way = 0; way < 4; ++way) {
+            mismatches += got[way][b] != ref[b];
+            EXPECT_EQ(got[way][b], ref[b]) << where << " way " << way;
           }
         }
-        Record("SampleTopK.mismatches", shape + " x6 steps", mismatches, 0);
       }
+      Record("SampleTopK.mismatches", shape + " x6 steps, 4 ways", mismatches, 0);
     }
   }
   cuda::Tuning().sample_top_k_select = select_default;
+  cuda::Tuning().sample_top_k_hist = hist_default;
+  cuda::Tuning().sample_nucleus_fused = fused_default;
 }
 
 // Steps whose sampled rows name no top_k take the nucleus path (sampling_nucleus.cuh: a weight
@@ -170,22 +210,24 @@ TEST_F(CudaKernelTest, SampleTopK) {
 // CPU sampler and as the full sort (Tuning().sample_nucleus off), with top-p, min-p, both, the
 // temperature alone, top_p 0, ties, few finite entries, NaN, +-inf, a greedy row beside sampled
 // ones, flat rows, rows of 1-4k candidates (the 4096-entry tile), and rows all equal (more entries
-// in a bin than one in-block sort takes: the one-CTA sort in global memory). Steps of a few rows
+// in a bin than one in-block sort takes: the one-CTA sort in global memory); top-k rows among
+// them (SampleTopK has more), one with more than a tile of candidates. Steps of a few rows
 // run fused (one cooperative launch: every small vocabulary here, and batch <= 3 at the large ones
 // on an H200); each step runs both ways.
 TEST_F(CudaKernelTest, SampleNucleus) {
   const bool nucleus_default = cuda::Tuning().sample_nucleus;
   const bool fused_default = cuda::Tuning().sample_nucleus_fused;
+  constexpr int kModes = 15;
   struct Case {
     DType dtype;
     int64_t vocab, batch;
-    int first_mode;  // row b takes mode (first_mode + b) % 13
+    int first_mode;  // row b takes mode (first_mode + b) % kModes
   };
   std::vector<Case> cases;
   for (DType dt : {DType::kF32, DType::kBF16})
-    for (int64_t vocab : {7, 1000, 4097, 129280, 151936}) cases.push_back({dt, vocab, 13, 0});
+    for (int64_t vocab : {7, 1000, 4097, 129280, 151936}) cases.push_back({dt, vocab, kModes, 0});
   cases.push_back({DType::kF32, 151936, 64, 0});
-  for (int first : {1, 5, 8}) cases.push_back({DType::kF32, 151936, 3, first});
+  for (int first : {1, 5, 8, 12}) cases.push_back({DType::kF32, 151936, 3, first});
   cases.push_back({DType::kBF16, 129280, 3, 3});
   cases.push_back({DType::kF32, 129280, 4, 6});
   cases.push_back({DType::kF32, 151936, 1, 2});
@@ -201,7 +243,7 @@ TEST_F(CudaKernelTest, SampleNucleus) {
       SamplingParams& p = params[b];
       p.seed = 31 + b;
       float* r = row(b);
-      switch ((c.first_mode + b) % 13) {
+      switch ((c.first_mode + b) % kModes) {
         case 0:
           p.temperature = 0.f;
           break;  // greedy
@@ -261,6 +303,17 @@ TEST_F(CudaKernelTest, SampleNucleus) {
           p.top_p = 0.9f;
           for (int64_t i = 0; i < vocab; ++i) r[i] *= 0.1f;  // 1-4k candidates at 152k: a full tile
           break;
+        case 13:  // Qwen3's generation_config: a top-k row beside the others
+          p.temperature = 0.6f;
+          p.top_k = 20;
+          p.top_p = 0.95f;
+          break;
+        case 14:  // flat, more than a tile of candidates (the sort in global memory)
+          p.temperature = 1.f;
+          p.top_k = 5000;
+          p.top_p = 0.9f;
+          for (int64_t i = 0; i < vocab; ++i) r[i] *= 0.1f;
+          break;
       }
     }
     if (c.dtype == DType::kBF16)
@@ -283,7 +336,7 @@ TEST_F(CudaKernelTest, SampleNucleus) {
       gpu().Sample(g, params.data(), steps.data(), sorted.data());
       for (int64_t b = 0; b < batch; ++b) {
         const std::string where = shape + " row " + std::to_string(b) + " (mode " +
-                                  std::to_string((c.first_mode + b) % 13) + ") step " +
+                                  std::to_string((c.first_mode + b) % kModes) + ") step " +
                                   std::to_string(steps[b]);
         mismatches += (got[b] != ref[b]) + (unfused[b] != ref[b]);
         EXPECT_EQ(got[b], ref[b]) << where;
@@ -300,7 +353,7 @@ TEST_F(CudaKernelTest, SampleNucleus) {
 // The sampler's latency a call (upload, kernels, the ids back; wall clock, median of 15) at
 // batch 1, 3 and 64 over Qwen3's 151936 logits, with the nucleus path, with it never fused
 // (Tuning().sample_nucleus_fused) and with the full sort it replaces (Tuning().sample_nucleus),
-// beside greedy and top_k 20 (the selection). Two rows:
+// beside greedy; top_k 20 on the histogram path and with the selection. Two rows:
 // logits of std 0.9 (what Qwen3-30B-A3B's random weights give: flat, ~500 entries a bin) and of
 // std 3 (peaked).
 TEST(CudaPerf, Sample) {
@@ -329,11 +382,13 @@ TEST(CudaPerf, Sample) {
         std::vector<SamplingParams> params(batch);
         for (int64_t b = 0; b < batch; ++b)
           params[b] = {m.temperature, m.top_k, m.top_p, m.min_p, static_cast<uint64_t>(b)};
-        // 0: the nucleus path (fused where the step fits), 1: never fused, 2: the sort.
+        // 0: the histogram path (fused where the step fits), 1: never fused, 2: the sort, or for
+        // top-k rows the selection.
         for (const int way : {0, 1, 2}) {
-          if (way > 0 && (m.temperature == 0.f || m.top_k > 0)) continue;  // the same path
-          cuda::Tuning().sample_nucleus = way < 2;
+          if (way > 0 && m.temperature == 0.f) continue;  // the same path
+          cuda::Tuning().sample_nucleus = way < 2 || m.top_k > 0;
           cuda::Tuning().sample_nucleus_fused = way == 0;
+          cuda::Tuning().sample_top_k_hist = way < 2;
           std::vector<double> us;
           for (int rep = 0; rep < 18; ++rep) {
             for (auto& st : steps) ++st;
@@ -345,10 +400,11 @@ TEST(CudaPerf, Sample) {
           std::sort(us.begin(), us.end());
           std::printf("sample perf: sd %.1f batch %3lld %-26s %-9s %8.1f us\n", sd,
                       static_cast<long long>(batch), m.name,
-                      m.temperature == 0.f || m.top_k > 0 ? ""
-                      : way == 0                          ? "nucleus"
-                      : way == 1                          ? "unfused"
-                                                          : "sort",
+                      m.temperature == 0.f ? ""
+                      : way == 0           ? "nucleus"
+                      : way == 1           ? "unfused"
+                      : m.top_k > 0        ? "select"
+                                           : "sort",
                       us[us.size() / 2]);
         }
       }

@@ -1,7 +1,6 @@
-// Sampling without ordering the vocabulary, for steps whose sampled rows name no top_k (top-p,
-// min-p or the temperature alone: DeepSeek-V3's generation_config, or a request that sets
-// top_p only). The full sort ordered all of every row to find two places in it: where top-p /
-// min-p cut the kept set, and where the draw lands. Both are prefixes of the sampling order,
+// Sampling without ordering the vocabulary (top-p, min-p, the temperature alone, top-k). The
+// full sort ordered all of every row to find two places in it: where top-p / min-p cut the kept
+// set, and where the draw lands. Both are prefixes of the sampling order,
 // and a histogram of the row's weights by x = (max - l) / T (a logit's distance below the max,
 // in units of T; 128 bins a unit, the last bin takes every x >= 32) says which bins hold them:
 //   NucleusHistKernel   each bin's mass and count, many CTAs a row;
@@ -16,14 +15,19 @@
 //                       (SampleTile), past it in global memory and block-scan walks
 //                       (sampling_nucleus_pick.cuh).
 // x is monotone in the logit (correctly rounded subtraction and division), so a bin is a
-// contiguous piece of the sampling order and ties share one. The tokens are those of the full
-// sort; the sums differ in the last bits (the bins' masses through fixed point and atomics), as
-// the known deviations in sampling.cu say. A row whose runs hold more than a tile (4096 entries:
-// logits flat within ~1/64 of T: all equal, or a temperature far above the spread) sorts them with
-// one CTA in global memory: slow, exact. A step of a few rows runs all of it, the argmax slices
-// too, in one cooperative launch whose CTAs meet at counters (sampling_nucleus_fused.cuh). The
-// candidates' keys and their sort are in sampling_candidates.cuh. Included by sampling.cu (which
-// enqueues the kernels: SampleNucleusInto) and sampling_nucleus_pick.cuh.
+// contiguous piece of the sampling order and ties share one. A row that names a top_k K needs no
+// masses: where K is at most its slices (DirectTopK; Qwen3's top_k 20 against 74), the K-th
+// largest slice best bounds its K-th entry from below and the entries at or above the bound (~50)
+// are gathered without a histogram; else the bins' counts give the bin where the count reaches K,
+// and run B is the bins through it. Either way SampleTile sums the first K's weights itself. The
+// tokens are those of the full sort; the sums differ in the last bits (the bins' masses through
+// fixed point and atomics), as the known deviations in sampling.cu say. A row whose runs hold more
+// than a tile (4096 entries: logits flat within ~1/64 of T: all equal, or a temperature far above
+// the spread) sorts them with one CTA in global memory: slow, exact. A step of a few rows runs all
+// of it, the argmax slices too, in one cooperative launch whose CTAs meet at counters
+// (sampling_nucleus_fused.cuh). The candidates' keys and their sort are in sampling_candidates.cuh.
+// Included by sampling.cu (which enqueues the kernels: SampleNucleusInto) and
+// sampling_nucleus_pick.cuh.
 #pragma once
 
 #include <cub/cub.cuh>
@@ -41,6 +45,9 @@ constexpr int kNucleusChunk = kThreads * kNucleusItems;  // entries a histogram 
 struct NucleusPlan {
   float max;              // the row's largest logit; -inf: nothing to sample (token 0)
   int cut;                // top-p or min-p cut the kept set inside run B
+  int top_k;              // > 0: run B holds the row's first top_k entries (bins from 0; z unset)
+  int direct;             // top-k without bins: run B is every entry >= at_least, n_b the cursor's
+  float at_least;         // (DirectTopK)
   int a_lo, a_hi;         // run A's bins (none: a_lo > a_hi)
   int b_lo, b_hi;         // run B's bins (none without a cut)
   int n_a, n_b;           // entries in the runs
@@ -84,6 +91,14 @@ __device__ float BlockRowMax(const float* slice_val, int slices) {
   if (threadIdx.x == 0) result = m;
   __syncthreads();
   return result;
+}
+
+// Whether sampled row rp's top_k entries are found without the bins: the K-th largest of the
+// slices' bests (each a distinct entry) bounds the row's K-th entry from below, so the entries at
+// or above it (of weight > 0) hold the first K (~50 a row for Qwen3's top_k 20 over 74 slices of
+// random logits). PlanRow finds the bound, GatherChunk takes those entries, no histogram is made.
+__device__ __forceinline__ bool DirectTopK(const NucleusParams& p, const RowParams& rp) {
+  return rp.top_k > 0 && rp.top_k <= p.slices && p.slices <= kThreads;
 }
 
 // An entry's weight and bin; false for weight 0 (-inf, NaN, underflow, or finite beside +inf).
@@ -134,8 +149,10 @@ __device__ __forceinline__ void ZeroHist(HistSmem& sm) {
 
 // A chunk's entries v (LoadChunk) added to sampled row b's bins; sm zeroed (ZeroHist) with a CTA
 // barrier since. The last bin (most of a peaked row's entries) sums in registers: no contention.
+// A top-k row's plan reads counts only (PlanRow), so its masses are not summed.
 __device__ void HistChunk(const NucleusParams& p, int64_t b, const float (&v)[kNucleusItems],
                           float max, float t, HistSmem& sm) {
+  const bool masses = !(p.rows[b].top_k > 0);
   double tail = 0.0;
   int tail_n = 0;
 #pragma unroll
@@ -147,10 +164,13 @@ __device__ void HistChunk(const NucleusParams& p, int64_t b, const float (&v)[kN
       tail += w;
       ++tail_n;
     } else {
-      const unsigned long long q = static_cast<unsigned long long>(static_cast<double>(w) * 0x1p51);
-      const unsigned lo = static_cast<unsigned>(q);
-      const unsigned old = atomicAdd(&sm.fixed[0][bin], lo);
-      atomicAdd(&sm.fixed[1][bin], static_cast<unsigned>(q >> 32) + (old + lo < old ? 1u : 0u));
+      if (masses) {
+        const unsigned long long q =
+            static_cast<unsigned long long>(static_cast<double>(w) * 0x1p51);
+        const unsigned lo = static_cast<unsigned>(q);
+        const unsigned old = atomicAdd(&sm.fixed[0][bin], lo);
+        atomicAdd(&sm.fixed[1][bin], static_cast<unsigned>(q >> 32) + (old + lo < old ? 1u : 0u));
+      }
       atomicAdd(&sm.count2[bin / 2], 1u << (16 * (bin % 2)));
     }
   }
@@ -164,7 +184,7 @@ __device__ void HistChunk(const NucleusParams& p, int64_t b, const float (&v)[kN
     if (c == 0) continue;
     const unsigned long long q =
         (static_cast<unsigned long long>(sm.fixed[1][i]) << 32) | sm.fixed[0][i];
-    atomicAdd(&row_mass[i], static_cast<double>(q) * 0x1p-51);
+    if (masses) atomicAdd(&row_mass[i], static_cast<double>(q) * 0x1p-51);
     atomicAdd(&row_count[i], c);
   }
   if (threadIdx.x == 0 && tail_n > 0) {
@@ -178,7 +198,7 @@ __device__ void HistChunk(const NucleusParams& p, int64_t b, const float (&v)[kN
 __global__ void __launch_bounds__(kThreads)
     NucleusHistKernel(const __grid_constant__ NucleusParams p) {
   const int64_t b = blockIdx.y;
-  if (!(p.rows[b].temperature > 0.f)) return;
+  if (!(p.rows[b].temperature > 0.f) || DirectTopK(p, p.rows[b])) return;
   __shared__ HistSmem sm;
   float v[kNucleusItems];
   LoadChunk(p, b, static_cast<int64_t>(blockIdx.x) * kNucleusChunk, v);  // before the max's loads
@@ -205,6 +225,8 @@ struct PlanSmem {
   typename cub::BlockReduce<long long, kThreads>::TempStorage reduce_ll;
   PlanPick picked;
   long long counts;
+  float slice_best[kThreads];  // DirectTopK's slices, then the K-th largest
+  float kth;
 };
 
 // Sampled row b's runs (NucleusPlan) from its bins, in every thread. The bins come in striped
@@ -219,6 +241,30 @@ __device__ NucleusPlan PlanRow(const NucleusParams& p, int64_t b, float row_max,
   plan.a_lo = plan.b_lo = 1;
   if (row_max == -INFINITY) return plan;
   const RowParams rp = p.rows[b];
+  if (DirectTopK(p, rp)) {
+    // The K-th largest of the slices' bests (ties counted): each thread one slice, ranked against
+    // the others.
+    const float v = threadIdx.x < p.slices ? p.slice_val[b * p.slices + threadIdx.x] : -INFINITY;
+    sm.slice_best[threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.x < p.slices) {
+      int rank = 0;
+      for (int j = 0; j < p.slices; ++j) {
+        const float u = sm.slice_best[j];
+        rank += u > v || (u == v && j < static_cast<int>(threadIdx.x));
+      }
+      if (rank == rp.top_k - 1) sm.kth = v;
+    }
+    __syncthreads();
+    plan.direct = 1;
+    plan.at_least = sm.kth;
+    plan.top_k = rp.top_k;
+    plan.cut = 1;
+    plan.b_lo = 0;
+    __syncthreads();  // sm is free again
+    return plan;
+  }
+  const bool top_k = rp.top_k > 0;  // the bins' counts are summed, not their masses
   constexpr int kPer = kNucleusBins / kThreads;
   constexpr int kNone = 0x7fffffff;
   const double* row_mass = p.bin_mass + b * kNucleusBins;
@@ -229,7 +275,7 @@ __device__ NucleusPlan PlanRow(const NucleusParams& p, int64_t b, float row_max,
   for (int j = 0; j < kPer; ++j) {
     const int bin = threadIdx.x + j * kThreads;
     c[j] = row_count[bin];
-    StorePadded(sm.cum, bin, row_mass[bin]);
+    StorePadded(sm.cum, bin, top_k ? static_cast<double>(c[j]) : row_mass[bin]);
     if (c[j] > 0) last = bin;
   }
   __syncthreads();
@@ -272,6 +318,22 @@ __device__ NucleusPlan PlanRow(const NucleusParams& p, int64_t b, float row_max,
     return all;
   };
   auto mass_before = [&](int bin) { return bin > 0 ? sums[bin - 1] : 0.0; };
+  if (top_k) {  // K past the slices (DirectTopK is false)
+    // Run B is the bins through the first whose inclusive count reaches top_k (all of them when
+    // fewer entries have weight > 0): they hold the row's first top_k entries, top-p and min-p
+    // cut inside them and SampleTile sums their weights. The last bin (x >= 32: each weight
+    // under e^-32 of the top's) stays out: top_k such weights are under 2^-24 of the kept mass
+    // for any vocabulary, so the draw (u <= 1 - 2^-24) never lands there; leaving their mass out
+    // of z and the kept mass moves the limits by that little (the sums' known deviation).
+    const PlanPick reach = pick({last, first_here(static_cast<double>(rp.top_k), false), kNone});
+    plan.top_k = rp.top_k;
+    plan.cut = 1;
+    plan.b_lo = 0;
+    plan.b_hi = min(min(reach.lo, max(reach.last, 0)), kNucleusBins - 2);
+    plan.n_b = static_cast<int>(sums[plan.b_hi]);
+    __syncthreads();  // sm is free again
+    return plan;
+  }
   const bool top_p = rp.top_p < 1.f;
   const bool min_p = rp.min_p > 0.f;
   const double limit = static_cast<double>(rp.top_p) * z;
@@ -377,7 +439,9 @@ __device__ void GatherChunk(const NucleusParams& p, int64_t b, int64_t begin,
     float w;
     int bin;
     if (NucleusEntry(v[j], plan.max, t, w, bin) &&
-        ((bin >= plan.a_lo && bin <= plan.a_hi) || (bin >= plan.b_lo && bin <= plan.b_hi))) {
+        (plan.direct
+             ? v[j] >= plan.at_least
+             : (bin >= plan.a_lo && bin <= plan.a_hi) || (bin >= plan.b_lo && bin <= plan.b_hi))) {
       take |= 1u << j;
       ++mine;
     }

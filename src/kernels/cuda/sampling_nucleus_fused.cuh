@@ -35,12 +35,13 @@ union NucleusFusedSmem {
 };
 
 // grid (chunks, batch), every CTA resident at once (a cooperative launch): a step of a few rows
-// in one launch, the chunk's logits kept in registers throughout. Each CTA writes its chunk's
-// best (value, id) as ArgmaxSliceKernel writes a slice's (slices = chunks here); the row's CTAs
-// meet; greedy rows then take their token in CTA 0, sampled rows histogram their chunks, meet,
-// plan (every CTA its own copy of the same plan) and gather, meet once more, and CTA 0 sorts and
-// walks (SampleRow). Timeline marks (COROLLA_TIMELINE): 0 the slices in, 5 the chunk's bins added,
-// 1 the row's bins in, 2 the plan, 3 the candidates in (CTA 0), 4 sorted.
+// in one launch, the chunk's logits kept in registers throughout. Each CTA writes the best
+// (value, id) of its chunk's two halves as ArgmaxSliceKernel writes a slice's (slices = 2 x
+// chunks here); the row's CTAs meet; greedy rows then take their token in CTA 0, sampled rows
+// histogram their chunks (not a DirectTopK row), meet, plan (every CTA its own copy of the same
+// plan) and gather, meet once more, and CTA 0 sorts and walks (SampleRow). Timeline marks
+// (COROLLA_TIMELINE): 0 the slices in, 5 the chunk's bins added, 1 the row's bins in, 2 the plan,
+// 3 the candidates in (CTA 0), 4 sorted.
 __global__ void __launch_bounds__(kThreads)
     NucleusFusedKernel(const __grid_constant__ NucleusParams p) {
   __shared__ NucleusFusedSmem sm;
@@ -52,8 +53,19 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNucleusChunk;
   float v[kNucleusItems];
   LoadChunk(p, b, begin, v);
-  ChunkBest(v, begin, p.slice_val + b * p.slices + blockIdx.x,
-            p.slice_id + b * p.slices + blockIdx.x);
+  {  // the bests of the chunk's two halves: slices of ArgmaxSliceKernel's size (2048)
+    constexpr int kHalf = kNucleusItems / 2;
+    float lo[kHalf], hi[kHalf];
+#pragma unroll
+    for (int j = 0; j < kHalf; ++j) {
+      lo[j] = v[j];
+      hi[j] = v[kHalf + j];
+    }
+    const int64_t slice = b * p.slices + 2 * blockIdx.x;
+    ChunkBest(lo, begin, p.slice_val + slice, p.slice_id + slice);
+    __syncthreads();  // BlockBest's shared memory again
+    ChunkBest(hi, begin + kHalf * kThreads, p.slice_val + slice + 1, p.slice_id + slice + 1);
+  }
   unsigned* sync = p.sync + b * kNucleusSyncs;
   RowSync(sync, gridDim.x, sampled || blockIdx.x == 0);
   scope.Mark(0);
@@ -70,12 +82,14 @@ __global__ void __launch_bounds__(kThreads)
     if (blockIdx.x == 0 && threadIdx.x == 0) p.out[b] = 0;
     return;
   }
-  ZeroHist(sm.hist);
-  __syncthreads();
-  HistChunk(p, b, v, row_max, t, sm.hist);
-  scope.Mark(5);
-  RowSync(sync + 1, gridDim.x, true);
-  scope.Mark(1);
+  if (!DirectTopK(p, p.rows[b])) {
+    ZeroHist(sm.hist);
+    __syncthreads();
+    HistChunk(p, b, v, row_max, t, sm.hist);
+    scope.Mark(5);
+    RowSync(sync + 1, gridDim.x, true);
+    scope.Mark(1);
+  }
   const NucleusPlan plan = PlanRow(p, b, row_max, sm.plan);
   scope.Mark(2);
   GatherChunk(p, b, begin, v, plan, t, sm.gather);

@@ -115,13 +115,16 @@ __device__ void SampleTile(const NucleusParams& p, int64_t b, const NucleusPlan&
     const PaddedSums sums{sm.prefix, 0};
     const PaddedSums sums_b{sm.prefix, plan.n_a};
     const double mass_a = plan.n_a > 0 ? sums[plan.n_a - 1] : 0.0;  // B's sums are past it
-    double kept_mass = plan.z;
-    int kept_b = plan.n_b;
+    // A top-k row keeps B's first top_k entries (n_a = 0, base_b = 0), whose mass is its z.
+    const int n_b = plan.top_k > 0 ? min(plan.n_b, plan.top_k) : plan.n_b;
+    const double z = plan.top_k > 0 ? sums_b[n_b - 1] : plan.z;
+    double kept_mass = z;
+    int kept_b = n_b;
     if (plan.cut) {
-      const int n_floor = rp.min_p > 0.f ? above : plan.n_b;
+      const int n_floor = rp.min_p > 0.f ? min(above, n_b) : n_b;
       kept_b = n_floor;
       if (rp.top_p < 1.f) {
-        const double limit = static_cast<double>(rp.top_p) * plan.z;
+        const double limit = static_cast<double>(rp.top_p) * z;
         const int j = static_cast<int>(
             FirstSumPast(sums_b, n_floor, limit - plan.base_b + mass_a, /*strict=*/false));
         kept_b = min(j + 1, n_floor);
@@ -162,16 +165,19 @@ __device__ void SampleLarge(const NucleusParams& p, int64_t b, const NucleusPlan
   if (scope != nullptr) scope->Mark(4);
   const CandidateWeights wa{sorted, plan.max, rp.temperature, p.id_bits};
   const CandidateWeights wb{sorted + plan.n_a, plan.max, rp.temperature, p.id_bits};
-  double kept_mass = plan.z;
-  int64_t kept_b = plan.n_b;
+  // A top-k row keeps B's first top_k entries (n_a = 0, base_b = 0), whose mass is its z.
+  const int64_t n_b = plan.top_k > 0 ? min(plan.n_b, plan.top_k) : plan.n_b;
+  const double z = plan.top_k > 0 ? BlockSumWeights(wb, n_b, sm.walk) : plan.z;
+  double kept_mass = z;
+  int64_t kept_b = n_b;
   if (plan.cut) {
     const float floor = MinPFloor(rp.min_p);
     // Entries at or above the floor: a prefix (weights fall along the order), counted. Without
     // min_p every candidate (weight > 0) is.
-    int64_t n_floor = plan.n_b;
+    int64_t n_floor = n_b;
     if (rp.min_p > 0.f) {
       int above = 0;
-      for (int64_t i = threadIdx.x; i < plan.n_b; i += kThreads) above += wb(i) >= floor;
+      for (int64_t i = threadIdx.x; i < n_b; i += kThreads) above += wb(i) >= floor;
       above = BlockReduceI(sm.walk.reduce_i).Sum(above);
       if (threadIdx.x == 0) sm.walk.n_floor = above;
       __syncthreads();
@@ -180,7 +186,7 @@ __device__ void SampleLarge(const NucleusParams& p, int64_t b, const NucleusPlan
     kept_b = n_floor;
     if (rp.top_p < 1.f) {
       // The kept set's mass from the same walk: the mass before the cut's entry and its weight.
-      const double limit = static_cast<double>(rp.top_p) * plan.z;
+      const double limit = static_cast<double>(rp.top_p) * z;
       double before;
       const int64_t j =
           FirstPrefix(wb, n_floor, limit - plan.base_b, /*strict=*/false, sm.walk, &before);
@@ -209,8 +215,9 @@ __device__ void SampleLarge(const NucleusParams& p, int64_t b, const NucleusPlan
 
 // Sampled row b's token (in thread 0 or the thread holding it). `scope` (or null) marks the
 // sort's end (mark 4).
-__device__ void SampleRow(const NucleusParams& p, int64_t b, const NucleusPlan& plan,
+__device__ void SampleRow(const NucleusParams& p, int64_t b, NucleusPlan plan,
                           NucleusSampleSmem& sm, const TimelineScope* scope = nullptr) {
+  if (plan.direct) plan.n_b = __ldcg(&p.cursor[b]);  // every entry gathered is in run B
   const int n = plan.n_a + plan.n_b;
   if (plan.max == -INFINITY || n == 0) {  // every logit -inf/NaN (n == 0: never, as planned)
     if (threadIdx.x == 0) p.out[b] = 0;

@@ -98,6 +98,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_SAMPLE_NUCLEUS")) t.sample_nucleus = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_SAMPLE_NUCLEUS_FUSED"))
       t.sample_nucleus_fused = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_SAMPLE_TOPK_HIST"))
+      t.sample_top_k_hist = std::atoi(v) != 0;
     return t;
   }();
   return tuning;

@@ -454,6 +454,16 @@ struct KernelTuning {
   // 2.4297 ms against 2.4360 (greedy 2.3943). COROLLA_SAMPLE_NUCLEUS_FUSED=0 launches the
   // kernels one by one.
   bool sample_nucleus_fused = true;
+  // Rows that name a top_k take the nucleus path too (sampling_nucleus.cuh: for top_k <= the
+  // row's argmax slices the entries at or above the K-th largest slice best, else the bins
+  // through the one where the count reaches top_k), and so do steps mixing rows with and without
+  // a top_k, instead of the top-k selection or the full sort. On an H200 (session 36, Qwen3's
+  // T 0.6 top_k 20 top_p 0.95) one call at batch 64 took 80-83 us against 230 for the selection,
+  // at batch 1 18.2 us of GPU time against 28.9 (ncu); the engine's ITL p50 at concurrency 64
+  // 18.88 against 19.01 ms (greedy 18.82), at concurrency 1 within the calls' spread of it (2.414
+  // against 2.407 in one call, 2.419 against 2.421 in another). COROLLA_SAMPLE_TOPK_HIST=0 keeps
+  // the selection.
+  bool sample_top_k_hist = true;
 };
 KernelTuning& Tuning();
 
