@@ -234,7 +234,9 @@ struct PlanSmem {
 // for the scan; each thread then tests the inclusive sums it holds against the limits and block
 // reductions pick the first bins that pass (thread 0's binary searches took 2.6 us), in two
 // rounds: the cut's bins (top-p's sum, min-p's floor), then the draw's (u x the kept mass, which
-// the cut's bins bound). The counts of the runs' entries come from the striped counts.
+// the cut's bins bound). The counts of the runs' entries come from the striped counts. A top-k
+// row sums counts instead of masses (run B through the bin where they reach K); a DirectTopK
+// row's plan is only its bound, read from the slices (no bins).
 __device__ NucleusPlan PlanRow(const NucleusParams& p, int64_t b, float row_max, PlanSmem& sm) {
   NucleusPlan plan{};
   plan.max = row_max;

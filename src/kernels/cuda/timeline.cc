@@ -26,6 +26,7 @@ struct Timeline {
   uint64_t* records = nullptr;  // [window][kMaxCtas][kTimelineFields]
   std::vector<Launch> launches;
   bool printed = false;
+  std::string only;  // COROLLA_TIMELINE_ONLY: only launches whose name holds this are traced
 };
 
 Timeline& Get() {
@@ -34,6 +35,7 @@ Timeline& Get() {
     if (const char* v = std::getenv("COROLLA_TIMELINE")) tl->start = std::atoll(v);
     tl->window = 400;
     if (const char* v = std::getenv("COROLLA_TIMELINE_LAUNCHES")) tl->window = std::max(1ll, std::atoll(v));
+    if (const char* v = std::getenv("COROLLA_TIMELINE_ONLY")) tl->only = v;
     return tl;
   }();
   return *t;
@@ -144,6 +146,7 @@ bool TimelineOn() { return Get().start >= 0; }
 uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) {
   Timeline& t = Get();
   if (t.start < 0 || t.printed) return nullptr;
+  if (!t.only.empty() && name.find(t.only) == std::string_view::npos) return nullptr;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
   if (capturing != cudaStreamCaptureStatusNone) return nullptr;

@@ -11,6 +11,8 @@
 // then the first 24 launches one by one, then the 10th / 50th / 90th percentile of the entries,
 // wait returns and exits of those with 32 CTAs or more, then, for kernels that mark phases
 // (TimelineScope::Mark), the mean over launches of each mark's latest CTA after the last wait.
+// COROLLA_TIMELINE_ONLY=NAME traces only the launches whose name holds NAME (e.g. NucleusFused:
+// the sampler's kernel between an engine's graph steps, whose eager steps would fill the window).
 // Kernels take the record
 // through their parameters and a TimelineScope (timeline.cuh); null when off (one predicated
 // register, no other cost).
