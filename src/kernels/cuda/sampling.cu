@@ -221,6 +221,7 @@ void SampleNucleusInto(NucleusParams q, int64_t batch, bool fused, CachingAlloca
   q.alt = q.cand + batch * q.vocab;
   q.id_bits = 1;
   while ((int64_t{1} << q.id_bits) < q.vocab) ++q.id_bits;
+  q.ranked_max = Tuning().sample_ranked ? kThreads : 0;
   COROLLA_CUDA_CHECK(cudaMemsetAsync(zeroed.as<void>(), 0, zeroed_bytes, s));
   const dim3 chunks(static_cast<unsigned>(CeilDiv(q.vocab, kNucleusChunk)),
                     static_cast<unsigned>(batch));

@@ -58,6 +58,11 @@ struct NucleusSortSmem {
     typename NucleusSmallSort::TempStorage small;
     double prefix[PaddedSize(kNucleusTile)];  // a sorted tile's inclusive weight sums (SampleTile)
     int32_t tie_ids[kNucleusTile];            // then the ids of the pick's tie group
+    struct {
+      uint64_t keys[kThreads];    // as gathered
+      uint64_t sorted[kThreads];  // in sampling order
+      double prefix[PaddedSize(kThreads)];
+    } ranked;  // SampleRanked's
   };
   typename cub::BlockReduce<long long, kThreads>::TempStorage reduce_ll;
   typename cub::BlockReduce<uint64_t, kThreads>::TempStorage reduce;

@@ -111,9 +111,11 @@ TEST_F(CudaKernelTest, SampleGreedy) {
 // rounds until one CTA holds the row): each the same tokens as the CPU sampler and as the full
 // sort, with ties at the K-th entry, fewer positive weights than K, NaN, +-inf, a greedy row
 // beside sampled ones, a K-th entry among weights under e^-32 (the histogram's last bin), and
-// vocabularies around the chunks' edges.
+// vocabularies around the chunks' edges; the histogram path's rows of at most 256 candidates
+// sorted by ranks (Tuning().sample_ranked) and by the radix sort.
 TEST_F(CudaKernelTest, SampleTopK) {
   const bool select_default = cuda::Tuning().sample_top_k_select;
+  const bool ranked_default = cuda::Tuning().sample_ranked;
   const bool hist_default = cuda::Tuning().sample_top_k_hist;
   const bool fused_default = cuda::Tuning().sample_nucleus_fused;
   constexpr int kKinds = 9;
@@ -179,28 +181,32 @@ TEST_F(CudaKernelTest, SampleTopK) {
         for (int64_t b = 0; b < batch; ++b) steps[b] = 11 * rep + b;
         std::vector<int32_t> ref(batch);
         cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
-        // 0: the histogram (fused where the step fits), 1: never fused, 2: the selection, 3: sort.
-        std::vector<int32_t> got[4];
-        for (int way = 0; way < 4; ++way) {
-          cuda::Tuning().sample_top_k_hist = way < 2;
-          cuda::Tuning().sample_nucleus_fused = way == 0;
+        // 0: the histogram (fused where the step fits), 1: never fused, 2: the selection, 3: sort,
+        // 4: 0 without the ranked sort.
+        constexpr int kWays = 5;
+        std::vector<int32_t> got[kWays];
+        for (int way = 0; way < kWays; ++way) {
+          cuda::Tuning().sample_top_k_hist = way < 2 || way == 4;
+          cuda::Tuning().sample_nucleus_fused = way == 0 || way == 4;
           cuda::Tuning().sample_top_k_select = way != 3;
+          cuda::Tuning().sample_ranked = way != 4;
           got[way].assign(batch, -7);
           gpu().Sample(g, params.data(), steps.data(), got[way].data());
         }
         for (int64_t b = 0; b < batch; ++b) {
           const std::string where =
               shape + " row " + std::to_string(b) + " step " + std::to_string(steps[b]);
-          for (int way = 0; way < 4; ++way) {
+          for (int way = 0; way < kWays; ++way) {
             mismatches += got[way][b] != ref[b];
             EXPECT_EQ(got[way][b], ref[b]) << where << " way " << way;
           }
         }
       }
-      Record("SampleTopK.mismatches", shape + " x6 steps, 4 ways", mismatches, 0);
+      Record("SampleTopK.mismatches", shape + " x6 steps, 5 ways", mismatches, 0);
     }
   }
   cuda::Tuning().sample_top_k_select = select_default;
+  cuda::Tuning().sample_ranked = ranked_default;
   cuda::Tuning().sample_top_k_hist = hist_default;
   cuda::Tuning().sample_nucleus_fused = fused_default;
 }
@@ -213,9 +219,11 @@ TEST_F(CudaKernelTest, SampleTopK) {
 // in a bin than one in-block sort takes: the one-CTA sort in global memory); top-k rows among
 // them (SampleTopK has more), one with more than a tile of candidates. Steps of a few rows
 // run fused (one cooperative launch: every small vocabulary here, and batch <= 3 at the large ones
-// on an H200); each step runs both ways.
+// on an H200); each step runs both ways, and fused without the ranked sort of rows of at most 256
+// candidates (Tuning().sample_ranked).
 TEST_F(CudaKernelTest, SampleNucleus) {
   const bool nucleus_default = cuda::Tuning().sample_nucleus;
+  const bool ranked_default = cuda::Tuning().sample_ranked;
   const bool fused_default = cuda::Tuning().sample_nucleus_fused;
   constexpr int kModes = 15;
   struct Case {
@@ -325,35 +333,43 @@ TEST_F(CudaKernelTest, SampleNucleus) {
     std::vector<uint64_t> steps(batch);
     for (int rep = 0; rep < 6; ++rep) {  // several draws
       for (int64_t b = 0; b < batch; ++b) steps[b] = 13 * rep + b;
-      std::vector<int32_t> ref(batch), got(batch, -7), unfused(batch, -7), sorted(batch, -7);
+      std::vector<int32_t> ref(batch), got(batch, -7), unfused(batch, -7), radix(batch, -7),
+          sorted(batch, -7);
       cpu::SampleBatch(logits.data(), batch, vocab, params.data(), steps.data(), ref.data());
       cuda::Tuning().sample_nucleus = true;
       cuda::Tuning().sample_nucleus_fused = true;
       gpu().Sample(g, params.data(), steps.data(), got.data());
       cuda::Tuning().sample_nucleus_fused = false;
       gpu().Sample(g, params.data(), steps.data(), unfused.data());
+      cuda::Tuning().sample_nucleus_fused = true;
+      cuda::Tuning().sample_ranked = false;
+      gpu().Sample(g, params.data(), steps.data(), radix.data());
+      cuda::Tuning().sample_ranked = true;
       cuda::Tuning().sample_nucleus = false;
       gpu().Sample(g, params.data(), steps.data(), sorted.data());
       for (int64_t b = 0; b < batch; ++b) {
         const std::string where = shape + " row " + std::to_string(b) + " (mode " +
                                   std::to_string((c.first_mode + b) % kModes) + ") step " +
                                   std::to_string(steps[b]);
-        mismatches += (got[b] != ref[b]) + (unfused[b] != ref[b]);
+        mismatches += (got[b] != ref[b]) + (unfused[b] != ref[b]) + (radix[b] != ref[b]);
         EXPECT_EQ(got[b], ref[b]) << where;
         EXPECT_EQ(unfused[b], ref[b]) << where << " unfused";
+        EXPECT_EQ(radix[b], ref[b]) << where << " radix";
         EXPECT_EQ(got[b], sorted[b]) << where << " sort";
       }
     }
-    Record("SampleNucleus.mismatches", shape + " x6 steps, fused and not", mismatches, 0);
+    Record("SampleNucleus.mismatches", shape + " x6 steps, fused, not, radix", mismatches, 0);
   }
   cuda::Tuning().sample_nucleus = nucleus_default;
+  cuda::Tuning().sample_ranked = ranked_default;
   cuda::Tuning().sample_nucleus_fused = fused_default;
 }
 
 // The sampler's latency a call (upload, kernels, the ids back; wall clock, median of 15) at
 // batch 1, 3 and 64 over Qwen3's 151936 logits, with the nucleus path, with it never fused
 // (Tuning().sample_nucleus_fused) and with the full sort it replaces (Tuning().sample_nucleus),
-// beside greedy; top_k 20 on the histogram path and with the selection. Two rows:
+// beside greedy; top_k 20 on the histogram path and with the selection; the fused path without
+// the ranked sort of rows of at most 256 candidates (Tuning().sample_ranked). Two rows:
 // logits of std 0.9 (what Qwen3-30B-A3B's random weights give: flat, ~500 entries a bin) and of
 // std 3 (peaked).
 TEST(CudaPerf, Sample) {
@@ -383,12 +399,13 @@ TEST(CudaPerf, Sample) {
         for (int64_t b = 0; b < batch; ++b)
           params[b] = {m.temperature, m.top_k, m.top_p, m.min_p, static_cast<uint64_t>(b)};
         // 0: the histogram path (fused where the step fits), 1: never fused, 2: the sort, or for
-        // top-k rows the selection.
-        for (const int way : {0, 1, 2}) {
+        // top-k rows the selection, 3: 0 without the ranked sort.
+        for (const int way : {0, 1, 2, 3}) {
           if (way > 0 && m.temperature == 0.f) continue;  // the same path
-          cuda::Tuning().sample_nucleus = way < 2 || m.top_k > 0;
-          cuda::Tuning().sample_nucleus_fused = way == 0;
-          cuda::Tuning().sample_top_k_hist = way < 2;
+          cuda::Tuning().sample_nucleus = way != 2 || m.top_k > 0;
+          cuda::Tuning().sample_nucleus_fused = way == 0 || way == 3;
+          cuda::Tuning().sample_top_k_hist = way != 2;
+          cuda::Tuning().sample_ranked = way != 3;
           std::vector<double> us;
           for (int rep = 0; rep < 18; ++rep) {
             for (auto& st : steps) ++st;
@@ -403,6 +420,7 @@ TEST(CudaPerf, Sample) {
                       m.temperature == 0.f ? ""
                       : way == 0           ? "nucleus"
                       : way == 1           ? "unfused"
+                      : way == 3           ? "radix"
                       : m.top_k > 0        ? "select"
                                            : "sort",
                       us[us.size() / 2]);

@@ -72,6 +72,7 @@ struct NucleusParams {
   uint64_t* cand;     // [batch, vocab]: the runs' entries as CandidateKey
   uint64_t* alt;      // [batch, vocab]: the large sort's other buffer
   int id_bits;        // bits of the largest id
+  int ranked_max;     // rows of at most this many candidates take SampleRanked (0: none)
   int32_t* out;
   uint64_t* timeline;  // the fused kernel's record (timeline.h) or null
 };
@@ -436,17 +437,28 @@ __device__ void GatherChunk(const NucleusParams& p, int64_t b, int64_t begin,
                             GatherSmem& sm) {
   unsigned take = 0;
   int mine = 0;
+  float w;
+  int bin;
+  if (plan.direct && plan.max != INFINITY && NucleusEntry(plan.at_least, plan.max, t, w, bin)) {
+    // The bound's weight is > 0, so every entry at or above it has one (the weight grows with the
+    // logit): the bound alone decides, with no entry's weight. A fraction of the code of the loop
+    // below, which the engine's step fetches cold (the decode graph's kernels run between).
 #pragma unroll
-  for (int j = 0; j < kNucleusItems; ++j) {
-    float w;
-    int bin;
-    if (NucleusEntry(v[j], plan.max, t, w, bin) &&
-        (plan.direct
-             ? v[j] >= plan.at_least
-             : (bin >= plan.a_lo && bin <= plan.a_hi) || (bin >= plan.b_lo && bin <= plan.b_hi))) {
-      take |= 1u << j;
-      ++mine;
-    }
+    for (int j = 0; j < kNucleusItems; ++j)
+      if (v[j] >= plan.at_least) {
+        take |= 1u << j;
+        ++mine;
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kNucleusItems; ++j)
+      if (NucleusEntry(v[j], plan.max, t, w, bin) &&
+          (plan.direct ? v[j] >= plan.at_least
+                       : (bin >= plan.a_lo && bin <= plan.a_hi) ||
+                             (bin >= plan.b_lo && bin <= plan.b_hi))) {
+        take |= 1u << j;
+        ++mine;
+      }
   }
   int offset, total;
   cub::BlockScan<int, kThreads>(sm.scan).ExclusiveSum(mine, offset, total);

@@ -64,6 +64,47 @@ __device__ int TieGroupId(const uint64_t (&k)[kItemsT], int n, int pick, int id_
   return sm.pick;
 }
 
+// The place of row b's draw among its n sorted candidates, from their weights' inclusive sums
+// (`prefix`, StorePadded's layout) and `above`, run B's entries at or above the min-p floor
+// (read only for a min-p row): the kept set's end in run B, then the draw in A or B, by binary
+// searches of the sums. One thread's.
+__device__ int PickFromSums(const RowParams& rp, const NucleusPlan& plan, const double* prefix,
+                            int above) {
+  const PaddedSums sums{prefix, 0};
+  const PaddedSums sums_b{prefix, plan.n_a};
+  const double mass_a = plan.n_a > 0 ? sums[plan.n_a - 1] : 0.0;  // B's sums are past it
+  // A top-k row keeps B's first top_k entries (n_a = 0, base_b = 0), whose mass is its z.
+  const int n_b = plan.top_k > 0 ? min(plan.n_b, plan.top_k) : plan.n_b;
+  const double z = plan.top_k > 0 ? sums_b[n_b - 1] : plan.z;
+  double kept_mass = z;
+  int kept_b = n_b;
+  if (plan.cut) {
+    const int n_floor = rp.min_p > 0.f ? min(above, n_b) : n_b;
+    kept_b = n_floor;
+    if (rp.top_p < 1.f) {
+      const double limit = static_cast<double>(rp.top_p) * z;
+      const int j = static_cast<int>(
+          FirstSumPast(sums_b, n_floor, limit - plan.base_b + mass_a, /*strict=*/false));
+      kept_b = min(j + 1, n_floor);
+    }
+    kept_mass = plan.base_b + (kept_b > 0 ? sums_b[kept_b - 1] - mass_a : 0.0);
+  }
+  const double target = static_cast<double>(UniformFromSeedDevice(rp.seed, rp.step)) * kept_mass;
+  int pick = -1;
+  if (plan.n_a > 0) {
+    const int j =
+        static_cast<int>(FirstSumPast(sums, plan.n_a, target - plan.base_a, /*strict=*/true));
+    if (j < plan.n_a) pick = j;
+  }
+  if (pick < 0 && plan.cut && kept_b > 0) {
+    const int j = static_cast<int>(
+        FirstSumPast(sums_b, kept_b, target - plan.base_b + mass_a, /*strict=*/true));
+    pick = plan.n_a + min(j, kept_b - 1);
+  }
+  if (pick < 0) pick = plan.n_a > 0 ? plan.n_a - 1 : 0;  // rounding past the end of A's mass
+  return pick;
+}
+
 // Sampled row b's token when its n candidates fit kItemsT a thread: they are sorted in
 // registers (blocked: thread t holds entries t x kItemsT ..) on their logits' bits alone, their
 // weights' inclusive sums go to shared memory in one block scan, thread 0 finds the kept set's end
@@ -111,45 +152,48 @@ __device__ void SampleTile(const NucleusParams& p, int64_t b, const NucleusPlan&
   }
   if (rp.min_p > 0.f) above = BlockReduceI(sm.reduce_i).Sum(above);  // the row's: uniform
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const PaddedSums sums{sm.prefix, 0};
-    const PaddedSums sums_b{sm.prefix, plan.n_a};
-    const double mass_a = plan.n_a > 0 ? sums[plan.n_a - 1] : 0.0;  // B's sums are past it
-    // A top-k row keeps B's first top_k entries (n_a = 0, base_b = 0), whose mass is its z.
-    const int n_b = plan.top_k > 0 ? min(plan.n_b, plan.top_k) : plan.n_b;
-    const double z = plan.top_k > 0 ? sums_b[n_b - 1] : plan.z;
-    double kept_mass = z;
-    int kept_b = n_b;
-    if (plan.cut) {
-      const int n_floor = rp.min_p > 0.f ? min(above, n_b) : n_b;
-      kept_b = n_floor;
-      if (rp.top_p < 1.f) {
-        const double limit = static_cast<double>(rp.top_p) * z;
-        const int j = static_cast<int>(
-            FirstSumPast(sums_b, n_floor, limit - plan.base_b + mass_a, /*strict=*/false));
-        kept_b = min(j + 1, n_floor);
-      }
-      kept_mass = plan.base_b + (kept_b > 0 ? sums_b[kept_b - 1] - mass_a : 0.0);
-    }
-    const double target = static_cast<double>(UniformFromSeedDevice(rp.seed, rp.step)) * kept_mass;
-    int pick = -1;
-    if (plan.n_a > 0) {
-      const int j =
-          static_cast<int>(FirstSumPast(sums, plan.n_a, target - plan.base_a, /*strict=*/true));
-      if (j < plan.n_a) pick = j;
-    }
-    if (pick < 0 && plan.cut && kept_b > 0) {
-      const int j = static_cast<int>(
-          FirstSumPast(sums_b, kept_b, target - plan.base_b + mass_a, /*strict=*/true));
-      pick = plan.n_a + min(j, kept_b - 1);
-    }
-    if (pick < 0) pick = plan.n_a > 0 ? plan.n_a - 1 : 0;  // rounding past the end of A's mass
-    sm.pick = pick;
-  }
+  if (threadIdx.x == 0) sm.pick = PickFromSums(rp, plan, sm.prefix, above);
   __syncthreads();
   const int pick = sm.pick;
   const int id = TieGroupId(k, n, pick, p.id_bits, sm);
   if (threadIdx.x == 0) p.out[b] = id;
+}
+
+// Sampled row b's token when its n candidates are at most one a thread (a top-k row's ~50
+// entries at or above its bound, a peaked row's runs): each thread counts the candidates below its
+// own in shared memory and stores it at that place. The keys are distinct (the id is in their low
+// bits), so the places are the sampling order with ties in id order: no radix passes, no tie
+// search, and a fraction of SampleTile's code, which the engine's step runs cold after the decode
+// graph's kernels (session 37).
+__device__ void SampleRanked(const NucleusParams& p, int64_t b, const NucleusPlan& plan,
+                             NucleusSortSmem& sm, const TimelineScope* scope) {
+  const RowParams rp = p.rows[b];
+  const int n = plan.n_a + plan.n_b;
+  const int i = threadIdx.x;
+  const uint64_t key = i < n ? p.cand[b * p.vocab + i] : 0;
+  sm.ranked.keys[i] = key;
+  __syncthreads();
+  if (i < n) {
+    int below = 0;
+#pragma unroll 8
+    for (int j = 0; j < n; ++j) below += sm.ranked.keys[j] < key;
+    sm.ranked.sorted[below] = key;
+  }
+  __syncthreads();
+  if (scope != nullptr) scope->Mark(4);
+  const float w =
+      i < n ? WeightOf(CandidateLogit(sm.ranked.sorted[i], p.id_bits), plan.max, rp.temperature)
+            : 0.f;
+  int above = i >= plan.n_a && i < n && w >= MinPFloor(rp.min_p);
+  double sum;
+  BlockScan(sm.scan_d).InclusiveSum(static_cast<double>(w), sum);
+  StorePadded(sm.ranked.prefix, i, sum);
+  if (rp.min_p > 0.f) above = BlockReduceI(sm.reduce_i).Sum(above);  // the row's: uniform
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int pick = PickFromSums(rp, plan, sm.ranked.prefix, above);
+    p.out[b] = CandidateId(sm.ranked.sorted[pick], p.id_bits);
+  }
 }
 
 // Sampled row b's token past a tile: its candidates sorted in global memory
@@ -223,7 +267,9 @@ __device__ void SampleRow(const NucleusParams& p, int64_t b, NucleusPlan plan,
     if (threadIdx.x == 0) p.out[b] = 0;
     return;
   }
-  if (n <= kThreads * kNucleusSmallItems)
+  if (n <= p.ranked_max)
+    SampleRanked(p, b, plan, sm.sort, scope);
+  else if (n <= kThreads * kNucleusSmallItems)
     SampleTile<kNucleusSmallItems, NucleusSmallSort>(p, b, plan, sm.sort.small, sm.sort, scope);
   else if (n <= kNucleusTile)
     SampleTile<kNucleusItems, NucleusTileSort>(p, b, plan, sm.sort.sort, sm.sort, scope);

@@ -100,6 +100,7 @@ KernelTuning& Tuning() {
       t.sample_nucleus_fused = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_SAMPLE_TOPK_HIST"))
       t.sample_top_k_hist = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_SAMPLE_RANKED")) t.sample_ranked = std::atoi(v) != 0;
     return t;
   }();
   return tuning;

@@ -464,6 +464,16 @@ struct KernelTuning {
   // against 2.407 in one call, 2.419 against 2.421 in another). COROLLA_SAMPLE_TOPK_HIST=0 keeps
   // the selection.
   bool sample_top_k_hist = true;
+  // A nucleus row whose candidates are at most one a thread (a top-k row's ~50 entries at or
+  // above its bound, a peaked row's runs) is sorted by ranks: each thread counts the candidates
+  // below its own in shared memory and stores it at that place (the keys are distinct: the id is
+  // in their low bits), no radix passes and no tie search (sampling_nucleus_pick.cuh,
+  // SampleRanked): a fraction of the radix sort's code, which the engine's step fetches cold
+  // after the decode graph's kernels. On an H100 (session 37, Qwen3's T 0.6 top_k 20 top_p 0.95
+  // at concurrency 1) the fused kernel ran 16.0 us inside the engine against 24.5 with the radix
+  // sort (its sort 1.5 against 8.5) and the ITL was 2.953 against 2.963 ms (greedy 2.936).
+  // COROLLA_SAMPLE_RANKED=0 sorts them on the radix sort's path.
+  bool sample_ranked = true;
 };
 KernelTuning& Tuning();
 
