@@ -148,11 +148,27 @@ __device__ __forceinline__ void ZeroHist(HistSmem& sm) {
   for (int i = threadIdx.x; i < kNucleusBins / 2; i += kThreads) sm.count2[i] = 0;
 }
 
+// A thread's entries' bins (NucleusEntry's; kNoBin for weight 0), two 16-bit halves a word: what
+// HistChunk found, kept in the fused kernel's registers for its gather.
+constexpr int kBinWords = kNucleusItems / 2;
+constexpr unsigned kNoBin = 0xffffu;  // above every bin, so in no run
+
+// Entry j's bin; called for j = 0, 1, .. in order (an even j starts its word).
+__device__ __forceinline__ void SetBin(unsigned (&bins)[kBinWords], int j, unsigned bin) {
+  bins[j / 2] = j % 2 == 0 ? bin : (bins[j / 2] & 0xffffu) | (bin << 16);
+}
+
+__device__ __forceinline__ int BinOf(const unsigned (&bins)[kBinWords], int j) {
+  return static_cast<int>((bins[j / 2] >> (16 * (j % 2))) & 0xffffu);
+}
+
 // A chunk's entries v (LoadChunk) added to sampled row b's bins; sm zeroed (ZeroHist) with a CTA
 // barrier since. The last bin (most of a peaked row's entries) sums in registers: no contention.
-// A top-k row's plan reads counts only (PlanRow), so its masses are not summed.
-__device__ void HistChunk(const NucleusParams& p, int64_t b, const float (&v)[kNucleusItems],
-                          float max, float t, HistSmem& sm) {
+// A top-k row's plan reads counts only (PlanRow), so its masses are not summed. Each entry's bin
+// goes to `bins`.
+__device__ __forceinline__ void HistChunk(const NucleusParams& p, int64_t b,
+                                          const float (&v)[kNucleusItems], float max, float t,
+                                          HistSmem& sm, unsigned (&bins)[kBinWords]) {
   const bool masses = !(p.rows[b].top_k > 0);
   double tail = 0.0;
   int tail_n = 0;
@@ -160,7 +176,9 @@ __device__ void HistChunk(const NucleusParams& p, int64_t b, const float (&v)[kN
   for (int j = 0; j < kNucleusItems; ++j) {
     float w;
     int bin;
-    if (!NucleusEntry(v[j], max, t, w, bin)) continue;
+    const bool entry = NucleusEntry(v[j], max, t, w, bin);
+    SetBin(bins, j, entry ? bin : kNoBin);
+    if (!entry) continue;
     if (bin == kNucleusBins - 1) {
       tail += w;
       ++tail_n;
@@ -206,7 +224,8 @@ __global__ void __launch_bounds__(kThreads)
   ZeroHist(sm);
   const float max = BlockRowMax(p.slice_val + b * p.slices, p.slices);  // synchronises
   if (max == -INFINITY) return;
-  HistChunk(p, b, v, max, p.rows[b].temperature, sm);
+  unsigned bins[kBinWords];  // unused: the gather is a kernel of its own
+  HistChunk(p, b, v, max, p.rows[b].temperature, sm, bins);
 }
 
 // Bins a plan round picks: the last bin holding an entry (max), the first passing two sums (min).
@@ -428,21 +447,33 @@ struct GatherSmem {
   int base;
 };
 
-// The entries v (LoadChunk) of the chunk at `begin` of sampled row b that lie in its runs,
-// appended to the row's candidates in any order (the sort key holds the id): one atomic a CTA
-// reserves the places, a block scan shares them out. (One a warp and entry index, whose returned
-// values the warp waited for in turn, cost L2 round trips one after another.)
-__device__ void GatherChunk(const NucleusParams& p, int64_t b, int64_t begin,
-                            const float (&v)[kNucleusItems], const NucleusPlan& plan, float t,
-                            GatherSmem& sm) {
+// The entries v (LoadChunk) of the chunk at `begin` of sampled row b that lie in its runs (their
+// bins HistChunk's; a direct top-k row has none), appended to the row's candidates in any order
+// (the sort key holds the id): one atomic a CTA reserves the places, a block scan shares them out.
+// (One a warp and entry index, whose returned values the warp waited for in turn, cost L2 round
+// trips one after another.) The tests are integer or float compares, not each entry's weight
+// again: a fraction of the code, which the engine's step fetches cold after the decode graph's
+// kernels (session 37).
+__device__ __forceinline__ void GatherChunk(const NucleusParams& p, int64_t b, int64_t begin,
+                                            const float (&v)[kNucleusItems],
+                                            const unsigned (&bins)[kBinWords],
+                                            const NucleusPlan& plan, float t, GatherSmem& sm) {
   unsigned take = 0;
   int mine = 0;
   float w;
   int bin;
-  if (plan.direct && plan.max != INFINITY && NucleusEntry(plan.at_least, plan.max, t, w, bin)) {
+  if (!plan.direct) {
+#pragma unroll
+    for (int j = 0; j < kNucleusItems; ++j) {
+      const int bj = BinOf(bins, j);
+      if ((bj >= plan.a_lo && bj <= plan.a_hi) || (bj >= plan.b_lo && bj <= plan.b_hi)) {
+        take |= 1u << j;
+        ++mine;
+      }
+    }
+  } else if (plan.max != INFINITY && NucleusEntry(plan.at_least, plan.max, t, w, bin)) {
     // The bound's weight is > 0, so every entry at or above it has one (the weight grows with the
-    // logit): the bound alone decides, with no entry's weight. A fraction of the code of the loop
-    // below, which the engine's step fetches cold (the decode graph's kernels run between).
+    // logit): the bound alone decides.
 #pragma unroll
     for (int j = 0; j < kNucleusItems; ++j)
       if (v[j] >= plan.at_least) {
@@ -452,10 +483,7 @@ __device__ void GatherChunk(const NucleusParams& p, int64_t b, int64_t begin,
   } else {
 #pragma unroll
     for (int j = 0; j < kNucleusItems; ++j)
-      if (NucleusEntry(v[j], plan.max, t, w, bin) &&
-          (plan.direct ? v[j] >= plan.at_least
-                       : (bin >= plan.a_lo && bin <= plan.a_hi) ||
-                             (bin >= plan.b_lo && bin <= plan.b_hi))) {
+      if (NucleusEntry(v[j], plan.max, t, w, bin) && v[j] >= plan.at_least) {
         take |= 1u << j;
         ++mine;
       }
@@ -484,8 +512,18 @@ __global__ void __launch_bounds__(kThreads)
   LoadChunk(p, b, begin, v);  // out before the plan's loads
   const NucleusPlan plan = p.plan[b];
   if (plan.max == -INFINITY) return;
+  const float t = p.rows[b].temperature;
+  unsigned bins[kBinWords];
+  if (!plan.direct) {
+#pragma unroll
+    for (int j = 0; j < kNucleusItems; ++j) {
+      float w;
+      int bin;
+      SetBin(bins, j, NucleusEntry(v[j], plan.max, t, w, bin) ? bin : kNoBin);
+    }
+  }
   __shared__ GatherSmem sm;
-  GatherChunk(p, b, begin, v, plan, p.rows[b].temperature, sm);
+  GatherChunk(p, b, begin, v, bins, plan, t, sm);
 }
 
 }  // namespace

@@ -82,17 +82,18 @@ __global__ void __launch_bounds__(kThreads)
     if (blockIdx.x == 0 && threadIdx.x == 0) p.out[b] = 0;
     return;
   }
+  unsigned bins[kBinWords];  // the histogram's, for the gather (none for a DirectTopK row)
   if (!DirectTopK(p, p.rows[b])) {
     ZeroHist(sm.hist);
     __syncthreads();
-    HistChunk(p, b, v, row_max, t, sm.hist);
+    HistChunk(p, b, v, row_max, t, sm.hist, bins);
     scope.Mark(5);
     RowSync(sync + 1, gridDim.x, true);
     scope.Mark(1);
   }
   const NucleusPlan plan = PlanRow(p, b, row_max, sm.plan);
   scope.Mark(2);
-  GatherChunk(p, b, begin, v, plan, t, sm.gather);
+  GatherChunk(p, b, begin, v, bins, plan, t, sm.gather);
   RowSync(sync + 2, gridDim.x, blockIdx.x == 0);
   if (blockIdx.x != 0) return;
   scope.Mark(3);
