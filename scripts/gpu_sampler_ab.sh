@@ -9,7 +9,7 @@
 #   4. with SA_TIMELINE=1 the fused kernel's phases inside the engine for each of SA_TL_MODES
 #      (default SA_MODES): a timeline of the NucleusFused launches between graph steps
 #      (COROLLA_TIMELINE_ONLY; concurrency 1, the window 500 launches in).
-#   5. with SA_SASS=1 the size of each sampling kernel's code (cuobjdump -elf: the .text bytes).
+#   5. with SA_SASS=1 the size of each sampling kernel's code (scripts/gpu_code_sizes.sh).
 # Env (defaults): SA_TESTS (1), SA_PERF (1), SA_NCU (1), SA_TIMELINE (1), SA_SASS (0), SA_ROUNDS (2),
 # SA_MODES ("default=" : name=VAR=V,VAR=V ...; empty settings run the defaults),
 # SA_SAMPLING ("--temperature 0.6 --top-k 20 --top-p 0.95": Qwen3's generation_config),
@@ -115,12 +115,8 @@ if [ "${SA_TIMELINE:-1}" = 1 ]; then
   done
 fi
 if [ "${SA_SASS:-0}" = 1 ]; then
-  cuobjdump -elf "$tests" | python3 -c '
-import re, sys
-for line in sys.stdin:
-    m = re.match(r"\.text\.\S*sampling_cu_[0-9a-f]+\d\d(\w+?)E\S*\s+\S+\s+\S+\s+([0-9a-f]+)\s", line)
-    if m: print("code %-28s %7d bytes" % (m.group(1), int(m.group(2), 16)))
-' | tee "$OUT/sass_sizes.txt"
+  scripts/gpu_code_sizes.sh "$tests" 'Nucleus|SampleKernel|TopKSelect|ArgmaxSlice|SortKeys|PrepareSort' |
+    tee "$OUT/code_sizes.txt"
 fi
 [ -f "$OUT/tests.txt" ] && cat "$OUT/tests.txt"
 # The device tool returns a few files: the logs go back as one archive beside the summary.

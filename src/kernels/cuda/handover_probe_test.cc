@@ -2,16 +2,18 @@
 // print figures and check only that every probe ran). CudaPerf.HandoverUnderCopies: the step's
 // handovers (a programmatic dependent launch's release, a flag between CTAs, an L2 round trip)
 // alone and with bulk copies in flight on other SMs (handover_probe.h; no peer missing, the
-// copier moving data). CudaPerf.L2RetentionUnderStream: l2_probe.h.
+// copier moving data). CudaPerf.L2RetentionUnderStream: l2_probe.h. CudaPerf.ColdCode:
+// code_probe.h.
 #include "kernels/cuda/handover_probe.h"
-#include "kernels/cuda/l2_probe.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <string>
 
+#include "kernels/cuda/code_probe.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/l2_probe.h"
 #include "kernels/cuda/test_util.h"
 
 namespace corolla::cuda_test {
@@ -100,6 +102,27 @@ TEST(CudaPerf, L2RetentionUnderStream) {
   }
   COROLLA_CUDA_CHECK(cudaStreamDestroy(s));
   COROLLA_CUDA_CHECK(cudaFree(buf));
+}
+
+// CudaPerf.ColdCode: straight-line kernels of 4, 16 and 64 KB of code (one CTA an SM) run warm,
+// with their code in L2 only (after 256 KB of other code on every SM), and from HBM (that and a
+// 256 MB memset), code_probe.h. A benchmark: it prints the figures and checks only that every
+// case ran.
+TEST(CudaPerf, ColdCode) {
+  std::string skip;
+  if (ProbeSms(skip) == 0) GTEST_SKIP() << skip;
+  cudaStream_t s = nullptr;
+  COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (const int kb : {4, 16, 64}) {
+    const cuda::ColdCodeProbe r = cuda::RunColdCodeProbe(kb, 9, s);
+    std::printf(
+        "cold code: %2d KB: warm %6.2f us (%6.0f cycles), code from L2 %6.2f us (%6.0f), from HBM "
+        "%6.2f us (%6.0f)\n",
+        kb, r.warm_us, r.warm_cycles, r.icache_cold_us, r.icache_cold_cycles, r.l2_cold_us,
+        r.l2_cold_cycles);
+    for (double us : {r.warm_us, r.icache_cold_us, r.l2_cold_us}) EXPECT_GT(us, 0.0);
+  }
+  COROLLA_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 }  // namespace
