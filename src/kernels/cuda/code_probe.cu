@@ -50,22 +50,38 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+int SmCount() {
+  int device = 0, sms = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 }  // namespace
+
+void ThrashInstructionCaches(cudaStream_t s) {
+  static const int ctas = 8 * SmCount();  // several a SM: every SM runs the code
+  static float* buf = [] {                // [64] in, then [ctas x kProbeThreads] out (kept)
+    float* p = nullptr;
+    COROLLA_CUDA_CHECK(
+        cudaMalloc(&p, (64 + static_cast<size_t>(ctas) * kProbeThreads) * sizeof(float)));
+    COROLLA_CUDA_CHECK(cudaMemset(p, 0, 64 * sizeof(float)));
+    return p;
+  }();
+  StraightLineKernel<kThrashKb * kOpsPerKb><<<ctas, kProbeThreads, 0, s>>>(buf, buf + 64, nullptr);
+  COROLLA_CUDA_CHECK(cudaGetLastError());
+}
 
 ColdCodeProbe RunColdCodeProbe(int kb, int rounds, cudaStream_t s) {
   COROLLA_CHECK((kb == 4 || kb == 16 || kb == 64) && rounds > 0)
       << "cold code probe: " << kb << " KB";
-  int device = 0, sms = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int thrash_ctas = 8 * sms;  // several a SM: every SM runs the thrasher's code
+  const int sms = SmCount();
   float *in = nullptr, *out = nullptr;
   unsigned long long* t = nullptr;
   void* flush = nullptr;
   COROLLA_CUDA_CHECK(cudaMalloc(&in, 64 * sizeof(float)));
   COROLLA_CUDA_CHECK(cudaMemset(in, 0, 64 * sizeof(float)));
-  COROLLA_CUDA_CHECK(
-      cudaMalloc(&out, static_cast<size_t>(thrash_ctas) * kProbeThreads * sizeof(float)));
+  COROLLA_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(sms) * kProbeThreads * sizeof(float)));
   COROLLA_CUDA_CHECK(cudaMalloc(&t, 2 * static_cast<size_t>(sms) * sizeof(unsigned long long)));
   COROLLA_CUDA_CHECK(cudaMalloc(&flush, kFlushBytes));
 
@@ -75,11 +91,7 @@ ColdCodeProbe RunColdCodeProbe(int kb, int rounds, cudaStream_t s) {
     if (kb == 64) StraightLineKernel<64 * kOpsPerKb><<<sms, kProbeThreads, 0, s>>>(in, out, times);
     COROLLA_CUDA_CHECK(cudaGetLastError());
   };
-  auto thrash = [&] {
-    StraightLineKernel<kThrashKb * kOpsPerKb>
-        <<<thrash_ctas, kProbeThreads, 0, s>>>(in, out, nullptr);
-    COROLLA_CUDA_CHECK(cudaGetLastError());
-  };
+  auto thrash = [&] { ThrashInstructionCaches(s); };
   // The probe's CTAs' medians (ns, cycles).
   auto timed = [&](std::vector<double>& us, std::vector<double>& cycles) {
     probe(t);

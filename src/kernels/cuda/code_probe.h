@@ -21,4 +21,8 @@ struct ColdCodeProbe {
 // Medians over `rounds` rounds (and over the CTAs) for a probe of `kb` KB of code: 4, 16 or 64.
 ColdCodeProbe RunColdCodeProbe(int kb, int rounds, cudaStream_t s);
 
+// Runs 256 KB of straight-line code on every SM (several CTAs an SM) on stream s: what the SMs'
+// instruction caches held is gone, the L2's data stays (it reads 36 bytes).
+void ThrashInstructionCaches(cudaStream_t s);
+
 }  // namespace corolla::cuda
