@@ -56,18 +56,23 @@ if [ "${SA_PERF:-1}" = 1 ]; then
       "$tests" --gtest_filter=CudaPerf.Sample >"$OUT/ncu.log" 2>&1
     python3 - "$OUT/ncu.log" <<'EOF'
 import re, sys, collections
+# Per kernel and grid (ncu names them "ns::<unnamed>::Name(Params) (x, y, z)x(..)"): the GPU
+# time's percentiles over every launch of the test (its modes and repetitions mixed).
 t = collections.defaultdict(list)
 name = None
 for line in open(sys.argv[1]):
-    m = re.match(r"\s+(\w+)(?:<.*?>)?\(.*\) \(\d+, \d+, \d+\)x", line)
-    if m: name = m.group(1)
+    m = re.search(r"::(\w+)\([^()]*\) \((\d+), (\d+), (\d+)\)x", line)
+    if m:
+        name = "%s (%s,%s)" % (m.group(1), m.group(2), m.group(3))
+        continue
     m = re.search(r"gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)", line)
     if m and name:
         v = float(m.group(2).replace(",", ""))
         t[name].append(v / 1000 if m.group(1) == "ns" else v)
+        name = None
 for k, v in sorted(t.items()):
     v.sort()
-    print("ncu %-28s n %4d  p10 %7.1f  p50 %7.1f  p90 %7.1f us" % (k, len(v), v[len(v)//10], v[len(v)//2], v[9*len(v)//10]))
+    print("ncu %-36s n %4d  p10 %7.1f  p50 %7.1f  p90 %7.1f us" % (k, len(v), v[len(v)//10], v[len(v)//2], v[9*len(v)//10]))
 EOF
   fi
 fi
