@@ -22,7 +22,8 @@ struct ColdCodeProbe {
 ColdCodeProbe RunColdCodeProbe(int kb, int rounds, cudaStream_t s);
 
 // Runs 256 KB of straight-line code on every SM (several CTAs an SM) on stream s: what the SMs'
-// instruction caches held is gone, the L2's data stays (it reads 36 bytes).
+// instruction caches held is gone, the L2's data stays (it reads 36 bytes). A probe's helper: its
+// buffer is made once, on the device current at the first call.
 void ThrashInstructionCaches(cudaStream_t s);
 
 }  // namespace corolla::cuda
