@@ -217,10 +217,11 @@ TEST_F(CudaKernelTest, SampleTopK) {
 // temperature alone, top_p 0, ties, few finite entries, NaN, +-inf, a greedy row beside sampled
 // ones, flat rows, rows of 1-4k candidates (the 4096-entry tile), and rows all equal (more entries
 // in a bin than one in-block sort takes: the one-CTA sort in global memory); top-k rows among
-// them (SampleTopK has more), one with more than a tile of candidates. Steps of a few rows
-// run fused (one cooperative launch: every small vocabulary here, and batch <= 3 at the large ones
-// on an H200); each step runs both ways, and fused without the ranked sort of rows of at most 256
-// candidates (Tuning().sample_ranked).
+// them (SampleTopK has more), one with more than a tile of candidates, rows of 256 and 257
+// candidates around the ranked sort's limit. Steps of a few rows run fused (one cooperative
+// launch: every small vocabulary here, and batch <= 3 at the large ones on an H200); each step
+// runs both ways, and fused without the ranked sort of rows of at most 256 candidates
+// (Tuning().sample_ranked).
 TEST_F(CudaKernelTest, SampleNucleus) {
   const bool nucleus_default = cuda::Tuning().sample_nucleus;
   const bool ranked_default = cuda::Tuning().sample_ranked;
@@ -234,6 +235,9 @@ TEST_F(CudaKernelTest, SampleNucleus) {
   std::vector<Case> cases;
   for (DType dt : {DType::kF32, DType::kBF16})
     for (int64_t vocab : {7, 1000, 4097, 129280, 151936}) cases.push_back({dt, vocab, kModes, 0});
+  // A row all equal (mode 9) holds 256 / 257 candidates: the last the ranked sort takes, the
+  // first past it.
+  for (int64_t vocab : {256, 257}) cases.push_back({DType::kF32, vocab, kModes, 0});
   cases.push_back({DType::kF32, 151936, 64, 0});
   for (int first : {1, 5, 8, 12}) cases.push_back({DType::kF32, 151936, 3, first});
   cases.push_back({DType::kBF16, 129280, 3, 3});
