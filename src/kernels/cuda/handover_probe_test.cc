@@ -1,17 +1,22 @@
-// Probes of the memory system under the batch-1 decode step's weight streams (benchmarks: they
-// print figures and check only that every probe ran). CudaPerf.HandoverUnderCopies: the step's
-// handovers (a programmatic dependent launch's release, a flag between CTAs, an L2 round trip)
-// alone and with bulk copies in flight on other SMs (handover_probe.h; no peer missing, the
-// copier moving data). CudaPerf.L2RetentionUnderStream: l2_probe.h. CudaPerf.ColdCode:
-// code_probe.h.
+// Probes of the batch-1 decode step's memory system and code (benchmarks: they print figures
+// and check only that every probe ran). CudaPerf.HandoverUnderCopies: the step's handovers (a
+// programmatic dependent launch's release, a flag between CTAs, an L2 round trip) alone and with
+// bulk copies in flight on other SMs (handover_probe.h; no peer missing, the copier moving
+// data). CudaPerf.L2RetentionUnderStream: l2_probe.h. CudaPerf.ColdCode and
+// CudaPerf.DecodeOpsColdCode: code_probe.h, and a layer's ops with their code cold.
 #include "kernels/cuda/handover_probe.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/code_probe.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/l2_probe.h"
 #include "kernels/cuda/test_util.h"
@@ -123,6 +128,87 @@ TEST(CudaPerf, ColdCode) {
     for (double us : {r.warm_us, r.icache_cold_us, r.l2_cold_us}) EXPECT_GT(us, 0.0);
   }
   COROLLA_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// Qwen3-30B-A3B's batch-1 decode ops (one layer's, through the ops the engine calls), each timed
+// alone (events around one call, median of 25): right after the same call, its code in the SMs'
+// instruction caches, and after 256 KB of other code on every SM (ThrashInstructionCaches: its
+// code from L2; its data in L2 both times). The difference is what the op's code costs cold,
+// which the decode graph may pay every layer: an SM runs ~10 kernels a layer, far more code than
+// its instruction caches hold (CudaPerf.ColdCode; notes/decode_timeline.md, session 37's list).
+// Weights are zeros: the times do not depend on the values.
+TEST(CudaPerf, DecodeOpsColdCode) {
+  Backend* gpu = Gpu();
+  if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
+  const int64_t h = 2048, hq = 32, hk = 4, d = 128, experts = 128, inter = 768, ctx = 1024, bs = 16;
+  const int k = 8;
+  auto zeros = [&](Shape shape, DType dt = DType::kBF16) {
+    Tensor t = gpu->Empty(dt, shape);
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(t.view().data, 0, t.view().nbytes(), stream));
+    return t;
+  };
+  Tensor y = Upload(*gpu, RandomBf16(h), {1, h}, DType::kBF16);
+  Tensor sum = Upload(*gpu, RandomBf16(h), {1, h}, DType::kBF16);
+  Tensor x = gpu->Empty(DType::kBF16, {1, h});
+  Tensor norm_w = Upload(*gpu, std::vector<float>(h, 1.f), {h}, DType::kBF16);
+  Tensor w_qkv = zeros({(hq + 2 * hk) * d, h}),
+         qkv = gpu->Empty(DType::kBF16, {1, (hq + 2 * hk) * d});
+  Tensor w_o = zeros({h, hq * d}), o = gpu->Empty(DType::kBF16, {1, h});
+  Tensor w_router = Upload(*gpu, RandomBf16(experts * h, 0.02f), {experts, h}, DType::kBF16);
+  Tensor ids = gpu->Empty(DType::kI32, {1, k}), wts = gpu->Empty(DType::kF32, {1, k});
+  MoeRouting routing;
+  routing.top_k = k;
+  Tensor w_gu = zeros({experts, 2 * inter, h}), w_down = zeros({experts, h, inter});
+  std::vector<int32_t> chosen(k);
+  for (int i = 0; i < k; ++i) chosen[i] = 16 * i;
+  Tensor fixed_ids = UploadI32(*gpu, chosen, {1, k});
+  Tensor fixed_wts = Upload(*gpu, std::vector<float>(k, 1.f / k), {1, k}, DType::kF32);
+  Tensor moe_out = gpu->Empty(DType::kBF16, {1, h});
+  const int64_t blocks = ctx / bs;
+  Tensor q = Upload(*gpu, RandomBf16(hq * d), {1, hq, d}, DType::kBF16);
+  Tensor kc = zeros({blocks, hk, bs, d}), vc = zeros({blocks, hk, bs, d});
+  std::vector<int32_t> tab(blocks);
+  std::iota(tab.begin(), tab.end(), 0);
+  Tensor gqs = UploadI32(*gpu, {0, 1}, {2}),
+         gsl = UploadI32(*gpu, {static_cast<int32_t>(ctx)}, {1});
+  Tensor gtab = UploadI32(*gpu, tab, {1, blocks}), gslot = UploadI32(*gpu, {0}, {1});
+  Tensor attn = gpu->Empty(DType::kBF16, {1, hq, d});
+  AttentionBatch batch{gqs, gsl, gtab, gslot, 1, static_cast<int>(ctx)};
+  struct Op {
+    const char* name;
+    std::function<void()> run;
+  };
+  const Op ops[] = {
+      {"norm + qkv", [&] { gpu->RmsNormLinear(y, norm_w, 1e-6f, sum, x, w_qkv, qkv); }},
+      {"attention",
+       [&] {
+         gpu->Attention(q, KvCacheView{kc, vc}, batch, 0.088f, attn);
+       }},
+      {"o_proj",
+       [&] {
+         gpu->Linear(attn.view().Reshape({1, hq * d}), w_o, o);
+       }},
+      {"norm + router",
+       [&] { gpu->RmsNormMoeRouter(y, norm_w, 1e-6f, sum, x, w_router, routing, ids, wts); }},
+      {"experts", [&] { gpu->MoeExperts(x, fixed_ids, fixed_wts, w_gu, w_down, moe_out); }},
+  };
+  for (int i = 0; i < 20; ++i) cuda::ThrashInstructionCaches(stream);  // the clocks up from idle
+  for (const Op& op : ops) {
+    std::vector<double> warm, cold;
+    for (int r = 0; r < 25; ++r) {
+      op.run();
+      warm.push_back(1e3 * EventMs(stream, op.run));
+      cuda::ThrashInstructionCaches(stream);
+      cold.push_back(1e3 * EventMs(stream, op.run));
+    }
+    std::sort(warm.begin(), warm.end());
+    std::sort(cold.begin(), cold.end());
+    const double w = warm[warm.size() / 2], c = cold[cold.size() / 2];
+    std::printf("decode ops cold code: %-13s warm %6.2f us, code cold %6.2f us (%+.2f)\n", op.name,
+                w, c, c - w);
+    EXPECT_GT(w, 0.0) << op.name;
+  }
 }
 
 }  // namespace
