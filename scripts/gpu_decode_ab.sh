@@ -32,7 +32,7 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/corolla-gpu-out}
 logs=$OUT/ab
 mkdir -p "$logs" gpu-bundle
-if [ -f mgpu-bundle/b.tar.xz ]; then tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi
+unpack_bundle || exit 1
 bins=${AB_BINS:-gpu-bundle/corolla}
 variants=${AB_VARIANTS:-default:}
 kind=${AB_BENCH:-decode}

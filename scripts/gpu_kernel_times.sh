@@ -18,8 +18,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . scripts/gpu_env.sh
 OUT=${OUT:-/tmp/corolla-gpu-out}
-mkdir -p "$OUT" gpu-bundle
-if [ -f mgpu-bundle/b.tar.xz ]; then tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi
+mkdir -p "$OUT"
+unpack_bundle || exit 1
 kind=${KT_BENCH:-prefill}
 config=${KT_CONFIG:-tests/data/configs/qwen3-30b-a3b.json}
 shapes=${KT_ARGS:-1024 8192}

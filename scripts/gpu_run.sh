@@ -19,8 +19,7 @@ OUT=${OUT:-/tmp/corolla-gpu-out}
 mkdir -p "$OUT"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-# A bundle over the 64 MiB a call carries travels packed (COROLLA_PACK=1 scripts/build_gpu.sh).
-if [ -f mgpu-bundle/b.tar.xz ]; then mkdir -p gpu-bundle && tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi
+unpack_bundle || exit 1
 bin=gpu-bundle/cuda_kernels_test
 if [ ! -x "$bin" ]; then
   echo "gpu_run.sh: $bin missing: run scripts/build_gpu.sh and carry gpu-bundle" >&2

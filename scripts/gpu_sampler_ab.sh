@@ -19,8 +19,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . scripts/gpu_env.sh
 OUT=${OUT:-/tmp/corolla-sampler-out}
-mkdir -p "$OUT" gpu-bundle
-if [ -f mgpu-bundle/b.tar.xz ]; then tar xJf mgpu-bundle/b.tar.xz -C gpu-bundle || exit 1; fi
+mkdir -p "$OUT"
+unpack_bundle || exit 1
 bin=gpu-bundle/corolla
 tests=gpu-bundle/cuda_kernels_test
 read -r -a modes <<<"${SA_MODES:-default=}"
