@@ -272,8 +272,10 @@ void CudaBackend::QkNormRopeAttentionProj(const TensorView& q, const TensorView&
   Linear(attn.Reshape({attn.dim(0), attn.dim(1) * attn.dim(2)}), w_o, out);
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
-  // A few rows: our weight-streaming GEMV (gemv.cu); else, or when its layout rules out, cuBLASLt.
-  if (!LinearGemv(x, w, out, stream_)) linear_->Run(x, w, out, stream_);
+  // A few rows: our weight-streaming GEMV (gemv.cu), a few more its tensor-core form
+  // (gemm_skinny.cu); else, or where their layouts rule out, cuBLASLt.
+  if (!LinearGemv(x, w, out, stream_) && !LinearSkinny(x, w, out, stream_))
+    linear_->Run(x, w, out, stream_);
 }
 void CudaBackend::LinearFp8(const TensorView& x, const TensorView& w, const TensorView& w_scale,
                             const TensorView& out) {

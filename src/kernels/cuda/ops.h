@@ -37,6 +37,11 @@ class ScratchBuffer {
 // programmatic dependent launch: it reads w before the previous kernel has finished (w must be
 // a weight, which nothing writes during a forward).
 bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s);
+// gemm_skinny.cu: Linear for x of Tuning().linear_gemv_max_rows + 1 .. Tuning().linear_mma_max_rows
+// (<= 16) rows on the tensor cores, as a weight stream; false (nothing launched) for other row
+// counts or layouts it does not cover. Launched with programmatic dependent launch, as LinearGemv.
+bool LinearSkinny(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s);
+int64_t LinearSkinnyLaunches();  // tests: LinearSkinny's launches so far
 // Where the last decode attention on stream s folded its prologue in (QkNormRopeAttention and
 // QkNormRopeAttentionProj set it), the staged GEMV launches there at Tuning().gemv_staged_carveout_folded, so that the
 // attention's CTAs fit beside the qkv GEMV's; else at gemv_staged_carveout. Every layer of a step

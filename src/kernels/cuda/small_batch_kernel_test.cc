@@ -253,6 +253,54 @@ TensorView FirstCols(const TensorView& v, int64_t cols) {
   return r;
 }
 
+// A Linear case of the GEMV tests: W [n, k], out in `out`'s dtype, x's / out's rows x_pad / out_pad
+// columns longer than k / n (strided views).
+struct LinearCase {
+  int64_t n, k;
+  DType out;
+  int64_t x_pad, out_pad;
+};
+constexpr LinearCase kLinearCases[] = {
+    {5120, 2048, DType::kBF16, 0, 0}, {128, 2048, DType::kF32, 0, 0},
+    {2048, 4096, DType::kBF16, 8, 3}, {72, 136, DType::kF32, 0, 0},
+    {3, 8, DType::kBF16, 16, 1},      {1001, 264, DType::kBF16, 0, 0},
+    {9240, 512, DType::kF32, 0, 0},   {39600, 16, DType::kF32, 0, 0}};
+
+// m fresh rows of x and a fresh W on the GPU, and the CPU's x W^T [m, n].
+struct LinearProblem {
+  Tensor gx, gw;
+  std::vector<float> want;
+};
+LinearProblem MakeLinearProblem(Backend& gpu, const LinearCase& c, int64_t m) {
+  const int64_t xw = c.k + c.x_pad;
+  auto x = RandomBf16(m * xw), w = RandomBf16(c.n * c.k, 1.f / std::sqrt(float(c.k)));
+  Tensor cx_full = HostF32(x, {m, xw}), cw = HostF32(w, {c.n, c.k});
+  Tensor cout = Tensor::Empty(DType::kF32, {m, c.n});
+  cpu::Linear(FirstCols(cx_full.view(), c.k), cw, cout);
+  return {Upload(gpu, x, {m, xw}, DType::kBF16), gpu.LoadWeight(cw),
+          std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + m * c.n)};
+}
+
+// gpu.Linear into a poisoned out of rows n + out_pad long: every row whole in `rows`, and the
+// first n columns of each returned.
+std::vector<float> LinearOnGpu(Backend& gpu, const LinearCase& c, const LinearProblem& p,
+                             std::vector<float>& rows) {
+  const int64_t m = p.gx.dim(0), ow = c.n + c.out_pad;
+  Tensor gout = gpu.Empty(c.out, {m, ow});
+  Poison(gpu, gout);
+  gpu.Linear(FirstCols(p.gx.view(), c.k), p.gw, FirstCols(gout.view(), c.n));
+  rows = Download(gpu, gout);
+  std::vector<float> got;
+  for (int64_t i = 0; i < m; ++i)
+    got.insert(got.end(), rows.begin() + i * ow, rows.begin() + i * ow + c.n);
+  return got;
+}
+
+std::string LinearShape(const LinearCase& c, int64_t m) {
+  return "M" + std::to_string(m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k) +
+         (c.out == DType::kF32 ? " f32-out" : "") + (c.x_pad || c.out_pad ? " strided" : "");
+}
+
 // The GEMV against the CPU over 1..8 rows of x; at one row both the staged kernel (where a CTA's
 // slice fits in shared memory) and the streaming one. On 132 SMs the staged shapes give its warps
 // 1 to 19 rows each (N 9240 x K 512: 70 rows a CTA, groups of 4 and a single; N 39600 x K 16: 300
@@ -261,41 +309,58 @@ TensorView FirstCols(const TensorView& v, int64_t cols) {
 TEST_F(CudaKernelTest, LinearGemv) {
   const cuda::KernelTuning defaults = cuda::Tuning();
   cuda::Tuning().linear_gemv_max_rows = 8;
-  struct Case {
-    int64_t n, k;
-    DType out;
-    int64_t x_pad, out_pad;  // extra columns of x's / out's rows (strided views)
-  };
-  for (Case c : {Case{5120, 2048, DType::kBF16, 0, 0}, Case{128, 2048, DType::kF32, 0, 0},
-                 Case{2048, 4096, DType::kBF16, 8, 3}, Case{72, 136, DType::kF32, 0, 0}, Case{3, 8, DType::kBF16, 16, 1},
-                 Case{1001, 264, DType::kBF16, 0, 0}, Case{16384, 2048, DType::kBF16, 0, 0},
-                 Case{9240, 512, DType::kF32, 0, 0}, Case{8448, 1024, DType::kBF16, 0, 0},
-                 Case{39600, 16, DType::kF32, 0, 0}}) {
+  std::vector<LinearCase> cases(std::begin(kLinearCases), std::end(kLinearCases));
+  cases.push_back({16384, 2048, DType::kBF16, 0, 0});
+  cases.push_back({8448, 1024, DType::kBF16, 0, 0});
+  for (const LinearCase& c : cases) {
     for (int64_t m = 1; m <= 8; ++m) {
-      const int64_t xw = c.k + c.x_pad, ow = c.n + c.out_pad;
-      auto x = RandomBf16(m * xw), w = RandomBf16(c.n * c.k, 1.f / std::sqrt(float(c.k)));
-      Tensor cx_full = HostF32(x, {m, xw}), cw = HostF32(w, {c.n, c.k});
-      Tensor cout = Tensor::Empty(DType::kF32, {m, c.n});
-      cpu::Linear(FirstCols(cx_full.view(), c.k), cw, cout);
-      Tensor gx = Upload(gpu(), x, {m, xw}, DType::kBF16), gw = gpu().LoadWeight(cw);
+      const LinearProblem p = MakeLinearProblem(gpu(), c, m);
       for (bool staged : {true, false}) {
         if (m > 1 && !staged) break;  // the staged kernel takes one row only
         cuda::Tuning().gemv_staged = staged;
-        Tensor gout = gpu().Empty(c.out, {m, ow});
-        Poison(gpu(), gout);
-        gpu().Linear(FirstCols(gx.view(), c.k), gw, FirstCols(gout.view(), c.n));
-        std::vector<float> got = Download(gpu(), gout), got_n;
-        for (int64_t i = 0; i < m; ++i) got_n.insert(got_n.end(), got.begin() + i * ow, got.begin() + i * ow + c.n);
-        const double e = RelError(got_n, std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + m * c.n));
-        const std::string shape = "M" + std::to_string(m) + " N" + std::to_string(c.n) + " K" + std::to_string(c.k) +
-                                  (c.out == DType::kF32 ? " f32-out" : "") + (c.x_pad || c.out_pad ? " strided" : "") +
-                                  (m == 1 ? (staged ? " staged" : " streaming") : "");
+        std::vector<float> rows;
+        const double e = RelError(LinearOnGpu(gpu(), c, p, rows), p.want);
+        const std::string shape =
+            LinearShape(c, m) + (m == 1 ? (staged ? " staged" : " streaming") : "");
         Record("Linear.gemv", shape, e, kBf16Tol);
         EXPECT_LT(e, kBf16Tol) << shape;
       }
     }
   }
   cuda::Tuning() = defaults;
+}
+
+// The tensor-core weight stream (gemm_skinny.cu) against the CPU over 3..16 rows of x (one and
+// two tiles of 8 rows, partial tiles), the GEMV test's shapes and the LM head's: K split over 1-8
+// warps (K 8 to 4096), N not a multiple of 16, strided x and out, bf16 and f32 out. Each case must
+// launch it, and leave out's padding columns poisoned.
+TEST_F(CudaKernelTest, LinearSkinny) {
+  struct Restore {
+    ~Restore() { cuda::Tuning() = DefaultTuning(); }
+  } restore;
+  cuda::Tuning().linear_gemv_max_rows = 2;
+  cuda::Tuning().linear_mma_max_rows = 16;
+  std::vector<LinearCase> cases(std::begin(kLinearCases), std::end(kLinearCases));
+  cases.push_back({151936, 2048, DType::kF32, 0, 0});
+  for (const LinearCase& c : cases) {
+    for (int64_t m : {3, 4, 5, 8, 9, 12, 16}) {
+      if (c.n > 100000 && m != 8) continue;  // the LM head's shape: one size
+      const LinearProblem p = MakeLinearProblem(gpu(), c, m);
+      const int64_t before = cuda::LinearSkinnyLaunches();
+      std::vector<float> rows;
+      const double e = RelError(LinearOnGpu(gpu(), c, p, rows), p.want);
+      const std::string shape = LinearShape(c, m);
+      Record("Linear.skinny", shape, e, kBf16Tol);
+      EXPECT_LT(e, kBf16Tol) << shape;
+      EXPECT_EQ(cuda::LinearSkinnyLaunches(), before + 1)
+          << shape << ": the tensor-core path did not run";
+      bool kept = true;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = c.n; j < c.n + c.out_pad; ++j)
+          kept = kept && std::isnan(rows[i * (c.n + c.out_pad) + j]);
+      EXPECT_TRUE(kept) << shape << ": wrote past N";
+    }
+  }
 }
 
 // RmsNormLinear of one row: the staged GEMV with the norm folded in against the same GPU's RmsNorm
@@ -479,27 +544,39 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
     DType out;
   };
   std::printf(
-      "linear small batch: name | M | gemv us (TB/s) | staged us (TB/s; M 1, where it fits) | cublasLt us (TB/s)\n");
+      "linear small batch: name | M | gemv us (TB/s) | staged us (TB/s; M 1, where it fits) | "
+      "cublasLt us (TB/s) | "
+      "mma us (TB/s; M > 2)\n");
   for (Shape2 sh : {Shape2{"qkv", 5120, 2048, DType::kBF16}, Shape2{"o_proj", 2048, 4096, DType::kBF16},
                     Shape2{"router", 128, 2048, DType::kF32}, Shape2{"lm_head", 151936, 2048, DType::kF32}}) {
     Tensor w = Upload(*gpu, RandomBf16(sh.n * sh.k, 0.02f), {sh.n, sh.k}, DType::kBF16);
-    for (int64_t m : {1, 2, 4, 8}) {
+    for (int64_t m : {1, 2, 4, 8, 16}) {
       Tensor x = Upload(*gpu, RandomBf16(m * sh.k), {m, sh.k}, DType::kBF16);
       Tensor out = gpu->Empty(sh.out, {m, sh.n});
       auto run = [&] { gpu->Linear(x, w, out); };
+      cuda::Tuning().linear_mma_max_rows = 0;
       cuda::Tuning().linear_gemv_max_rows = 8;
       cuda::Tuning().gemv_staged = false;
-      const double gemv_us = TimeUs(stream, run, 50);
+      const double gemv_us = m <= 8 ? TimeUs(stream, run, 50) : 0.0;
       cuda::Tuning().gemv_staged = true;
       const double staged_us = m == 1 ? TimeUs(stream, run, 50) : 0.0;
       cuda::Tuning().linear_gemv_max_rows = 0;
       const double lt_us = TimeUs(stream, run, 50);
+      cuda::Tuning().linear_gemv_max_rows = 2;
+      cuda::Tuning().linear_mma_max_rows = 16;
+      const double mma_us = m > 2 ? TimeUs(stream, run, 50) : 0.0;
       const double bytes = 2.0 * sh.n * sh.k;
-      std::printf("linear small batch: %-8s | %lld | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f (%.2f)\n", sh.name,
-                  static_cast<long long>(m), gemv_us, bytes / (gemv_us * 1e-6) / 1e12, staged_us,
-                  staged_us > 0 ? bytes / (staged_us * 1e-6) / 1e12 : 0.0, lt_us, bytes / (lt_us * 1e-6) / 1e12);
+      auto tbs = [&](double us) { return us > 0 ? bytes / (us * 1e-6) / 1e12 : 0.0; };
+      std::printf(
+          "linear small batch: %-8s | %lld | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f "
+          "(%.2f)\n",
+          sh.name, static_cast<long long>(m), gemv_us, tbs(gemv_us), staged_us, tbs(staged_us),
+          lt_us, tbs(lt_us), mma_us, tbs(mma_us));
+      if (m > 2)
+        Record(std::string("Perf.linear_mma_us.") + sh.name, "M" + std::to_string(m), mma_us, 0);
       if (m == 1) Record(std::string("Perf.linear_gemv_staged_us.") + sh.name, "M1", staged_us, 0);
-      Record(std::string("Perf.linear_gemv_us.") + sh.name, "M" + std::to_string(m), gemv_us, 0);
+      if (m <= 8)
+        Record(std::string("Perf.linear_gemv_us.") + sh.name, "M" + std::to_string(m), gemv_us, 0);
       Record(std::string("Perf.linear_cublaslt_us.") + sh.name, "M" + std::to_string(m), lt_us, 0);
     }
   }

@@ -13,6 +13,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_MOE_DECODE_MAX_PAIRS")) t.moe_decode_max_pairs = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MOE_PAIR_GEMV_MAX_PAIRS")) t.moe_pair_gemv_max_pairs = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_LINEAR_GEMV_MAX_ROWS")) t.linear_gemv_max_rows = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_LINEAR_MMA_MAX_ROWS"))
+      t.linear_mma_max_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_SPLIT_MIN_CTAS")) t.attention_split_min_ctas = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_MMA")) t.attention_mma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GDN_CHUNKED_MIN_TOKENS")) t.gated_delta_chunked_min_tokens = std::atoll(v);

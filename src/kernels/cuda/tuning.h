@@ -66,6 +66,9 @@ struct KernelTuning {
   int64_t moe_pair_gemv_max_pairs = 64;
   // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else cuBLASLt.
   int linear_gemv_max_rows = 2;
+  // Linear with more rows than that and at most this many (<= 16) runs the tensor-core weight
+  // stream of gemm_skinny.cu, else cuBLASLt. COROLLA_LINEAR_MMA_MAX_ROWS sets it (0: cuBLASLt).
+  int linear_mma_max_rows = 16;
   // Decode attention splits each sequence's keys across CTAs until the grid has at least this
   // many CTAs (0: never split).
   int attention_split_min_ctas = 264;

@@ -1,0 +1,196 @@
+// Linear for a few rows of x past the GEMV's (3-16: the dense projections of a decode step of a
+// few sequences) on the tensor cores, as a weight stream. There cuBLASLt reads W at 1.1-2.2 TB/s
+// on an H100 (o_proj 4096 -> 2048 at 8 rows: 14.1 us for 16.8 MB; the router 11 us for 0.5 MB)
+// and cannot start before the kernel ahead of it ends, and the SIMT GEMV (gemv.cu) spends an
+// FMA on every weight and row, which past 2 rows costs more than its bytes.
+//
+// A warp owns 16 rows of W [N, K] and a range of K. Lane (g = lane / 4, c = lane % 4) loads 16
+// bytes of rows g and g + 8 at columns 8c..8c+7 of each 32-column block, and 16 bytes of x's row g
+// (and g + 8 past 8 rows) at the same columns; those registers are the operands of two mma.sync
+// m16n8k16 as they are: physical columns 8c..8c+3 play the mma's k 2c, 2c+1, 2c+8, 2c+9 of the
+// first, 8c+4..8c+7 those of the second, the same for W and x, which a dot product does not see.
+// So no shared memory or ldmatrix for the operands, and every byte of W is loaded once, 64
+// contiguous bytes a row a load. The first block of W is loaded before the dependency wait
+// (programmatic dependent launch: it overlaps the previous kernel's tail), the next block while
+// the current one is multiplied. The warps of a row tile split K and sum their tiles through
+// shared memory in warp order (deterministic, no atomics). Rows of x past M multiply zeros.
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
+#include "kernels/cuda/tuning.h"
+
+namespace corolla::cuda {
+namespace {
+
+constexpr int kSkinnyWarps = 8;
+constexpr int kSkinnyBlocks = 4;  // 32-column blocks a lane loads at once (2 x 16 bytes of W each)
+constexpr int kSkinnyStep = 32 * kSkinnyBlocks;
+// Warps wanted on the grid (~16 an SM on 132 SMs) before K is split further: enough 16-byte
+// loads in flight to keep HBM busy.
+constexpr int kSkinnyTargetWarps = 132 * 16;
+
+std::atomic<int64_t> launches{0};
+
+struct SkinnyParams {
+  const bf16_t* x;
+  int64_t x_stride;
+  const bf16_t* w;
+  void* out;
+  int64_t out_stride;
+  int m, n, k;
+  int k_parts;  // warps a row tile (a power of two <= kSkinnyWarps)
+  int k_part;   // columns a warp (a multiple of kSkinnyStep)
+  bool out_f32;
+  uint64_t* timeline = nullptr;  // timeline.h
+};
+
+// kRowTiles row tiles of x: M <= 8 kRowTiles.
+template <int kRowTiles>
+__global__ void __launch_bounds__(kSkinnyWarps * 32)
+    SkinnyMmaKernel(const __grid_constant__ SkinnyParams p) {
+  __shared__ float4 partial[kSkinnyWarps][kRowTiles][32];
+  TimelineScope tl(p.timeline);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int tile = blockIdx.x * (kSkinnyWarps / p.k_parts) + warp / p.k_parts;
+  const int n0 = tile * 16;
+  const bool active = n0 < p.n;
+  const int k_begin = (warp % p.k_parts) * p.k_part, k_end = min(p.k, k_begin + p.k_part);
+  // Rows past N load row N - 1 (their outputs are dropped).
+  const bf16_t* w_lo = p.w + static_cast<int64_t>(min(n0 + g, p.n - 1)) * p.k + 8 * c;
+  const bf16_t* w_hi = p.w + static_cast<int64_t>(min(n0 + g + 8, p.n - 1)) * p.k + 8 * c;
+  auto load_w = [&](int k0, uint4(&lo)[kSkinnyBlocks], uint4(&hi)[kSkinnyBlocks]) {
+#pragma unroll
+    for (int b = 0; b < kSkinnyBlocks; ++b) {
+      const int col = k0 + 32 * b;
+      if (active && col + 8 * c < k_end) {
+        lo[b] = __ldcs(
+            reinterpret_cast<const uint4*>(w_lo + col));  // read once: stream past the caches
+        hi[b] = __ldcs(reinterpret_cast<const uint4*>(w_hi + col));
+      } else {
+        lo[b] = hi[b] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  uint4 w_lo_v[kSkinnyBlocks], w_hi_v[kSkinnyBlocks];
+  load_w(k_begin, w_lo_v, w_hi_v);
+  GridDependencyWait();  // x is the previous kernel's output
+  tl.Waited();
+  TriggerDependents();
+  float acc[kRowTiles][4] = {};
+  for (int k0 = k_begin; active && k0 < k_end; k0 += kSkinnyStep) {
+    uint4 xv[kSkinnyBlocks][kRowTiles];
+#pragma unroll
+    for (int b = 0; b < kSkinnyBlocks; ++b) {
+      const int col = k0 + 32 * b + 8 * c;
+#pragma unroll
+      for (int t = 0; t < kRowTiles; ++t) {
+        const int row = g + 8 * t;
+        xv[b][t] = col < k_end && row < p.m
+                       ? *reinterpret_cast<const uint4*>(p.x + row * p.x_stride + col)
+                       : make_uint4(0, 0, 0, 0);
+      }
+    }
+    uint4 next_lo[kSkinnyBlocks], next_hi[kSkinnyBlocks];
+    if (k0 + kSkinnyStep < k_end) load_w(k0 + kSkinnyStep, next_lo, next_hi);
+#pragma unroll
+    for (int b = 0; b < kSkinnyBlocks; ++b) {
+      const uint32_t a0[4] = {w_lo_v[b].x, w_hi_v[b].x, w_lo_v[b].y, w_hi_v[b].y};
+      const uint32_t a1[4] = {w_lo_v[b].z, w_hi_v[b].z, w_lo_v[b].w, w_hi_v[b].w};
+#pragma unroll
+      for (int t = 0; t < kRowTiles; ++t) {
+        mma::Mma16816(acc[t], a0, xv[b][t].x, xv[b][t].y);
+        mma::Mma16816(acc[t], a1, xv[b][t].z, xv[b][t].w);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kSkinnyBlocks; ++b) {
+      w_lo_v[b] = next_lo[b];
+      w_hi_v[b] = next_hi[b];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRowTiles; ++t)
+    partial[warp][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+  __syncthreads();
+  if (!active || warp % p.k_parts != 0) return;
+    // acc[t] = {(W row g, x row 8t + 2c), (g, 8t + 2c + 1), (g + 8, 8t + 2c), (g + 8, 8t + 2c +
+    // 1)}.
+#pragma unroll
+  for (int t = 0; t < kRowTiles; ++t) {
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int q = 0; q < p.k_parts; ++q) {
+      const float4 v = partial[warp + q][t][lane];
+      s[0] += v.x;
+      s[1] += v.y;
+      s[2] += v.z;
+      s[3] += v.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = 8 * t + 2 * c + (i & 1), col = n0 + g + (i >= 2 ? 8 : 0);
+      if (row >= p.m || col >= p.n) continue;
+      const int64_t at = row * p.out_stride + col;
+      if (p.out_f32)
+        static_cast<float*>(p.out)[at] = s[i];
+      else
+        static_cast<bf16_t*>(p.out)[at] = __float2bfloat16(s[i]);
+    }
+  }
+}
+
+}  // namespace
+
+bool LinearSkinny(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  if (m <= Tuning().linear_gemv_max_rows || m > Tuning().linear_mma_max_rows || m > 16)
+    return false;
+  // Anything else (other dtypes, layouts, shapes) is left to cuBLASLt, which checks it.
+  if (x.dtype != DType::kBF16 || w.dtype != DType::kBF16 ||
+      (out.dtype != DType::kBF16 && out.dtype != DType::kF32) || x.rank() != 2 || w.rank() != 2 ||
+      out.rank() != 2 || w.dim(1) != k || out.dim(0) != m || out.dim(1) != n || x.strides[1] != 1 ||
+      out.strides[1] != 1 || k % 8 != 0 || !w.is_contiguous() || x.strides[0] % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(x.data) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || n >= (int64_t{1} << 31) / 16 ||
+      k > (1 << 30))
+    return false;
+  const int64_t tiles = CeilDiv(n, 16);
+  // Split K (up to a warp a CTA each part) until the grid has kSkinnyTargetWarps, keeping at
+  // least one step of columns a warp.
+  int parts = 1;
+  while (parts < kSkinnyWarps && tiles * parts < kSkinnyTargetWarps &&
+         k > int64_t{parts} * kSkinnyStep)
+    parts *= 2;
+  SkinnyParams p{x.ptr<bf16_t>(),
+                 x.strides[0],
+                 w.ptr<bf16_t>(),
+                 out.data,
+                 out.strides[0],
+                 static_cast<int>(m),
+                 static_cast<int>(n),
+                 static_cast<int>(k),
+                 parts,
+                 CeilDiv(CeilDiv(k, parts), kSkinnyStep) * kSkinnyStep,
+                 out.dtype == DType::kF32};
+  const dim3 grid(static_cast<unsigned>(CeilDiv(tiles, kSkinnyWarps / parts)));
+  if (TimelineOn())
+    p.timeline =
+        TimelineRecord("Skinny " + std::to_string(k) + "->" + std::to_string(n), grid.x, s);
+  launches.fetch_add(1, std::memory_order_relaxed);
+  if (m <= 8)
+    LaunchPdl(SkinnyMmaKernel<1>, grid, dim3(kSkinnyWarps * 32), 0, s, 1, p);
+  else
+    LaunchPdl(SkinnyMmaKernel<2>, grid, dim3(kSkinnyWarps * 32), 0, s, 1, p);
+  return true;
+}
+
+int64_t LinearSkinnyLaunches() { return launches.load(std::memory_order_relaxed); }
+
+}  // namespace corolla::cuda
