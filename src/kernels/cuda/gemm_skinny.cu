@@ -120,9 +120,9 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
   for (int t = 0; t < kRowTiles; ++t)
     partial[warp][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
   __syncthreads();
+  // The first warp of each row tile sums its tile's parts in warp order and writes them out;
+  // acc[t] = {(W row g, x row 8t + 2c), (g, 8t + 2c + 1), (g + 8, 8t + 2c), (g + 8, 8t + 2c + 1)}.
   if (!active || warp % p.k_parts != 0) return;
-    // acc[t] = {(W row g, x row 8t + 2c), (g, 8t + 2c + 1), (g + 8, 8t + 2c), (g + 8, 8t + 2c +
-    // 1)}.
 #pragma unroll
   for (int t = 0; t < kRowTiles; ++t) {
     float s[4] = {0.f, 0.f, 0.f, 0.f};
