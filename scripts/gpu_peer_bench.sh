@@ -2,8 +2,8 @@
 # Runs on the GPU machine (the device tool's `run`, from the repository root, mgpu-bundle/ or
 # gpu-bundle/ carried): corolla's decode sweep and prompts on Qwen3-30B-A3B random weights, then
 # issue 4's named peer, Hugging Face transformers eager in bf16 (scripts/bench_hf_transformers.py,
-# the torch venv the machine has), on the same GPU in the same call, and a summary with the
-# ratios. Logs: $OUT/peer_{decode,prefill,hf}.log.
+# the torch venv the machine has), on the same GPU in the same call, and a summary of both (the
+# ratios are the tokens/s lines of the two). Logs: $OUT/peer_{decode,prefill,hf}.log.
 #   PEER_BATCHES   corolla's decode batches (default 1,8,32,64,128,256; configs whose KV does not
 #                  fit the GPU are skipped by the bench itself)
 #   PEER_CONTEXTS  (default 1024,8192); PEER_PREFILL prompt lengths (default 1024,8192; none: skip)
