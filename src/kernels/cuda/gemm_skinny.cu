@@ -53,7 +53,7 @@ struct SkinnyParams {
 
 // kRowTiles row tiles of x: M <= 8 kRowTiles.
 template <int kRowTiles>
-__global__ void __launch_bounds__(kSkinnyWarps * 32)
+__global__ void __launch_bounds__(kSkinnyWarps * 32, 2)
     SkinnyMmaKernel(const __grid_constant__ SkinnyParams p) {
   __shared__ float4 partial[kSkinnyWarps][kRowTiles][32];
   TimelineScope tl(p.timeline);
@@ -146,6 +146,24 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32)
   }
 }
 
+// CTAs of SkinnyMmaKernel<kRowTiles> the device holds at once (the first device asked: every
+// GPU of a process is one model).
+template <int kRowTiles>
+int SkinnyCapacity() {
+  static const int capacity = [] {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SkinnyMmaKernel<kRowTiles>,
+                                                      kSkinnyWarps * 32, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 132;
+    }
+    return std::max(1, sms * per_sm);
+  }();
+  return capacity;
+}
+
 }  // namespace
 
 bool LinearSkinny(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
@@ -162,11 +180,13 @@ bool LinearSkinny(const TensorView& x, const TensorView& w, const TensorView& ou
       k > (1 << 30))
     return false;
   const int64_t tiles = CeilDiv(n, 16);
-  // Split K (up to a warp a CTA each part) until the grid has kSkinnyTargetWarps, keeping at
-  // least one step of columns a warp.
+  // Split K (a warp a part, up to a CTA's warps) until the grid has kSkinnyTargetWarps, while it
+  // stays one wave and a warp keeps at least one step of columns: qkv at 8 rows (320 row tiles)
+  // in 8 parts took two waves and ran slower than cuBLASLt (session 38).
+  const int capacity = m <= 8 ? SkinnyCapacity<1>() : SkinnyCapacity<2>();
   int parts = 1;
   while (parts < kSkinnyWarps && tiles * parts < kSkinnyTargetWarps &&
-         k > int64_t{parts} * kSkinnyStep)
+         k > int64_t{parts} * kSkinnyStep && CeilDiv(tiles, kSkinnyWarps / (parts * 2)) <= capacity)
     parts *= 2;
   SkinnyParams p{x.ptr<bf16_t>(),
                  x.strides[0],
