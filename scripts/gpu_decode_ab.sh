@@ -15,12 +15,15 @@
 #                e.g. "default:" where the other variants' variables mean nothing to the baseline
 #   AB_ARGS      bench flags (default "--batch 1 --context 1024,8192")
 #   AB_ROUNDS    (default 2); AB_CONFIG (default tests/data/configs/qwen3-30b-a3b.json)
-#   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000, batch 1, ctx 1024) per
-#                build and variant (src/kernels/cuda/notes/decode_timeline.md)
+#   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000) per build and variant
+#                (src/kernels/cuda/notes/decode_timeline.md); AB_TIMELINE_ARGS its bench flags
+#                (default "--batch 1 --context 1024"; past batch 1 a step is more launches than
+#                the window's default 400: add COROLLA_TIMELINE_LAUNCHES to the variants)
 #   AB_TESTS     a gtest filter of gpu-bundle/cuda_kernels_test to run first (the bundle unpacked
 #                here), e.g. "CudaKernelTest.QkNormRope*"; its log in $OUT/ab_tests.log
 #   AB_NCU       a kernel-name regex: one launch of it (the fourth) profiled by ncu in the first
-#                build and variant, after the rounds; $OUT/ncu.log. Always --clock-control none:
+#                build and variant, after the rounds; $OUT/ncu.log; AB_NCU_ARGS its bench flags
+#                (default AB_ARGS). Always --clock-control none:
 #                ncu's default locks the clocks to base while it profiles, and these machines'
 #                clocks are not ours to change.
 # Two builds and the test binary exceed the 64 MiB a call carries: bundle and pack them here with
@@ -94,7 +97,8 @@ if [ -n "${AB_NCU:-}" ]; then
     --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
     --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \
     --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
-    "$bin" bench "$kind" --config "$config" --random-weights --device cuda --steps 1 $args >"$OUT/ncu.log" 2>&1
+    "$bin" bench "$kind" --config "$config" --random-weights --device cuda --steps 1 ${AB_NCU_ARGS:-$args} \
+    >"$OUT/ncu.log" 2>&1
   echo "=== ncu $AB_NCU ($bin, ${v%%:*}): exit $?, $OUT/ncu.log"
   grep -E "Duration|Throughput|Issued Warp|Executed Instructions |Registers Per|Achieved Occupancy" "$OUT/ncu.log" | head -20
 fi
@@ -104,7 +108,8 @@ if [ "${AB_TIMELINE:-0}" = 1 ]; then
     for bin in $bins; do
       runs "$bin" "$v" || continue
       tag="$(basename "$bin").$name.timeline"
-      bench "$logs/$tag.log" "$bin" "COROLLA_TIMELINE=3000${envs:+,$envs}" --batch 1 --context 1024
+      # shellcheck disable=SC2086  # several flags
+      bench "$logs/$tag.log" "$bin" "COROLLA_TIMELINE=3000${envs:+,$envs}" ${AB_TIMELINE_ARGS:---batch 1 --context 1024}
       echo "=== $tag: $logs/$tag.log"
       sed -n '/^timeline:/,/^  spread/p' "$logs/$tag.log" | grep -v "^  spread"
       sed -n '/^  phases/,/^decode:/p' "$logs/$tag.log" | grep -v "^decode:"
