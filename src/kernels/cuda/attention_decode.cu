@@ -493,20 +493,30 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
 
 std::atomic<int64_t> cluster_launches{0};     // AttentionDecodeClusterLaunches
 std::atomic<int64_t> wide_merge_launches{0};  // AttentionDecodeWideMergeLaunches
+std::atomic<int64_t> cluster_cuts{0};         // AttentionDecodeClusterCuts
 
 // Launches the decode kernel; with `cluster` (Tuning().attention_decode_cluster_merge_seqs) the splits
 // of each (sequence, KV head) as one cluster where the plan and the device allow it. True when
 // the cluster build ran (no partials to merge after it).
 template <int kD, int kRowBlocks>
 bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cudaStream_t s) {
-  const dim3 grid(p.num_splits, p.kv_heads, num_seqs);
-  p.timeline = TimelineRecord(prologue ? "AttentionDecode+prologue" : "AttentionDecode",
-                              int64_t{grid.x} * grid.y * grid.z, s);
+  const char* name = prologue ? "AttentionDecode+prologue" : "AttentionDecode";
   if constexpr (kRowBlocks == 1) {
     const auto kernel = prologue ? AttentionDecodeKernel<kD, 1, true, true> : AttentionDecodeKernel<kD, 1, false, true>;
+    SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
     if (cluster && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits &&
         ClusterFits(reinterpret_cast<const void*>(kernel), p.num_splits, kThreads, 0)) {
-      SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
+      // One wave (Tuning().attention_decode_one_wave): fewer, longer splits until every (sequence,
+      // KV head)'s cluster fits the device at once (the device deals the keys out by num_splits).
+      const int64_t pairs = int64_t{p.kv_heads} * num_seqs;
+      const int planned = p.num_splits;
+      while (Tuning().attention_decode_one_wave && p.num_splits > 2 &&
+             ClusterCapacity(reinterpret_cast<const void*>(kernel), p.num_splits, kThreads, 0) <
+                 pairs)
+        --p.num_splits;
+      if (p.num_splits != planned) cluster_cuts.fetch_add(1, std::memory_order_relaxed);
+      const dim3 grid(p.num_splits, p.kv_heads, num_seqs);
+      p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
       LaunchPdl(kernel, grid, dim3(kThreads), 0, s, p.num_splits, p);
       cluster_launches.fetch_add(1, std::memory_order_relaxed);
       return true;
@@ -514,6 +524,8 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
   }
   const auto kernel =
       prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
+  const dim3 grid(p.num_splits, p.kv_heads, num_seqs);
+  p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
   if (p.trigger_at == 2) p.trigger_at = 1;  // (after the passes: the cluster merge only, Tuning())
   SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   if (p.wide_merge) {  // its splits wait for each other: every CTA must be resident at once
@@ -578,6 +590,7 @@ bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
 
 int64_t AttentionDecodeClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
 int64_t AttentionDecodeWideMergeLaunches() { return wide_merge_launches.load(std::memory_order_relaxed); }
+int64_t AttentionDecodeClusterCuts() { return cluster_cuts.load(std::memory_order_relaxed); }
 int64_t AttentionRegionLaunches() { return region_launches.load(std::memory_order_relaxed); }
 
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len) {
@@ -624,12 +637,25 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
   const int merge_cap = std::min(Tuning().attention_decode_merge_floats / (group * d), kMaxMergeRows / group);
   int max_splits = std::max(1, merge_cap);
   if (DecodeSplitsCappedToCluster(batch)) max_splits = std::min(max_splits, kMaxClusterSplits);
-  const int min_ctas = Tuning().attention_split_min_ctas;
-  int num_splits = 1;
-  if (batch.max_seq_len > min_keys && min_ctas > 0 && pairs < min_ctas && max_splits > 1) {
-    const int64_t want = std::min<int64_t>({CeilDiv(min_ctas, pairs), CeilDiv(batch.max_seq_len, min_keys), max_splits});
+  // Splits for `target` CTAs (Tuning().attention_decode_one_wave: at most that many).
+  auto plan = [&](int target) {
+    if (batch.max_seq_len <= min_keys || target <= 0 || pairs >= target || max_splits <= 1)
+      return 1;
+    const int64_t by_ctas = Tuning().attention_decode_one_wave
+                                ? std::max<int64_t>(1, target / pairs)
+                                : CeilDiv(target, pairs);
+    const int64_t want =
+        std::min<int64_t>({by_ctas, CeilDiv(batch.max_seq_len, min_keys), max_splits});
     const int64_t chunk = CeilDiv(CeilDiv(batch.max_seq_len, want), kChunkAlign) * kChunkAlign;
-    num_splits = static_cast<int>(CeilDiv(batch.max_seq_len, chunk));
+    return static_cast<int>(CeilDiv(batch.max_seq_len, chunk));
+  };
+  int num_splits = plan(Tuning().attention_split_min_ctas);
+  // A batch whose splits merge as clusters plans for attention_decode_cluster_min_ctas CTAs where
+  // that leaves 2-15 splits (a full cluster of 16 in place of a wide merge lost: on an H100 batch
+  // 2 at 8192 keys 5.050-5.067 ms a step against 4.973-4.977 with the wide merge's 33 splits).
+  if (num_seqs <= Tuning().attention_decode_cluster_merge_seqs && group <= 8) {
+    const int fewer = plan(Tuning().attention_decode_cluster_min_ctas);
+    if (fewer >= 2 && fewer < kMaxClusterSplits) num_splits = std::min(num_splits, fewer);
   }
   const int64_t merge_rows = q.dim(0) * q.dim(1);
   ScratchBuffer partials(alloc, num_splits > 1 ? merge_rows * num_splits * (d + 2) * sizeof(float) : 0);

@@ -582,6 +582,7 @@ TEST_F(CudaKernelTest, AttentionDecodeBatch64Ctx8k) {
 TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   const int64_t cluster_launches = cuda::AttentionDecodeClusterLaunches();
   const int64_t wide_launches = cuda::AttentionDecodeWideMergeLaunches();
+  const int64_t cluster_cuts = cuda::AttentionDecodeClusterCuts();
   for (int group : {1, 4, 8, 16})
     for (int bs : {1, 5, 16, 64}) {
       RunAttention(gpu(), {128, group, {1, 1, 1}, {0, 6, 99}, 0, 2, false, bs, true, true});
@@ -605,6 +606,15 @@ TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   RunAttention(gpu(), {64, 16, {1, 1, 1}, {0, 500, 77}, 0, 2, false, 5, true, true, true});
   EXPECT_GT(cuda::AttentionDecodeClusterLaunches(), cluster_launches) << "the cluster merge never ran";
   EXPECT_GT(cuda::AttentionDecodeWideMergeLaunches(), wide_launches) << "the wide merge never ran";
+  // Batch 8 x 4 KV heads at 1024 keys planned for 264 CTAs is 32 clusters of 8 splits, more than
+  // an H100 or H200 holds at once (30): the one-wave rule must cut it (to 7 splits there).
+  const cuda::KernelTuning saved = cuda::Tuning();
+  cuda::Tuning().attention_decode_cluster_min_ctas = 0;
+  RunAttention(gpu(), {128, 8, std::vector<int>(8, 1), std::vector<int>(8, 1023), 0, 4, false, 16,
+                       true, true, true});
+  cuda::Tuning() = saved;
+  EXPECT_GT(cuda::AttentionDecodeClusterCuts(), cluster_cuts)
+      << "no cluster plan was cut to one wave";
 }
 
 }  // namespace corolla::cuda_test

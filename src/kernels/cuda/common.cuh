@@ -116,24 +116,25 @@ __device__ __forceinline__ void NormWeight8(const void* w, bool w_f32, int64_t c
 // RmsNorm with the residual (sum += y; x = rmsnorm(sum) * w) folded into a kernel that reads x:
 // the staged GEMV (RmsNormLinear) and the staged router (RmsNormMoeRouter).
 struct ResidualNorm {
-  const bf16_t* y;  // [1, H]
-  bf16_t* sum;      // [1, H]: read by every CTA / warp, written (sum + y) by the last to arrive
+  const bf16_t* y;  // [T, H] (T = 1 but for the cluster norm-router's)
+  bf16_t* sum;      // [T, H]: read by every CTA / warp, written (sum + y) by the last to arrive
   const void* w;    // [H] bf16, or f32 with w_f32
   bool w_f32;
   float eps;
-  bf16_t* x;        // [1, H]: the normed row, written by the last to arrive
+  bf16_t* x;  // [T, H]: the normed rows, written by the last to arrive
 };
-// The fused ops' norm arguments, checked (one bf16 row each, a bf16 or f32 weight of H); false
+// The fused ops' norm arguments, checked (bf16 rows [T, H] each, a bf16 or f32 weight of H); false
 // where a layout rules the fused kernels out (not contiguous, not 16-byte aligned). y null
 // (NormLinear: sum already holds the row to norm) leaves norm->y null.
 inline bool MakeResidualNorm(const TensorView* y, const TensorView& norm_w, float eps, const TensorView& sum,
                              const TensorView& x, ResidualNorm* norm) {
-  COROLLA_CHECK(x.rank() == 2 && x.dim(0) == 1 && x.dtype == DType::kBF16 &&
-                (y == nullptr || (y->dtype == DType::kBF16 && y->shape == x.shape)) && sum.dtype == DType::kBF16 &&
-                sum.shape == x.shape && (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) &&
+  COROLLA_CHECK(x.rank() == 2 && x.dim(0) >= 1 && x.dtype == DType::kBF16 &&
+                (y == nullptr || (y->dtype == DType::kBF16 && y->shape == x.shape)) &&
+                sum.dtype == DType::kBF16 && sum.shape == x.shape &&
+                (norm_w.dtype == DType::kBF16 || norm_w.dtype == DType::kF32) &&
                 norm_w.numel() == x.dim(1))
-      << "residual norm y " << (y ? y->ToString() : "none") << " sum " << sum.ToString() << " x " << x.ToString()
-      << " norm " << norm_w.ToString();
+      << "residual norm y " << (y ? y->ToString() : "none") << " sum " << sum.ToString() << " x "
+      << x.ToString() << " norm " << norm_w.ToString();
   for (const TensorView* t : {y, &sum, &x, &norm_w})
     if (t != nullptr && (!t->is_contiguous() || reinterpret_cast<uintptr_t>(t->data) % 16 != 0)) return false;
   *norm = {y ? y->ptr<bf16_t>() : nullptr, sum.ptr<bf16_t>(), norm_w.data, norm_w.dtype == DType::kF32, eps,
@@ -156,17 +157,25 @@ __device__ __forceinline__ Bf16x8 NormScale8(const ResidualNorm& n, int64_t c, c
   return NormScale8(w, h, inv);
 }
 
-// RmsNorm's residual add of eight columns: h = bf16(y + sum) (y and sum read through L2),
-// returned packed, and as floats in a.
-__device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* sum, float a[8]) {
+// RmsNorm's residual add of eight columns already loaded (16 bytes of y and of sum): h =
+// bf16(y + sum), returned packed, and as floats in a.
+__device__ __forceinline__ Bf16x8 ResidualAdd8(const uint4& y, const uint4& sum, float a[8]) {
+  Bf16x8 yv, sv;
+  memcpy(&yv, &y, sizeof(yv));
+  memcpy(&sv, &sum, sizeof(sv));
   float b[8];
-  LoadCg8(y, a);
-  LoadCg8(sum, b);
+  Unpack8(yv, a);
+  Unpack8(sv, b);
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] += b[i];
   const Bf16x8 h = Pack8(a);
   Unpack8(h, a);
   return h;
+}
+// The same with y and sum read through L2.
+__device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* sum, float a[8]) {
+  return ResidualAdd8(__ldcg(reinterpret_cast<const uint4*>(y)),
+                      __ldcg(reinterpret_cast<const uint4*>(sum)), a);
 }
 
 template <int kWidth = 32>

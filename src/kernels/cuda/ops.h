@@ -132,6 +132,9 @@ AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k
 // attention_decode.cu: how many decode launches so far ran the cluster merge
 // (Tuning().attention_decode_cluster_merge_seqs), so tests can tell it from the fallback.
 int64_t AttentionDecodeClusterLaunches();
+// attention_decode.cu: how many cluster launches so far planned fewer splits than the plan's so
+// that their clusters fit the device at once (Tuning().attention_decode_one_wave).
+int64_t AttentionDecodeClusterCuts();
 // attention_decode.cu: how many decode launches so far merged their splits wide (WideMergeDecode).
 int64_t AttentionDecodeWideMergeLaunches();
 // attention_decode.cu: how many launches so far folded the o projection in (QkNormRopeAttentionProj).
@@ -185,10 +188,10 @@ bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const T
 void MoeCombine(const void* y, DType y_dtype, const int32_t* slot_row,
                 const TensorView& topk_weights, const TensorView& out, cudaStream_t s);
 
-// router.cu: Backend::RmsNormMoeRouter of one token in one launch where the shapes fit: the
-// cluster norm-router (router_norm.cu) when Tuning().cluster_norm_router is set, else the staged
-// router with the norm folded in when Tuning().staged_router_norm is on; false (nothing
-// launched) otherwise.
+// router.cu: Backend::RmsNormMoeRouter in one launch where the shapes fit: the cluster
+// norm-router (router_norm.cu) of up to Tuning().cluster_norm_router_max_tokens tokens when
+// Tuning().cluster_norm_router is set, else the staged router with the norm folded in (one
+// token) when Tuning().staged_router_norm is on; false (nothing launched) otherwise.
 bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                       const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                       const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s);

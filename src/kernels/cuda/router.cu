@@ -360,7 +360,10 @@ bool RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, 
                       const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                       const TensorView& topk_ids, const TensorView& topk_weights, cudaStream_t s) {
   const bool cluster = Tuning().cluster_norm_router > 0;
-  if ((!cluster && !Tuning().staged_router_norm) || x.rank() != 2 || x.dim(0) != 1) return false;
+  const int64_t max_tokens = cluster ? Tuning().cluster_norm_router_max_tokens : 1;
+  if ((!cluster && !Tuning().staged_router_norm) || x.rank() != 2 || x.dim(0) < 1 ||
+      x.dim(0) > max_tokens)
+    return false;
   ResidualNorm norm;
   const bool fits = MakeResidualNorm(&y, norm_w, eps, sum, x, &norm);
   const RouteParams route = CheckedRoute(x, w_router, routing, topk_ids, topk_weights);

@@ -1,24 +1,26 @@
-// Backend::RmsNormMoeRouter of one token in one launch of one thread block cluster
-// (Tuning().cluster_norm_router CTAs: 16, the default, or 8): the post-attention residual add and RMSNorm, the
-// router logits and the routing, where the unfused path runs RmsNorm, the router GEMV and
-// MoeRoute as three dependent kernels (each a dependency release and an L2 trip on the batch-1
-// critical path).
+// Backend::RmsNormMoeRouter of 1..8 tokens (Tuning().cluster_norm_router_max_tokens) in one
+// launch of one thread block cluster (Tuning().cluster_norm_router CTAs: 16, the default, or 8):
+// the post-attention residual add and RMSNorm, the router logits and the routing, where the
+// unfused path runs RmsNorm, the router GEMV and MoeRoute as three dependent kernels (each a
+// dependency release and an L2 trip on the decode step's critical path).
 // - CTA r of the cluster holds router rows [r R, (r + 1) R), R = ceil(E / cluster), in shared
 //   memory: each warp bulk-copies its contiguous share before the grid dependency wait (weights
 //   only), so under programmatic dependent launch the rows land while the o_proj GEMV runs.
-// - After the wait every CTA forms h = bf16(sum + y) and x = bf16(w * h / rms(h)) for the whole
-//   row, a 16-byte chunk a thread with RmsNormKernel's block size and reduction order (the same
-//   bits as the RmsNorm kernel), stages x, and each warp dots its rows with it (StagedDot<1>, the
-//   staged GEMV's order: at one router row a CTA there, the same logit bits).
+// - After the wait every CTA forms h = bf16(sum + y) and x = bf16(w * h / rms(h)) for every
+//   token's whole row, a 16-byte chunk of each row a thread with RmsNormKernel's block size and
+//   reduction order (the same bits as the RmsNorm kernel; the tokens' sums share one barrier),
+//   stages x and h, and each warp dots its rows with every token's x (StagedDot<1>, the staged
+//   GEMV's order: at one token and one router row a CTA there, the same logit bits).
 // - Each warp writes its logits into CTA 0's shared memory (DSMEM); one cluster barrier; CTA 0's
-//   warp 0 routes (RouteToken), while every CTA writes its share of sum and x back (all CTAs
-//   have read sum by the barrier).
+//   warps route a token each (RouteToken), while every CTA writes its share of sum and x back
+//   (all CTAs have read sum by the barrier).
 // No global counters, fences or second kernel: the logits never leave the cluster. Timeline
-// marks (timeline.h): 0 the norm's sum, 1 the CTA's logits pushed, 2 after the barrier, 3 routed.
+// marks (timeline.h): 0 the norm's sums, 1 the CTA's logits pushed, 2 after the barrier, 3 routed.
 // With Tuning().cluster_norm_router_regs, where a warp holds at most one row of at most 2048
 // (Qwen3-30B-A3B: 8 rows of 2048 a CTA of 8 warps), the rows go to registers instead (a lane's
 // chunks of its warp's row, loaded before the wait: StagedDot<1>'s layout, so the same bits):
-// the CTAs then need ~6 KB of shared memory and can wait beside the o_proj GEMV's 137 KB ones.
+// the CTAs then need little shared memory (~6 KB at one token) and can wait beside the o_proj
+// GEMV's.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -42,25 +44,28 @@ constexpr int kMaxThreads = 1024;            // a 16-byte chunk of the row a thr
 constexpr int kBarBytes = 8 * kMaxThreads / 32;  // an mbarrier a warp
 constexpr int kMaxExperts = 4096;
 constexpr int kRegChunks = 8;  // 16-byte chunks of its row a lane holds in registers: H <= 2048
+constexpr int kMaxTokens = 8;
 
 std::atomic<int64_t> reg_launches{0};  // ClusterNormRouterRegLaunches
 
 struct ClusterNormRouterParams {
-  ResidualNorm norm;
+  ResidualNorm norm;  // rows [tokens, H]
   const bf16_t* w;  // [E, H]
   int hidden, experts;
   int rows_per_cta;  // R
-  int x_bytes;       // the staged x: H bf16 rounded up to 128 bytes
-  RouteParams route;  // one token; logits unused
+  int x_bytes;       // a staged row of x or h: H bf16 rounded up to 128 bytes
+  RouteParams route;             // route.tokens (<= kMaxTokens) tokens; logits unused
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
-// Dynamic shared memory: mbarriers, x [H], the CTA's rows [R][H] (bf16; none with kRegRows),
-// then CTA 0's logit row, probs, choice [E] and group scores (floats; RouteToken's scratch).
-size_t ClusterNormRouterSmem(int64_t hidden, int staged_rows, int experts, int num_groups) {
+// Dynamic shared memory: mbarriers, x [T][H] and h [T][H], the CTA's rows [R][H] (bf16; none
+// with kRegRows), then CTA 0's logits, probs, choice [T][E] and group scores [T][groups] (floats;
+// RouteToken's scratch, a token's each).
+size_t ClusterNormRouterSmem(int64_t hidden, int tokens, int staged_rows, int experts,
+                             int num_groups) {
   const int64_t x_bytes = (2 * hidden + 127) / 128 * 128;
-  return kBarBytes + x_bytes + static_cast<size_t>(staged_rows) * hidden * 2 +
-         sizeof(float) * (3 * static_cast<size_t>(experts) + num_groups);
+  return kBarBytes + 2 * tokens * x_bytes + static_cast<size_t>(staged_rows) * hidden * 2 +
+         sizeof(float) * tokens * (3 * static_cast<size_t>(experts) + num_groups);
 }
 
 // StagedDot<1>'s sum (chunk j of the lane into partial j % 4, the four added in order, then the
@@ -83,8 +88,12 @@ __device__ __forceinline__ float RegDot(const uint4 (&w)[kRegChunks], const bf16
 }
 
 // kRegRows: the rows in registers, at most one a warp, H <= 2048 (so at most 256 threads).
-template <bool kRegRows>
-__global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads)
+// kOneToken: a batch of one token (the count a constant: batch 1's build keeps its registers).
+// ptxas (sm_90a): 77 registers (rows in registers, one token; without the explicit minimum of one
+// CTA ptxas held it to 64 and spilled), 114 (registers, more tokens), 64 (shared memory, one
+// token), 64 and 12 bytes spilled (shared memory, more tokens: the 1024-thread bound).
+template <bool kRegRows, bool kOneToken>
+__global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   cg::cluster_group cluster = cg::this_cluster();
@@ -96,77 +105,117 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads)
   const int cta_rows = max(0, min(p.rows_per_cta, p.experts - cta_row0));
   const int per_warp = cta_rows / warps, extra = cta_rows % warps;
   const int row0 = warp * per_warp + min(warp, extra), rows = per_warp + (warp < extra ? 1 : 0);
-  bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kBarBytes);
-  const bf16_t* ws = reinterpret_cast<const bf16_t*>(smem + kBarBytes + p.x_bytes);
+  const int tokens = kOneToken ? 1 : static_cast<int>(p.route.tokens), hidden = p.hidden,
+            experts = p.experts, xe = p.x_bytes / 2;
+  bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kBarBytes);  // token i's x at xs + i * xe
+  bf16_t* hs = xs + tokens * xe;                             // its h (sum + y) at hs + i * xe
+  const bf16_t* ws = hs + tokens * xe;
   const int staged_rows = kRegRows ? 0 : p.rows_per_cta;
-  float* logits =
-      reinterpret_cast<float*>(smem + kBarBytes + p.x_bytes + static_cast<int64_t>(staged_rows) * p.hidden * 2);
-  float* probs = logits + p.experts;
-  float* choice = probs + p.experts;
-  float* group_score = choice + p.experts;
+  float* logits = reinterpret_cast<float*>(const_cast<bf16_t*>(ws) +
+                                           static_cast<int64_t>(staged_rows) * hidden);
+  float* probs = logits + tokens * experts;
+  float* choice = probs + tokens * experts;
+  float* group_score = choice + tokens * experts;
+  __shared__ float partial[kMaxTokens][32];  // the tokens' per-warp sums of squares
   const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
   uint4 wr[kRegChunks];
   if (kRegRows && rows > 0) {  // rows <= 1: the lane's chunks of the warp's row
-    const bf16_t* row = p.w + static_cast<int64_t>(cta_row0 + row0) * p.hidden;
+    const bf16_t* row = p.w + static_cast<int64_t>(cta_row0 + row0) * hidden;
 #pragma unroll
     for (int j = 0; j < kRegChunks; ++j)
-      if (lane * 8 + j * 256 < p.hidden) wr[j] = __ldcs(reinterpret_cast<const uint4*>(row + lane * 8 + j * 256));
+      if (lane * 8 + j * 256 < hidden)
+        wr[j] = __ldcs(reinterpret_cast<const uint4*>(row + lane * 8 + j * 256));
   } else if (lane == 0 && rows > 0) {
-    const uint32_t bytes = static_cast<uint32_t>(rows) * p.hidden * 2;
+    const uint32_t bytes = static_cast<uint32_t>(rows) * hidden * 2;
     wgmma::MbarInit(bar, 1);
     wgmma::MbarInitFence();
     wgmma::MbarArriveExpectTx(bar, bytes);
-    wgmma::BulkCopy(wgmma::SmemAddr(ws + static_cast<int64_t>(row0) * p.hidden),
-                    p.w + static_cast<int64_t>(cta_row0 + row0) * p.hidden, bytes, bar, wgmma::EvictFirst());
+    wgmma::BulkCopy(wgmma::SmemAddr(ws + static_cast<int64_t>(row0) * hidden),
+                    p.w + static_cast<int64_t>(cta_row0 + row0) * hidden, bytes, bar,
+                    wgmma::EvictFirst());
   }
-  // RmsNormKernel<true>'s arithmetic for chunk t (its launch has one thread per chunk too); the
-  // norm weights are weights: loaded before the wait.
-  const bool mine = t < p.hidden / 8;
+  // RmsNormKernel<true>'s arithmetic for chunk t of each row (its launch has one thread per chunk
+  // too); the norm weights are weights: loaded before the wait.
+  const bool mine = t < hidden / 8;
   float nw[8];
   if (mine) NormWeight8(p.norm.w, p.norm.w_f32, 8 * t, nw);
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
   GridDependencyWait();  // sum and y come from the kernels before
   tl.Waited();
   TriggerDependents();
-  float a[8] = {};
-  Bf16x8 h{}, xv{};
-  if (mine) h = ResidualAdd8(p.norm.y + 8 * t, p.norm.sum + 8 * t, a);
-  float ss = 0.0f;
+  // The rows in batches, each batch's loads issued before its first add (four rows in the
+  // register build; one in the shared-memory build, held to 64 registers a thread by its
+  // 1024-thread bound).
+  constexpr int kLoadRows = kRegRows ? 4 : 1;
+  for (int i0 = 0; i0 < tokens; i0 += kLoadRows) {
+    uint4 yv[kLoadRows], sv[kLoadRows];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
-  ss = BlockSum(ss);
-  tl.Mark(0);  // sum + y read, the sum of squares formed
-  const float inv = rsqrtf(ss / p.hidden + p.norm.eps);
-  if (mine) {
-    xv = NormScale8(nw, a, inv);
-    reinterpret_cast<Bf16x8*>(xs)[t] = xv;
+    for (int j = 0; j < kLoadRows; ++j) {
+      const int64_t c = static_cast<int64_t>(i0 + j) * hidden + 8 * t;
+      if (mine && i0 + j < tokens) {
+        yv[j] = __ldcg(reinterpret_cast<const uint4*>(p.norm.y + c));
+        sv[j] = __ldcg(reinterpret_cast<const uint4*>(p.norm.sum + c));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadRows; ++j) {
+      if (i0 + j >= tokens) break;
+      float a[8] = {};
+      if (mine) reinterpret_cast<Bf16x8*>(hs + (i0 + j) * xe)[t] = ResidualAdd8(yv[j], sv[j], a);
+      float ss = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
+      ss = WarpSum(ss);  // BlockSum's order, every token's in one barrier
+      if (lane == 0) partial[i0 + j][warp] = ss;
+    }
+  }
+  __syncthreads();
+  tl.Mark(0);  // sum + y read, the sums of squares formed
+  for (int i = 0; i < tokens; ++i) {
+    const float ss = WarpSum(lane < warps ? partial[i][lane] : 0.0f);
+    const float inv = rsqrtf(ss / hidden + p.norm.eps);
+    if (mine) {
+      float a[8];
+      Unpack8(reinterpret_cast<const Bf16x8*>(hs + i * xe)[t], a);
+      reinterpret_cast<Bf16x8*>(xs + i * xe)[t] = NormScale8(nw, a, inv);
+    }
   }
   __syncthreads();  // x staged
   if (rows > 0) {
     float* dst = cluster.map_shared_rank(logits, 0);
     if constexpr (kRegRows) {
-      const float v = RegDot(wr, xs, p.hidden, lane);
-      if (lane == 0) dst[cta_row0 + row0] = v;
+      for (int i = 0; i < tokens; ++i) {
+        const float v = RegDot(wr, xs + i * xe, hidden, lane);
+        if (lane == 0) dst[i * experts + cta_row0 + row0] = v;
+      }
     } else {
       wgmma::MbarWait(bar, 0);
-      for (int r = 0; r < rows; ++r) {
-        float v[1];
-        StagedDot<1>(ws + static_cast<int64_t>(row0 + r) * p.hidden, xs, p.hidden, lane, v);
-        if (lane == 0) dst[cta_row0 + row0 + r] = v[0];
-      }
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < tokens; ++i) {
+          float v[1];
+          StagedDot<1>(ws + static_cast<int64_t>(row0 + r) * hidden, xs + i * xe, hidden, lane, v);
+          if (lane == 0) dst[i * experts + cta_row0 + row0 + r] = v[0];
+        }
     }
   }
   tl.Mark(1);  // this CTA's logits pushed
   cluster.sync();  // every logit in CTA 0; every CTA has read sum and y
   tl.Mark(2);
-  if (rank == 0 && warp == 0) {
-    RouteToken(p.route, 0, logits, probs, choice, group_score, lane);
+  if (rank == 0) {
+    const int groups = p.route.num_groups;
+    for (int i = warp; i < tokens; i += warps)
+      RouteToken(p.route, i, logits + i * experts, probs + i * experts, choice + i * experts,
+                 group_score + i * groups, lane);
     tl.Mark(3);  // routed (CTA 0)
   }
-  if (mine && t % ctas == rank) {
-    reinterpret_cast<Bf16x8*>(p.norm.sum)[t] = h;
-    reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
-  }
+  // Chunk t of row i is written back by CTA (i * chunks + t) % ctas.
+  const int chunks = hidden / 8;
+  for (int i = 0; i < tokens; ++i)
+    if (mine && (i * chunks + t) % ctas == rank) {
+      const int64_t c = static_cast<int64_t>(i) * chunks + t;
+      reinterpret_cast<Bf16x8*>(p.norm.sum)[c] = reinterpret_cast<const Bf16x8*>(hs + i * xe)[t];
+      reinterpret_cast<Bf16x8*>(p.norm.x)[c] = reinterpret_cast<const Bf16x8*>(xs + i * xe)[t];
+    }
 }
 
 }  // namespace
@@ -177,8 +226,10 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
                              cudaStream_t s) {
   const int want = Tuning().cluster_norm_router;
   const int64_t hidden = w.dim(1), experts = w.dim(0);
-  if (want <= 0 || hidden % 8 != 0 || hidden / 8 > kMaxThreads || experts > kMaxExperts || !w.is_contiguous() ||
-      reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || route.top_k > kMaxTopK || route.tokens != 1)
+  if (want <= 0 || hidden % 8 != 0 || hidden / 8 > kMaxThreads || experts > kMaxExperts ||
+      !w.is_contiguous() || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
+      route.top_k > kMaxTopK || route.tokens < 1 ||
+      route.tokens > std::min(kMaxTokens, Tuning().cluster_norm_router_max_tokens))
     return false;
   int device = 0, max_smem = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
@@ -192,10 +243,15 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   const bool reg_rows = Tuning().cluster_norm_router_regs && rows_per_cta <= threads / 32 &&
                         hidden <= int64_t{kRegChunks} * 256;
   const size_t smem =
-      ClusterNormRouterSmem(hidden, reg_rows ? 0 : rows_per_cta, static_cast<int>(experts), num_groups);
-  // (1 KB left for BlockSum's static shared memory)
+      ClusterNormRouterSmem(hidden, static_cast<int>(route.tokens), reg_rows ? 0 : rows_per_cta,
+                            static_cast<int>(experts), num_groups);
+  // (1 KB left for the static shared memory: the sums of squares)
   if (smem > static_cast<size_t>(max_smem) - 1024) return false;
-  const auto kernel = reg_rows ? ClusterNormRouterKernel<true> : ClusterNormRouterKernel<false>;
+  const bool one = route.tokens == 1;
+  const auto kernel =
+      reg_rows
+          ? (one ? ClusterNormRouterKernel<true, true> : ClusterNormRouterKernel<true, false>)
+          : (one ? ClusterNormRouterKernel<false, true> : ClusterNormRouterKernel<false, false>);
   OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
   if (!ClusterFits(reinterpret_cast<const void*>(kernel), ctas, threads, smem)) return false;
   ClusterNormRouterParams p{norm,

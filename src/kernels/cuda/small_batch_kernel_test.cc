@@ -330,7 +330,7 @@ TEST_F(CudaKernelTest, LinearGemv) {
   cuda::Tuning() = defaults;
 }
 
-// The tensor-core weight stream (gemm_skinny.cu) against the CPU over 3..16 rows of x (one and
+// The tensor-core weight stream (gemm_skinny.cu) against the CPU over 2..16 rows of x (one and
 // two tiles of 8 rows, partial tiles), the GEMV test's shapes and the LM head's: K split over 1-8
 // warps (K 8 to 4096), N not a multiple of 16, strided x and out, bf16 and f32 out. Each case must
 // launch it, and leave out's padding columns poisoned.
@@ -338,12 +338,12 @@ TEST_F(CudaKernelTest, LinearSkinny) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
   } restore;
-  cuda::Tuning().linear_gemv_max_rows = 2;
+  cuda::Tuning().linear_gemv_max_rows = 1;
   cuda::Tuning().linear_mma_max_rows = 16;
   std::vector<LinearCase> cases(std::begin(kLinearCases), std::end(kLinearCases));
   cases.push_back({151936, 2048, DType::kF32, 0, 0});
   for (const LinearCase& c : cases) {
-    for (int64_t m : {3, 4, 5, 8, 9, 12, 16}) {
+    for (int64_t m : {2, 3, 4, 5, 8, 9, 12, 16}) {
       if (c.n > 100000 && m != 8) continue;  // the LM head's shape: one size
       const LinearProblem p = MakeLinearProblem(gpu(), c, m);
       const int64_t before = cuda::LinearSkinnyLaunches();
@@ -424,110 +424,147 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
   }
 }
 
-// RmsNormMoeRouter of one token, each fused path (the staged router with the norm folded in; the
-// cluster norm-router at 8 and 16 CTAs, at 16 also with its rows in registers) against the same
-// GPU's RmsNorm + MoeRouter from the same sum and y. sum + y must be equal bits (the same bf16
-// rounding); x within a bf16 unit for the staged router (1 / rms summed in another order), equal
-// bits for the cluster (RmsNorm's order); ids equal except where two experts' logits (from the
-// unfused x, on the CPU) are within 2e-3; weights of equal ids within 2e-3; the cluster's ids and
-// weights equal bits where the unfused router GEMV is staged at one row a CTA (E <= the SMs: the
-// same dot order). Norm weights bf16 and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek routing) /
-// 64, H 2048 / 1024 / 512 / 4096 / 136. A second fused launch gives the same bits (the staged
-// router's re-armed counter).
+// RmsNormMoeRouter, each fused path (the staged router with the norm folded in, one token; the
+// cluster norm-router at 8 and 16 CTAs, at 16 also with its rows in registers, 1 / 2 / 5 / 8
+// tokens) against the same GPU's RmsNorm + MoeRouter from the same sum and y. sum + y must be
+// equal bits (the same bf16 rounding); x within a bf16 unit for the staged router (1 / rms summed
+// in another order), equal bits for the cluster (RmsNorm's order); ids equal except where two
+// experts' logits (from the unfused x, on the CPU) are within 2e-3; weights of equal ids within
+// 2e-3; the cluster's ids and weights equal bits at one token where the unfused router GEMV is
+// staged at one row a CTA (E <= the SMs: the same dot order; more tokens take the tensor-core
+// Linear, another order). Norm weights bf16 and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek
+// routing) / 64, H 2048 / 1024 / 512 / 4096 / 136. A second fused launch gives the same bits
+// (the staged router's re-armed counter).
 TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
   } restore;
-  int device = 0, sms = 0;
+  int device = 0, sms = 0, max_smem = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+            cudaSuccess);
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
+  cuda::Tuning().cluster_norm_router_max_tokens = 8;
   struct Case { int experts, k; int64_t hidden; bool norm_f32; int groups, topk_groups; bool sigmoid, bias; };
   for (Case c : {Case{128, 8, 2048, false, 1, 1, false, false}, Case{512, 10, 1024, true, 1, 1, false, false},
                  Case{256, 8, 512, false, 8, 4, true, true}, Case{128, 8, 4096, false, 1, 1, false, false},
                  Case{64, 4, 136, true, 1, 1, false, false}, Case{100, 6, 2048, false, 1, 1, false, false}}) {
-    const int64_t e = c.experts, h = c.hidden;
-    const auto y = RandomBf16(h), sum = RandomBf16(h, 4.f), w = RandomBf16(e * h, 3.f / std::sqrt(float(h)));
-    std::vector<float> norm = RandomBf16(h, 0.5f);
-    for (float& v : norm) v += 1.f;
-    const auto bias = RandomBf16(e, 0.1f);
-    MoeRouting r;
-    r.top_k = c.k;
-    r.sigmoid = c.sigmoid;
-    r.num_groups = c.groups;
-    r.topk_groups = c.topk_groups;
-    r.scaling_factor = c.sigmoid ? 2.5f : 1.0f;
-    Tensor gw = gpu().LoadWeight(HostF32(w, {e, h}));
-    Tensor gnorm = Upload(gpu(), norm, {h}, c.norm_f32 ? DType::kF32 : DType::kBF16);
-    Tensor gb = Upload(gpu(), bias, {e}, DType::kF32);
-    if (c.bias) r.correction_bias = gb.view();
-    struct Out { std::vector<float> sum, x, weights; std::vector<int32_t> ids; };
-    // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register rows.
-    auto run = [&](int mode) {
-      cuda::Tuning().staged_router_norm = mode == 1;
-      cuda::Tuning().cluster_norm_router = mode >= 8 ? std::min(mode, 16) : 0;
-      cuda::Tuning().cluster_norm_router_regs = mode == 17;
-      Tensor gy = Upload(gpu(), y, {1, h}, DType::kBF16), gsum = Upload(gpu(), sum, {1, h}, DType::kBF16);
-      Tensor gx = gpu().Empty(DType::kBF16, {1, h});
-      Tensor gids = gpu().Empty(DType::kI32, {1, c.k}), gwt = gpu().Empty(DType::kF32, {1, c.k});
-      Poison(gpu(), gx);
-      Poison(gpu(), gwt);
-      if (mode == 0) {
-        gpu().RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt);
-      } else {  // the fused kernel itself: it must take every case here
-        EXPECT_TRUE(cuda::RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt, stream));
-      }
-      return Out{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gwt), DownloadI32(gpu(), gids)};
-    };
-    const Out ref = run(0);
-    Tensor logits = Tensor::Empty(DType::kF32, {1, e});
-    cpu::Linear(HostF32(ref.x, {1, h}).view(), HostF32(w, {e, h}), logits);
-    auto score = [&](int32_t id) {
-      if (id < 0 || id >= e) return -INFINITY;
-      const float l = logits.ptr<float>()[id];
-      const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
-      return c.bias ? s + bias[id] : s;
-    };
-    for (int mode : {1, 8, 16, 17}) {
-      const int64_t reg_launches = cuda::ClusterNormRouterRegLaunches();
-      const Out got = run(mode), again = run(mode);
+    for (int64_t tokens : {1, 2, 5, 8}) {
+      const int64_t e = c.experts, h = c.hidden;
+      const auto y = RandomBf16(tokens * h), sum = RandomBf16(tokens * h, 4.f),
+                 w = RandomBf16(e * h, 3.f / std::sqrt(float(h)));
+      std::vector<float> norm = RandomBf16(h, 0.5f);
+      for (float& v : norm) v += 1.f;
+      const auto bias = RandomBf16(e, 0.1f);
+      MoeRouting r;
+      r.top_k = c.k;
+      r.sigmoid = c.sigmoid;
+      r.num_groups = c.groups;
+      r.topk_groups = c.topk_groups;
+      r.scaling_factor = c.sigmoid ? 2.5f : 1.0f;
+      Tensor gw = gpu().LoadWeight(HostF32(w, {e, h}));
+      Tensor gnorm = Upload(gpu(), norm, {h}, c.norm_f32 ? DType::kF32 : DType::kBF16);
+      Tensor gb = Upload(gpu(), bias, {e}, DType::kF32);
+      if (c.bias) r.correction_bias = gb.view();
+      struct Out {
+        std::vector<float> sum, x, weights;
+        std::vector<int32_t> ids;
+      };
       // Register rows where a warp has at most one row of at most 2048 (RmsNorm's block size: a
       // thread a 16-byte chunk).
-      const bool regs = mode == 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
-      EXPECT_EQ(cuda::ClusterNormRouterRegLaunches() - reg_launches, regs ? 2 : 0) << "E" << e << " H" << h;
-      const std::string shape = std::string(mode == 1 ? "staged" : mode == 17 ? "cluster16 regs" : "cluster" + std::to_string(mode)) + " E" +
-                                std::to_string(e) + " k" + std::to_string(c.k) + " H" + std::to_string(h) +
-                                (c.norm_f32 ? " f32-norm" : "") + (c.groups > 1 ? " grouped sigmoid bias" : "");
-      EXPECT_EQ(got.sum, ref.sum) << shape;
-      double x_err = 0;
-      for (int64_t i = 0; i < h; ++i)
-        x_err = std::max<double>(x_err, std::fabs(got.x[i] - ref.x[i]) / std::max(1e-3f, std::fabs(ref.x[i])));
-      Record("RmsNormMoeRouter.x", shape, x_err, 1.0 / 128);
-      EXPECT_LE(x_err, 1.0 / 128) << shape;  // one bf16 unit
-      int mismatches = 0;
-      double w_err = 0;
-      for (int j = 0; j < c.k; ++j) {
-        if (got.ids[j] != ref.ids[j]) {
-          if (!(std::fabs(score(got.ids[j]) - score(ref.ids[j])) < 2e-3f)) ++mismatches;
-        } else {
-          w_err = std::max(w_err, static_cast<double>(std::fabs(got.weights[j] - ref.weights[j])));
+      auto regs = [&](int mode) {
+        return mode == 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
+      };
+      // The cluster's shared memory (router_norm.cu): its rows unless in registers, each token's
+      // x and h, the routing scratch; 8 CTAs at H 4096 and 8 tokens do not fit.
+      auto fits = [&](int mode) {
+        if (mode < 8) return true;
+        const int64_t ctas = mode == 8 ? 8 : 16, rows = regs(mode) ? 0 : (e + ctas - 1) / ctas;
+        const int64_t bytes = 256 + 2 * tokens * ((2 * h + 127) / 128 * 128) + rows * h * 2 +
+                              4 * tokens * (3 * e + c.groups);
+        return bytes <= max_smem - 1024;
+      };
+      // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register
+      // rows.
+      auto run = [&](int mode) {
+        cuda::Tuning().staged_router_norm = mode == 1;
+        cuda::Tuning().cluster_norm_router = mode >= 8 ? std::min(mode, 16) : 0;
+        cuda::Tuning().cluster_norm_router_regs = mode == 17;
+        Tensor gy = Upload(gpu(), y, {tokens, h}, DType::kBF16),
+               gsum = Upload(gpu(), sum, {tokens, h}, DType::kBF16);
+        Tensor gx = gpu().Empty(DType::kBF16, {tokens, h});
+        Tensor gids = gpu().Empty(DType::kI32, {tokens, c.k}),
+               gwt = gpu().Empty(DType::kF32, {tokens, c.k});
+        Poison(gpu(), gx);
+        Poison(gpu(), gwt);
+        if (mode == 0) {
+          gpu().RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt);
+        } else {  // the fused kernel itself: it must take every case that fits shared memory
+          EXPECT_EQ(cuda::RmsNormMoeRouter(gy, gnorm, 1e-6f, gsum, gx, gw, r, gids, gwt, stream),
+                    fits(mode));
         }
-      }
-      Record("RmsNormMoeRouter.id_mismatches", shape, mismatches, 0);
-      Record("RmsNormMoeRouter.weights", shape, w_err, 2e-3);
-      EXPECT_EQ(mismatches, 0) << shape;
-      EXPECT_LE(w_err, 2e-3) << shape;
-      if (mode >= 8) {
-        EXPECT_EQ(got.x, ref.x) << shape;
-        if (e <= sms) {
-          EXPECT_EQ(got.ids, ref.ids) << shape;
-          EXPECT_EQ(got.weights, ref.weights) << shape;
+        return Out{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gwt),
+                   DownloadI32(gpu(), gids)};
+      };
+      const Out ref = run(0);
+      Tensor logits = Tensor::Empty(DType::kF32, {tokens, e});
+      cpu::Linear(HostF32(ref.x, {tokens, h}).view(), HostF32(w, {e, h}), logits);
+      auto score = [&](int64_t token, int32_t id) {
+        if (id < 0 || id >= e) return -INFINITY;
+        const float l = logits.ptr<float>()[token * e + id];
+        const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
+        return c.bias ? s + bias[id] : s;
+      };
+      for (int mode : {1, 8, 16, 17}) {
+        if (mode == 1 && tokens > 1) continue;  // the staged router takes one token
+        const int64_t reg_launches = cuda::ClusterNormRouterRegLaunches();
+        const Out got = run(mode), again = run(mode);
+        EXPECT_EQ(cuda::ClusterNormRouterRegLaunches() - reg_launches, regs(mode) ? 2 : 0)
+            << "E" << e << " H" << h;
+        if (!fits(mode)) continue;
+        const std::string shape = std::string(mode == 1    ? "staged"
+                                              : mode == 17 ? "cluster16 regs"
+                                                           : "cluster" + std::to_string(mode)) +
+                                  " T" + std::to_string(tokens) + " E" + std::to_string(e) + " k" +
+                                  std::to_string(c.k) + " H" + std::to_string(h) +
+                                  (c.norm_f32 ? " f32-norm" : "") +
+                                  (c.groups > 1 ? " grouped sigmoid bias" : "");
+        EXPECT_EQ(got.sum, ref.sum) << shape;
+        double x_err = 0;
+        for (int64_t i = 0; i < tokens * h; ++i)
+          x_err = std::max<double>(
+              x_err, std::fabs(got.x[i] - ref.x[i]) / std::max(1e-3f, std::fabs(ref.x[i])));
+        Record("RmsNormMoeRouter.x", shape, x_err, 1.0 / 128);
+        EXPECT_LE(x_err, 1.0 / 128) << shape;  // one bf16 unit
+        int mismatches = 0;
+        double w_err = 0;
+        for (int64_t j = 0; j < tokens * c.k; ++j) {
+          if (got.ids[j] != ref.ids[j]) {
+            const int64_t token = j / c.k;
+            if (!(std::fabs(score(token, got.ids[j]) - score(token, ref.ids[j])) < 2e-3f))
+              ++mismatches;
+          } else {
+            w_err =
+                std::max(w_err, static_cast<double>(std::fabs(got.weights[j] - ref.weights[j])));
+          }
         }
+        Record("RmsNormMoeRouter.id_mismatches", shape, mismatches, 0);
+        Record("RmsNormMoeRouter.weights", shape, w_err, 2e-3);
+        EXPECT_EQ(mismatches, 0) << shape;
+        EXPECT_LE(w_err, 2e-3) << shape;
+        if (mode >= 8) {
+          EXPECT_EQ(got.x, ref.x) << shape;
+          if (e <= sms && tokens == 1) {
+            EXPECT_EQ(got.ids, ref.ids) << shape;
+            EXPECT_EQ(got.weights, ref.weights) << shape;
+          }
+        }
+        EXPECT_EQ(again.sum, got.sum) << shape << " (second launch)";
+        EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
+        EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
+        EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
       }
-      EXPECT_EQ(again.sum, got.sum) << shape << " (second launch)";
-      EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
-      EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
-      EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
     }
   }
 }
@@ -546,7 +583,7 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
   std::printf(
       "linear small batch: name | M | gemv us (TB/s) | staged us (TB/s; M 1, where it fits) | "
       "cublasLt us (TB/s) | "
-      "mma us (TB/s; M > 2)\n");
+      "mma us (TB/s; M > 1)\n");
   for (Shape2 sh : {Shape2{"qkv", 5120, 2048, DType::kBF16}, Shape2{"o_proj", 2048, 4096, DType::kBF16},
                     Shape2{"router", 128, 2048, DType::kF32}, Shape2{"lm_head", 151936, 2048, DType::kF32}}) {
     Tensor w = Upload(*gpu, RandomBf16(sh.n * sh.k, 0.02f), {sh.n, sh.k}, DType::kBF16);
@@ -562,9 +599,9 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
       const double staged_us = m == 1 ? TimeUs(stream, run, 50) : 0.0;
       cuda::Tuning().linear_gemv_max_rows = 0;
       const double lt_us = TimeUs(stream, run, 50);
-      cuda::Tuning().linear_gemv_max_rows = 2;
+      cuda::Tuning().linear_gemv_max_rows = 1;
       cuda::Tuning().linear_mma_max_rows = 16;
-      const double mma_us = m > 2 ? TimeUs(stream, run, 50) : 0.0;
+      const double mma_us = m > 1 ? TimeUs(stream, run, 50) : 0.0;
       const double bytes = 2.0 * sh.n * sh.k;
       auto tbs = [&](double us) { return us > 0 ? bytes / (us * 1e-6) / 1e12 : 0.0; };
       std::printf(
@@ -572,7 +609,7 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
           "(%.2f)\n",
           sh.name, static_cast<long long>(m), gemv_us, tbs(gemv_us), staged_us, tbs(staged_us),
           lt_us, tbs(lt_us), mma_us, tbs(mma_us));
-      if (m > 2)
+      if (m > 1)
         Record(std::string("Perf.linear_mma_us.") + sh.name, "M" + std::to_string(m), mma_us, 0);
       if (m == 1) Record(std::string("Perf.linear_gemv_staged_us.") + sh.name, "M1", staged_us, 0);
       if (m <= 8)

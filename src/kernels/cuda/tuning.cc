@@ -16,6 +16,10 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_LINEAR_MMA_MAX_ROWS"))
       t.linear_mma_max_rows = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_SPLIT_MIN_CTAS")) t.attention_split_min_ctas = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_ONE_WAVE"))
+      t.attention_decode_one_wave = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MIN_CTAS"))
+      t.attention_decode_cluster_min_ctas = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_MMA")) t.attention_mma = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GDN_CHUNKED_MIN_TOKENS")) t.gated_delta_chunked_min_tokens = std::atoll(v);
     if (const char* v = std::getenv("COROLLA_MLA_DECODE_SPLITS")) t.mla_decode_splits = std::atoi(v);
@@ -67,6 +71,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER_NORM")) t.staged_router_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER")) t.cluster_norm_router = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER_MAX_TOKENS"))
+      t.cluster_norm_router_max_tokens = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER_REGS"))
       t.cluster_norm_router_regs = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_NORM")) t.gemv_staged_norm = std::atoi(v) != 0;

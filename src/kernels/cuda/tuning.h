@@ -64,14 +64,34 @@ struct KernelTuning {
   // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. 64: on an
   // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV.
   int64_t moe_pair_gemv_max_pairs = 64;
-  // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else cuBLASLt.
-  int linear_gemv_max_rows = 2;
+  // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else the stream
+  // below. 1: at 2 rows the GEMV reads W once a row pair but its FMAs stall on W's loads; the
+  // tensor-core stream took batch-2 decode from 4.486-4.495 to 4.229 ms on an H100 (ctx 1k, 70.9
+  // -> 75.2% of the copy bandwidth). COROLLA_LINEAR_GEMV_MAX_ROWS sets it.
+  int linear_gemv_max_rows = 1;
   // Linear with more rows than that and at most this many (<= 16) runs the tensor-core weight
   // stream of gemm_skinny.cu, else cuBLASLt. COROLLA_LINEAR_MMA_MAX_ROWS sets it (0: cuBLASLt).
   int linear_mma_max_rows = 16;
   // Decode attention splits each sequence's keys across CTAs until the grid has at least this
-  // many CTAs (0: never split).
+  // many CTAs (0: never split); the decode kernel (attention_decode.cu) at most this many, with
+  // attention_decode_one_wave.
   int attention_split_min_ctas = 264;
+  // The decode kernel's split plan keeps its grid one wave: floor(attention_split_min_ctas /
+  // (sequences x KV heads)) splits, not the ceiling (batch 16 of Qwen3-30B-A3B: 4 splits, 256
+  // CTAs, not 5 and 320), and where the splits merge as clusters, at most as many as let every
+  // (sequence, KV head)'s cluster be resident at once (cudaOccupancyMaxActiveClusters: on an H100
+  // 30 clusters of 8 CTAs, so batch 8's 32 clusters of 8 splits ran as two waves, the last two
+  // entering ~12 us late). COROLLA_ATTN_DECODE_ONE_WAVE.
+  bool attention_decode_one_wave = true;
+  // A decode batch whose splits merge as clusters (attention_decode_cluster_merge_seqs, groups
+  // <= 8) plans them for this many CTAs instead, where that leaves 2-15 splits: one CTA an SM
+  // (the cluster build holds 255 registers). On an H100 (Qwen3-30B-A3B, graph, two rounds, ms a
+  // step) with 132 against 264 (session 39 call 4): ctx 1024 batch 4 6.286-6.290 vs 6.483-6.492,
+  // batch 8 9.806-9.811 vs 10.017-10.031; ctx 2048 batch 4 6.486-6.488 vs 6.691-6.695, batch 8
+  // 10.205-10.209 vs 10.388-10.401; ctx 8192 batch 3 6.279-6.291 vs 6.399-6.405, batch 4
+  // 7.639-7.644 vs 8.072-8.089, batch 8 12.352-12.361 vs 12.673-12.712; batch 1 and 16 the same.
+  // COROLLA_ATTN_DECODE_CLUSTER_MIN_CTAS.
+  int attention_decode_cluster_min_ctas = 132;
   // Attention runs on the tensor-core kernels (attention_mma.cu; mla_decode.cu for MLA decode)
   // for the shapes they support, else on the SIMT one.
   bool attention_mma = true;
@@ -113,6 +133,13 @@ struct KernelTuning {
   // 2.941-2.955 vs 2.960-2.962 at 8192; 8: 2.657 (its CTAs hold 64 KB of rows each).
   // COROLLA_CLUSTER_NORM_ROUTER sets it.
   int cluster_norm_router = 16;
+  // The cluster takes batches of up to this many tokens (<= 8; more run the three kernels), each
+  // CTA norming every token's row and dotting its router rows with each. 2: on an H100
+  // (Qwen3-30B-A3B, ctx 1024, graph, two rounds) batch 2 4.195 / 4.200 vs 4.216 / 4.216 ms a step
+  // at 1, but batch 4 6.641 / 6.651 vs 6.526 / 6.541 and batch 8 10.447 / 10.449 vs 10.056 / 10.060
+  // at 8: at 8 tokens the kernel ran 13.9 us after its wait (the dots 6.7, the routing 2.2), the
+  // three kernels ~6. COROLLA_CLUSTER_NORM_ROUTER_MAX_TOKENS sets it.
+  int cluster_norm_router_max_tokens = 2;
   // That cluster holds its router rows in registers where a warp has at most one row of at most
   // 2048 (Qwen3-30B-A3B) instead of bulk-copying them to shared memory, so its CTAs (~6 KB of
   // shared memory) wait beside the o_proj GEMV's (entering 3.1 us before it ends, not 0.8); same
