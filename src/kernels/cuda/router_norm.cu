@@ -15,7 +15,8 @@
 //   warps route a token each (RouteToken), while every CTA writes its share of sum and x back
 //   (all CTAs have read sum by the barrier).
 // No global counters, fences or second kernel: the logits never leave the cluster. Timeline
-// marks (timeline.h): 0 the norm's sums, 1 the CTA's logits pushed, 2 after the barrier, 3 routed.
+// marks (timeline.h): 0 the norm's sums, 4 every token's x staged, 1 the CTA's logits pushed, 2
+// after the barrier, 3 routed.
 // With Tuning().cluster_norm_router_regs, where a warp holds at most one row of at most 2048
 // (Qwen3-30B-A3B: 8 rows of 2048 a CTA of 8 warps), the rows go to registers instead (a lane's
 // chunks of its warp's row, loaded before the wait: StagedDot<1>'s layout, so the same bits):
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     }
   }
   __syncthreads();  // x staged
+  tl.Mark(4);
   if (rows > 0) {
     float* dst = cluster.map_shared_rank(logits, 0);
     if constexpr (kRegRows) {
