@@ -626,11 +626,11 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
   const int d = static_cast<int>(q.dim(2)), kv_heads = static_cast<int>(cache.k.dim(1));
   const int group = static_cast<int>(q.dim(1)) / kv_heads;
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
-  // Split-KV from host hints (max_seq_len may be an upper bound, as under graph replay): enough
-  // splits for Tuning().attention_split_min_ctas CTAs, each at least attention_decode_split_keys
-  // keys of max_seq_len, and no more partials than the merging CTA may read
-  // (attention_decode_merge_floats, kMaxMergeRows); at most a cluster's where
-  // DecodeSplitsCappedToCluster.
+  // Split-KV from host hints (max_seq_len may be an upper bound, as under graph replay): splits
+  // for Tuning().attention_split_min_ctas CTAs (at most that many with attention_decode_one_wave,
+  // else at least), each at least attention_decode_split_keys keys of max_seq_len, and no more
+  // partials than the merging CTA may read (attention_decode_merge_floats, kMaxMergeRows); at
+  // most a cluster's where DecodeSplitsCappedToCluster.
   const int64_t pairs = static_cast<int64_t>(num_seqs) * kv_heads;
   const int min_keys =
       std::max(kChunkAlign, (Tuning().attention_decode_split_keys + kChunkAlign - 1) / kChunkAlign * kChunkAlign);

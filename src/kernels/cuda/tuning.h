@@ -65,9 +65,9 @@ struct KernelTuning {
   // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV.
   int64_t moe_pair_gemv_max_pairs = 64;
   // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else the stream
-  // below. 1: at 2 rows the GEMV reads W once a row pair but its FMAs stall on W's loads; the
-  // tensor-core stream took batch-2 decode from 4.486-4.495 to 4.229 ms on an H100 (ctx 1k, 70.9
-  // -> 75.2% of the copy bandwidth). COROLLA_LINEAR_GEMV_MAX_ROWS sets it.
+  // below. 1: at 2 rows the GEMV ran o_proj at 1.60 TB/s (10.5 us, H100); the tensor-core stream
+  // took batch-2 decode from 4.486-4.495 to 4.229 ms on an H100 (ctx 1k, 70.9 -> 75.2% of the
+  // copy bandwidth). COROLLA_LINEAR_GEMV_MAX_ROWS sets it.
   int linear_gemv_max_rows = 1;
   // Linear with more rows than that and at most this many (<= 16) runs the tensor-core weight
   // stream of gemm_skinny.cu, else cuBLASLt. COROLLA_LINEAR_MMA_MAX_ROWS sets it (0: cuBLASLt).
