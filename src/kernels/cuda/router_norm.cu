@@ -14,6 +14,8 @@
 // - Each warp writes its logits into CTA 0's shared memory (DSMEM); one cluster barrier; CTA 0's
 //   warps route a token each (RouteToken), while every CTA writes its share of sum and x back
 //   (all CTAs have read sum by the barrier).
+// - Past one token the steps take every token at once: all rows' loads in flight together, a warp
+//   a token for the norm's sums, and (register build) the dots on the tensor cores (MmaDots).
 // No global counters, fences or second kernel: the logits never leave the cluster. Timeline
 // marks (timeline.h): 0 the norm's sums, 4 every token's x staged, 1 the CTA's logits pushed, 2
 // after the barrier, 3 routed.
@@ -29,6 +31,7 @@
 #include <cstring>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -88,11 +91,35 @@ __device__ __forceinline__ float RegDot(const uint4 (&w)[kRegChunks], const bf16
   return WarpSum(acc[0] + acc[1] + acc[2] + acc[3]);
 }
 
-// kRegRows: the rows in registers, at most one a warp, H <= 2048 (so at most 256 threads).
+// The multi-token register build's dots on the tensor cores (mma.sync m16n8k16; rows 8-15 of A
+// zero): warp w takes columns [256 w, 256 w + 256) of the CTA's rows (at most 8), lane (g, q) =
+// (lane / 4, lane % 4) holding row g's 16-byte chunks at 256 w + 32 b + 8 q, b < 8 (wr, loaded
+// before the wait). Any order of k that A and B share gives the dot, so chunk b's eight columns
+// are the mma's k {2q, 2q+1, 2q+8, 2q+9} of two k-steps, and B's are token g's same chunk of x:
+// one 16-byte shared load a lane a chunk, where RegDot a token at a time read every token's whole
+// row a warp. Returns the warp's share of row g's dots with tokens 2q and 2q + 1.
+__device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf16_t* xs, int xe,
+                                          int tokens, int k, int warp, int lane) {
+  const int g = lane / 4, q = lane % 4;
+  float d[4] = {};
+#pragma unroll
+  for (int b = 0; b < kRegChunks; ++b) {
+    const int c = 256 * warp + 32 * b + 8 * q;
+    uint4 xv = make_uint4(0, 0, 0, 0);
+    if (g < tokens && c < k) xv = *reinterpret_cast<const uint4*>(xs + g * xe + c);
+    mma::Mma16816(d, {w[b].x, 0u, w[b].y, 0u}, xv.x, xv.y);
+    mma::Mma16816(d, {w[b].z, 0u, w[b].w, 0u}, xv.z, xv.w);
+  }
+  return make_float2(d[0], d[1]);
+}
+
+// kRegRows: the rows in registers, H <= 2048 (so at most 256 threads): at one token a row a warp
+// (at most one), past one MmaDots' layout (a slice of the columns of every row a warp).
 // kOneToken: a batch of one token (the count a constant: batch 1's build keeps its registers).
 // ptxas (sm_90a): 77 registers (rows in registers, one token; without the explicit minimum of one
-// CTA ptxas held it to 64 and spilled), 114 (registers, more tokens), 64 (shared memory, one
-// token), 64 and 12 bytes spilled (shared memory, more tokens: the 1024-thread bound).
+// CTA ptxas held it to 64 and spilled), 150 (registers, more tokens), 64 (shared memory, one
+// token), 64 and 20 bytes spilled (shared memory, more tokens: the 1024-thread bound; 12 before
+// the norm's sums went a warp a token).
 template <bool kRegRows, bool kOneToken>
 __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
@@ -120,7 +147,16 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   __shared__ float partial[kMaxTokens][32];  // the tokens' per-warp sums of squares
   const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
   uint4 wr[kRegChunks];
-  if (kRegRows && rows > 0) {  // rows <= 1: the lane's chunks of the warp's row
+  if (kRegRows && !kOneToken) {  // MmaDots' chunks: row g's, a slice of its columns a warp
+    const int g = lane / 4, q = lane % 4;
+    const bf16_t* row = p.w + static_cast<int64_t>(cta_row0 + g) * hidden;
+#pragma unroll
+    for (int b = 0; b < kRegChunks; ++b) {
+      const int c = 256 * warp + 32 * b + 8 * q;
+      wr[b] = g < cta_rows && c < hidden ? __ldcs(reinterpret_cast<const uint4*>(row + c))
+                                         : make_uint4(0, 0, 0, 0);
+    }
+  } else if (kRegRows && rows > 0) {  // rows <= 1: the lane's chunks of the warp's row
     const bf16_t* row = p.w + static_cast<int64_t>(cta_row0 + row0) * hidden;
 #pragma unroll
     for (int j = 0; j < kRegChunks; ++j)
@@ -144,10 +180,10 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   GridDependencyWait();  // sum and y come from the kernels before
   tl.Waited();
   TriggerDependents();
-  // The rows in batches, each batch's loads issued before its first add (four rows in the
-  // register build; one in the shared-memory build, held to 64 registers a thread by its
-  // 1024-thread bound).
-  constexpr int kLoadRows = kRegRows ? 4 : 1;
+  // The rows in batches, each batch's loads issued before its first add (every token's at once
+  // in the register build; one row in the shared-memory build, held to 64 registers a thread by
+  // its 1024-thread bound).
+  constexpr int kLoadRows = kRegRows ? (kOneToken ? 1 : kMaxTokens) : 1;
   for (int i0 = 0; i0 < tokens; i0 += kLoadRows) {
     uint4 yv[kLoadRows], sv[kLoadRows];
 #pragma unroll
@@ -172,24 +208,56 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   }
   __syncthreads();
   tl.Mark(0);  // sum + y read, the sums of squares formed
-  for (int i = 0; i < tokens; ++i) {
-    const float ss = WarpSum(lane < warps ? partial[i][lane] : 0.0f);
+  if constexpr (kOneToken) {
+    const float ss = WarpSum(lane < warps ? partial[0][lane] : 0.0f);
     const float inv = rsqrtf(ss / hidden + p.norm.eps);
     if (mine) {
       float a[8];
-      Unpack8(reinterpret_cast<const Bf16x8*>(hs + i * xe)[t], a);
-      reinterpret_cast<Bf16x8*>(xs + i * xe)[t] = NormScale8(nw, a, inv);
+      Unpack8(reinterpret_cast<const Bf16x8*>(hs)[t], a);
+      reinterpret_cast<Bf16x8*>(xs)[t] = NormScale8(nw, a, inv);
+    }
+  } else {
+    // A warp a token forms 1 / rms (BlockSum's order: the same bits) into its token's first slot
+    // of partial (only that warp reads the row), then every thread scales its chunk of each row.
+    for (int i = warp; i < tokens; i += warps) {
+      const float ss = WarpSum(lane < warps ? partial[i][lane] : 0.0f);
+      if (lane == 0) partial[i][0] = rsqrtf(ss / hidden + p.norm.eps);
+    }
+    __syncthreads();
+    constexpr int kScaleUnroll =
+        kRegRows ? kMaxTokens : 1;  // (the shared-memory build: 64 registers)
+    if (mine) {
+#pragma unroll kScaleUnroll
+      for (int i = 0; i < kMaxTokens; ++i) {
+        if (i >= tokens) break;
+        float a[8];
+        Unpack8(reinterpret_cast<const Bf16x8*>(hs + i * xe)[t], a);
+        reinterpret_cast<Bf16x8*>(xs + i * xe)[t] = NormScale8(nw, a, partial[i][0]);
+      }
     }
   }
   __syncthreads();  // x staged
   tl.Mark(4);
-  if (rows > 0) {
-    float* dst = cluster.map_shared_rank(logits, 0);
+  float* dst = cluster.map_shared_rank(logits, 0);
+  if constexpr (kRegRows && !kOneToken) {
+    // The warps' column slices summed in warp order; thread i * 8 + r pushes row r's logit of token
+    // i (a warp's store: four tokens' rows, 32 bytes each).
+    __shared__ float dots[kRegChunks][kMaxTokens][8];  // [warp][token][row]
+    const float2 d = MmaDots(wr, xs, xe, tokens, hidden, warp, lane);
+    dots[warp][2 * (lane % 4)][lane / 4] = d.x;
+    dots[warp][2 * (lane % 4) + 1][lane / 4] = d.y;
+    __syncthreads();
+    for (int j = t; j < tokens * 8; j += blockDim.x) {
+      const int i = j / 8, r = j % 8;
+      if (r >= cta_rows) continue;
+      float v = 0.0f;
+      for (int w = 0; w < warps; ++w) v += dots[w][i][r];
+      dst[i * experts + cta_row0 + r] = v;
+    }
+  } else if (rows > 0) {
     if constexpr (kRegRows) {
-      for (int i = 0; i < tokens; ++i) {
-        const float v = RegDot(wr, xs + i * xe, hidden, lane);
-        if (lane == 0) dst[i * experts + cta_row0 + row0] = v;
-      }
+      const float v = RegDot(wr, xs, hidden, lane);
+      if (lane == 0) dst[cta_row0 + row0] = v;
     } else {
       wgmma::MbarWait(bar, 0);
       for (int r = 0; r < rows; ++r)
@@ -247,7 +315,8 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   const size_t smem =
       ClusterNormRouterSmem(hidden, static_cast<int>(route.tokens), reg_rows ? 0 : rows_per_cta,
                             static_cast<int>(experts), num_groups);
-  // (1 KB left for the static shared memory: the sums of squares)
+  // (1 KB left for the static shared memory: the sums of squares; the multi-token register
+  // build's 2 KB more of dots come with E <= 128, far from the limit)
   if (smem > static_cast<size_t>(max_smem) - 1024) return false;
   const bool one = route.tokens == 1;
   const auto kernel =

@@ -134,11 +134,13 @@ struct KernelTuning {
   // COROLLA_CLUSTER_NORM_ROUTER sets it.
   int cluster_norm_router = 16;
   // The cluster takes batches of up to this many tokens (<= 8; more run the three kernels), each
-  // CTA norming every token's row and dotting its router rows with each. 2: on an H100
-  // (Qwen3-30B-A3B, ctx 1024, graph, two rounds) batch 2 4.195 / 4.200 vs 4.216 / 4.216 ms a step
-  // at 1, but batch 4 6.641 / 6.651 vs 6.526 / 6.541 and batch 8 10.447 / 10.449 vs 10.056 / 10.060
-  // at 8: at 8 tokens the kernel ran 13.9 us after its wait (the dots 6.7, the routing 2.2), the
-  // three kernels ~6. COROLLA_CLUSTER_NORM_ROUTER_MAX_TOKENS sets it.
+  // CTA norming every token's row and dotting its router rows with each (past one token on the
+  // tensor cores). 2: on an H100 (Qwen3-30B-A3B, ctx 1024, graph, two rounds, session 40) batch 2
+  // 4.162-4.174 ms a step at 2 or 8 vs 4.202-4.210 with session 39's kernel, but at 8 batch 4
+  // 6.310-6.312 vs 6.291-6.294 and batch 8 9.944-9.959 vs 9.806-9.822 (H200: 4.97-4.98 vs
+  // 4.94-4.95, 7.78-7.81 vs 7.63-7.67). At 8 tokens the kernel runs 9.1-9.2 us after its wait
+  // (13.9 before the tensor-core dots): the rows' loads 2.5, the norm 1.6, the dots 0.7, the
+  // routing 2.2; the three kernels' paths add up to ~8.7. COROLLA_CLUSTER_NORM_ROUTER_MAX_TOKENS.
   int cluster_norm_router_max_tokens = 2;
   // That cluster holds its router rows in registers where a warp has at most one row of at most
   // 2048 (Qwen3-30B-A3B) instead of bulk-copying them to shared memory, so its CTAs (~6 KB of
