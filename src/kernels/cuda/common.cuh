@@ -97,6 +97,13 @@ __device__ __forceinline__ void LoadShared8(const bf16_t* p, float f[8]) {
   memcpy(&v, &u, sizeof(u));
   Unpack8(v, f);
 }
+// Eight bf16 to shared or global memory in one 128-bit store (a Bf16x8 assignment can split into
+// four 32-bit stores: four-way bank conflicts in shared memory, 4-byte pieces to global).
+__device__ __forceinline__ void Store8(bf16_t* p, const Bf16x8& v) {
+  uint4 u;
+  memcpy(&u, &v, sizeof(u));
+  *reinterpret_cast<uint4*>(p) = u;
+}
 __device__ __forceinline__ void LoadCg8(const bf16_t* p, float f[8]) {
   const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
   Bf16x8 v;

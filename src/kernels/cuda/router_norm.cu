@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     for (int j = 0; j < kLoadRows; ++j) {
       if (i0 + j >= tokens) break;
       float a[8] = {};
-      if (mine) reinterpret_cast<Bf16x8*>(hs + (i0 + j) * xe)[t] = ResidualAdd8(yv[j], sv[j], a);
+      if (mine) Store8(hs + (i0 + j) * xe + 8 * t, ResidualAdd8(yv[j], sv[j], a));
       float ss = 0.0f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     const float inv = rsqrtf(ss / hidden + p.norm.eps);
     if (mine) {
       float a[8];
-      Unpack8(reinterpret_cast<const Bf16x8*>(hs)[t], a);
-      reinterpret_cast<Bf16x8*>(xs)[t] = NormScale8(nw, a, inv);
+      LoadShared8(hs + 8 * t, a);
+      Store8(xs + 8 * t, NormScale8(nw, a, inv));
     }
   } else {
     // A warp a token forms 1 / rms (BlockSum's order: the same bits) into its token's first slot
@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
       for (int i = 0; i < kMaxTokens; ++i) {
         if (i >= tokens) break;
         float a[8];
-        Unpack8(reinterpret_cast<const Bf16x8*>(hs + i * xe)[t], a);
-        reinterpret_cast<Bf16x8*>(xs + i * xe)[t] = NormScale8(nw, a, partial[i][0]);
+        LoadShared8(hs + i * xe + 8 * t, a);
+        Store8(xs + i * xe + 8 * t, NormScale8(nw, a, partial[i][0]));
       }
     }
   }
@@ -283,8 +283,10 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   for (int i = 0; i < tokens; ++i)
     if (mine && (i * chunks + t) % ctas == rank) {
       const int64_t c = static_cast<int64_t>(i) * chunks + t;
-      reinterpret_cast<Bf16x8*>(p.norm.sum)[c] = reinterpret_cast<const Bf16x8*>(hs + i * xe)[t];
-      reinterpret_cast<Bf16x8*>(p.norm.x)[c] = reinterpret_cast<const Bf16x8*>(xs + i * xe)[t];
+      *reinterpret_cast<uint4*>(p.norm.sum + 8 * c) =
+          *reinterpret_cast<const uint4*>(hs + i * xe + 8 * t);
+      *reinterpret_cast<uint4*>(p.norm.x + 8 * c) =
+          *reinterpret_cast<const uint4*>(xs + i * xe + 8 * t);
     }
 }
 

@@ -135,12 +135,13 @@ struct KernelTuning {
   int cluster_norm_router = 16;
   // The cluster takes batches of up to this many tokens (<= 8; more run the three kernels), each
   // CTA norming every token's row and dotting its router rows with each (past one token on the
-  // tensor cores). 2: on an H100 (Qwen3-30B-A3B, ctx 1024, graph, two rounds, session 40) batch 2
-  // 4.162-4.174 ms a step at 2 or 8 vs 4.202-4.210 with session 39's kernel, but at 8 batch 4
-  // 6.310-6.312 vs 6.291-6.294 and batch 8 9.944-9.959 vs 9.806-9.822 (H200: 4.97-4.98 vs
-  // 4.94-4.95, 7.78-7.81 vs 7.63-7.67). At 8 tokens the kernel runs 9.1-9.2 us after its wait
-  // (13.9 before the tensor-core dots): the rows' loads 2.5, the norm 1.6, the dots 0.7, the
-  // routing 2.2; the three kernels' paths add up to ~8.7. COROLLA_CLUSTER_NORM_ROUTER_MAX_TOKENS.
+  // tensor cores). 2: on an H100 (Qwen3-30B-A3B, ctx 1024, graph, two rounds, session 40 call 7)
+  // batch 2 4.161 ms a step vs 4.202-4.211 with session 39's kernel, but at 8 batch 8 9.909-9.924
+  // vs 9.827 (call 3, before the 128-bit staging: batch 4 6.310 vs 6.291-6.294; H200 call 4: batch
+  // 4 / 8 4.97-4.98 / 7.78-7.81 vs 4.94-4.95 / 7.63-7.67). At 8 tokens the kernel ran 9.1-9.2 us
+  // after its wait in call 3 (13.9 before the tensor-core dots): the rows' loads 2.5, the norm
+  // 1.6, the dots 0.7, the routing 2.2; the three kernels' paths add up to ~8.7.
+  // COROLLA_CLUSTER_NORM_ROUTER_MAX_TOKENS.
   int cluster_norm_router_max_tokens = 2;
   // That cluster holds its router rows in registers where a warp has at most one row of at most
   // 2048 (Qwen3-30B-A3B) instead of bulk-copying them to shared memory, so its CTAs (~6 KB of
