@@ -124,7 +124,7 @@ __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) a[i] += b[i];
         Bf16x8 packed = Pack8(a);
-        reinterpret_cast<Bf16x8*>(res)[c] = packed;
+        Store8(res + 8 * c, packed);
         Unpack8(packed, a);
       }
 #pragma unroll
@@ -155,7 +155,7 @@ __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
       } else {
         nw.Load8(c, w);
       }
-      reinterpret_cast<Bf16x8*>(out)[c] = NormScale8(w, a, inv);
+      Store8(out + 8 * c, NormScale8(w, a, inv));
     }
   } else {
     for (int c = threadIdx.x; c < p.cols; c += blockDim.x)
@@ -200,7 +200,7 @@ __global__ void HeadRmsNormKernel(const __grid_constant__ HeadNormParams p) {
   NormWeight{p.w, p.w_f32}.Load8(sub, w);
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] = w[i] * (a[i] * inv);
-  *reinterpret_cast<Bf16x8*>(ptr) = Pack8(a);
+  Store8(ptr, Pack8(a));
 }
 
 // Any head dim: one warp per head.
@@ -319,7 +319,7 @@ __global__ void SiluMulKernel(const __grid_constant__ SiluMulParams p) {
       Unpack8(reinterpret_cast<const Bf16x8*>(g + p.inter)[c], b);
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[i] = Silu(a[i]) * b[i];
-      reinterpret_cast<Bf16x8*>(o)[c] = Pack8(a);
+      Store8(o + 8 * c, Pack8(a));
     } else {
       o[c] = __float2bfloat16(Silu(__bfloat162float(g[c])) * __bfloat162float(g[c + p.inter]));
     }
@@ -351,7 +351,7 @@ __global__ void AddKernel(const __grid_constant__ AddParams p) {
       Unpack8(reinterpret_cast<const Bf16x8*>(y)[c], b);
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[i] += b[i];
-      reinterpret_cast<Bf16x8*>(x)[c] = Pack8(a);
+      Store8(x + 8 * c, Pack8(a));
     } else {
       x[c] = __float2bfloat16(__bfloat162float(x[c]) + __bfloat162float(y[c]));
     }
