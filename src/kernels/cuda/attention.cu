@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionKernel(const __grid_cons
       __nv_bfloat162* krow = reinterpret_cast<__nv_bfloat162*>(sK + j * kKStride + c * 8);
 #pragma unroll
       for (int i = 0; i < 4; ++i) krow[i] = kv.h[i];
-      if (!kShared && c < kDv / 8) reinterpret_cast<Bf16x8*>(sVbase + j * kDv)[c] = vv;
+      if (!kShared && c < kDv / 8) Store8(sVbase + j * kDv + 8 * c, vv);
     }
     __syncthreads();
 

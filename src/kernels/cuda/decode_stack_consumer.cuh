@@ -52,7 +52,7 @@ struct Consumer {
       Unpack8(LoadCg8(src + c * 8), a);
 #pragma unroll
       for (int i = 0; i < 8; ++i) a[i] = NormWeight(w, p.norm_f32, c * 8 + i) * (a[i] * inv);
-      reinterpret_cast<Bf16x8*>(dst)[c] = Pack8(a);
+      Store8(dst + 8 * c, Pack8(a));
     }
     ConsumerSync();  // dst complete; misc free again
   }

@@ -50,7 +50,7 @@ __global__ void GatherRowsKernel(const __grid_constant__ GatherParams p) {
   const bf16_t* src = p.src + r * p.src_stride;
   if constexpr (kVec) {
     for (int c = threadIdx.x; c < p.cols / 8; c += blockDim.x)
-      reinterpret_cast<Bf16x8*>(dst)[c] = reinterpret_cast<const Bf16x8*>(src)[c];
+      reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
   } else {
     for (int c = threadIdx.x; c < p.cols; c += blockDim.x) dst[c] = src[c];
   }
@@ -390,7 +390,7 @@ __global__ void KvWriteKernel(const __grid_constant__ KvWriteParams p) {
     bf16_t* dst = is_v ? p.v_cache + ((block * p.heads + h) * p.block_size + offset) * p.v_dim
                        : p.k_cache + ((block * p.heads + h) * p.block_size + offset) * p.k_dim;
     if constexpr (kVec) {
-      reinterpret_cast<Bf16x8*>(dst)[c] = reinterpret_cast<const Bf16x8*>(src)[c];
+      reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
     } else {
       dst[c] = src[c];
     }

@@ -200,16 +200,16 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   Bf16x8 xv{};
   if (mine) {
     xv = NormScale8(p.norm, 8 * t, a, inv);
-    reinterpret_cast<Bf16x8*>(xs)[t] = xv;
+    Store8(xs + 8 * t, xv);
   }
   __syncthreads();  // xs staged; last_cta seen by every thread
   if constexpr (kAdded) {
-    if (blockIdx.x == 0 && mine) reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
+    if (blockIdx.x == 0 && mine) Store8(p.norm.x + 8 * t, xv);
   } else if (last_cta) {  // every CTA has read sum and y
     __threadfence();
     if (mine) {
-      reinterpret_cast<Bf16x8*>(p.norm.sum)[t] = h;
-      reinterpret_cast<Bf16x8*>(p.norm.x)[t] = xv;
+      Store8(p.norm.sum + 8 * t, h);
+      Store8(p.norm.x + 8 * t, xv);
     }
     if (t == 0) *p.arrivals = 0;  // re-armed for the next launch on this stream
   }

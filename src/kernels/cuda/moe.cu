@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kDecWarps * 32) DecodeGemvKernel(const __grid_
     for (int idx = threadIdx.x; idx < nt * vecs_per_row; idx += blockDim.x) {
       const int t = idx / vecs_per_row, c = (idx % vecs_per_row) * 8;
       const int64_t src = kGateUp ? p.perm_token[row_begin + t0 + t] : row_begin + t0 + t;
-      *reinterpret_cast<Bf16x8*>(sx + t * p.k + c) = *reinterpret_cast<const Bf16x8*>(p.a + src * p.a_stride + c);
+      *reinterpret_cast<uint4*>(sx + t * p.k + c) =
+          *reinterpret_cast<const uint4*>(p.a + src * p.a_stride + c);
     }
     __syncthreads();
     if (n0 >= p.n) continue;

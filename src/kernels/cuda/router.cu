@@ -262,8 +262,8 @@ __global__ void __launch_bounds__(kStagedRouterWarps * 32) StagedRouterKernel(co
       if (c >= p.hidden) break;
       float f[8];
       normed(j, c, f);
-      *reinterpret_cast<Bf16x8*>(p.norm.sum + c) = h[j];
-      *reinterpret_cast<Bf16x8*>(p.norm.x + c) = Pack8(f);
+      Store8(p.norm.sum + c, h[j]);
+      Store8(p.norm.x + c, Pack8(f));
     }
   }
   if (lane == 0) *p.arrivals = 0;  // re-armed for the next launch on this stream
