@@ -14,11 +14,13 @@
 // - Each warp writes its logits into CTA 0's shared memory (DSMEM); one cluster barrier; CTA 0's
 //   warps route a token each (RouteToken), while every CTA writes its share of sum and x back
 //   (all CTAs have read sum by the barrier).
-// - Past one token the steps take every token at once: all rows' loads in flight together, a warp
-//   a token for the norm's sums, and (register build) the dots on the tensor cores (MmaDots).
+// - Past one token the shared-memory build takes every token at once (a warp a token for the
+//   norm's sums); the register build's CTA r forms token r's row alone and writes its sum and x
+//   back, one cluster barrier, then its warps dot their rows with every token's x (read through
+//   L2) on the tensor cores (MmaDots).
 // No global counters, fences or second kernel: the logits never leave the cluster. Timeline
-// marks (timeline.h): 0 the norm's sums, 4 every token's x staged, 1 the CTA's logits pushed, 2
-// after the barrier, 3 routed.
+// marks (timeline.h): 0 the norm's sums (one row a CTA: the row formed), 4 every token's x
+// staged, 1 the CTA's logits pushed, 2 after the barrier, 3 routed.
 // With Tuning().cluster_norm_router_regs, where a warp holds at most one row of at most 2048
 // (Qwen3-30B-A3B: 8 rows of 2048 a CTA of 8 warps), the rows go to registers instead (a lane's
 // chunks of its warp's row, loaded before the wait: StagedDot<1>'s layout, so the same bits):
@@ -62,13 +64,14 @@ struct ClusterNormRouterParams {
   uint64_t* timeline = nullptr;  // timeline.h
 };
 
-// Dynamic shared memory: mbarriers, x [T][H] and h [T][H], the CTA's rows [R][H] (bf16; none
-// with kRegRows), then CTA 0's logits, probs, choice [T][E] and group scores [T][groups] (floats;
-// RouteToken's scratch, a token's each).
-size_t ClusterNormRouterSmem(int64_t hidden, int tokens, int staged_rows, int experts,
-                             int num_groups) {
+// Dynamic shared memory: mbarriers, x [S][H] and h [S][H] (S = T; with register rows 1 at one
+// token and none past one), the CTA's rows [R][H] (bf16; none with kRegRows), then CTA 0's
+// logits, probs, choice [T][E] and group scores [T][groups] (floats; RouteToken's scratch, a
+// token's each).
+size_t ClusterNormRouterSmem(int64_t hidden, int tokens, int staged_tokens, int staged_rows,
+                             int experts, int num_groups) {
   const int64_t x_bytes = (2 * hidden + 127) / 128 * 128;
-  return kBarBytes + 2 * tokens * x_bytes + static_cast<size_t>(staged_rows) * hidden * 2 +
+  return kBarBytes + 2 * staged_tokens * x_bytes + static_cast<size_t>(staged_rows) * hidden * 2 +
          sizeof(float) * tokens * (3 * static_cast<size_t>(experts) + num_groups);
 }
 
@@ -96,19 +99,24 @@ __device__ __forceinline__ float RegDot(const uint4 (&w)[kRegChunks], const bf16
 // (lane / 4, lane % 4) holding row g's 16-byte chunks at 256 w + 32 b + 8 q, b < 8 (wr, loaded
 // before the wait). Any order of k that A and B share gives the dot, so chunk b's eight columns
 // are the mma's k {2q, 2q+1, 2q+8, 2q+9} of two k-steps, and B's are token g's same chunk of x:
-// one 16-byte shared load a lane a chunk, where RegDot a token at a time read every token's whole
-// row a warp. Returns the warp's share of row g's dots with tokens 2q and 2q + 1.
-__device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf16_t* xs, int xe,
+// one 16-byte load a lane a chunk, where RegDot a token at a time read every token's whole row a
+// warp. xg: token g's x, read through L2 (CTA g of the cluster wrote it). Returns the warp's
+// share of row g's dots with tokens 2q and 2q + 1.
+__device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf16_t* xg,
                                           int tokens, int k, int warp, int lane) {
   const int g = lane / 4, q = lane % 4;
   float d[4] = {};
+  uint4 xv[kRegChunks];
+#pragma unroll
+  for (int b = 0; b < kRegChunks; ++b) {  // every remote load in flight before the first mma
+    const int c = 256 * warp + 32 * b + 8 * q;
+    xv[b] = g < tokens && c < k ? __ldcg(reinterpret_cast<const uint4*>(xg + c))
+                                : make_uint4(0, 0, 0, 0);
+  }
 #pragma unroll
   for (int b = 0; b < kRegChunks; ++b) {
-    const int c = 256 * warp + 32 * b + 8 * q;
-    uint4 xv = make_uint4(0, 0, 0, 0);
-    if (g < tokens && c < k) xv = *reinterpret_cast<const uint4*>(xs + g * xe + c);
-    mma::Mma16816(d, {w[b].x, 0u, w[b].y, 0u}, xv.x, xv.y);
-    mma::Mma16816(d, {w[b].z, 0u, w[b].w, 0u}, xv.z, xv.w);
+    mma::Mma16816(d, {w[b].x, 0u, w[b].y, 0u}, xv[b].x, xv[b].y);
+    mma::Mma16816(d, {w[b].z, 0u, w[b].w, 0u}, xv[b].z, xv[b].w);
   }
   return make_float2(d[0], d[1]);
 }
@@ -133,11 +141,14 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   const int cta_rows = max(0, min(p.rows_per_cta, p.experts - cta_row0));
   const int per_warp = cta_rows / warps, extra = cta_rows % warps;
   const int row0 = warp * per_warp + min(warp, extra), rows = per_warp + (warp < extra ? 1 : 0);
+  // kSpread: CTA r alone forms token r's h and x, straight to global memory (the others read x
+  // back through L2); nothing staged.
+  constexpr bool kSpread = kRegRows && !kOneToken;
   const int tokens = kOneToken ? 1 : static_cast<int>(p.route.tokens), hidden = p.hidden,
-            experts = p.experts, xe = p.x_bytes / 2;
+            experts = p.experts, xe = p.x_bytes / 2, staged = kSpread ? 0 : tokens;
   bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kBarBytes);  // token i's x at xs + i * xe
-  bf16_t* hs = xs + tokens * xe;                             // its h (sum + y) at hs + i * xe
-  const bf16_t* ws = hs + tokens * xe;
+  bf16_t* hs = xs + staged * xe;                             // its h (sum + y) at hs + i * xe
+  const bf16_t* ws = hs + staged * xe;
   const int staged_rows = kRegRows ? 0 : p.rows_per_cta;
   float* logits = reinterpret_cast<float*>(const_cast<bf16_t*>(ws) +
                                            static_cast<int64_t>(staged_rows) * hidden);
@@ -180,43 +191,50 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   GridDependencyWait();  // sum and y come from the kernels before
   tl.Waited();
   TriggerDependents();
-  // The rows in batches, each batch's loads issued before its first add (every token's at once
-  // in the register build; one row in the shared-memory build, held to 64 registers a thread by
-  // its 1024-thread bound).
-  constexpr int kLoadRows = kRegRows ? (kOneToken ? 1 : kMaxTokens) : 1;
-  for (int i0 = 0; i0 < tokens; i0 += kLoadRows) {
-    uint4 yv[kLoadRows], sv[kLoadRows];
-#pragma unroll
-    for (int j = 0; j < kLoadRows; ++j) {
-      const int64_t c = static_cast<int64_t>(i0 + j) * hidden + 8 * t;
-      if (mine && i0 + j < tokens) {
-        yv[j] = __ldcg(reinterpret_cast<const uint4*>(p.norm.y + c));
-        sv[j] = __ldcg(reinterpret_cast<const uint4*>(p.norm.sum + c));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kLoadRows; ++j) {
-      if (i0 + j >= tokens) break;
+  if (kOneToken || kSpread) {
+    // One row a CTA: token 0 in every CTA (each dots its rows with it), or past one token token r
+    // by CTA r alone (forming every row in every CTA took 4.1 us at 8 tokens), written back before
+    // one cluster barrier; the others then read its x through L2 (through DSMEM, the forming SM's
+    // ~25 GB/s out took 2.6 us at 8 tokens).
+    if (kOneToken || rank < tokens) {
+      const int64_t c = static_cast<int64_t>(kOneToken ? 0 : rank) * hidden + 8 * t;
       float a[8] = {};
-      if (mine) Store8(hs + (i0 + j) * xe + 8 * t, ResidualAdd8(yv[j], sv[j], a));
+      if (mine)
+        Store8(kSpread ? p.norm.sum + c : hs + 8 * t,
+               ResidualAdd8(p.norm.y + c, p.norm.sum + c, a));
       float ss = 0.0f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
-      ss = WarpSum(ss);  // BlockSum's order, every token's in one barrier
-      if (lane == 0) partial[i0 + j][warp] = ss;
+      ss = WarpSum(ss);  // BlockSum's order
+      if (lane == 0) partial[0][warp] = ss;
+      __syncthreads();
+      ss = WarpSum(lane < warps ? partial[0][lane] : 0.0f);
+      if (mine)
+        Store8(kSpread ? p.norm.x + c : xs + 8 * t,
+               NormScale8(nw, a, rsqrtf(ss / hidden + p.norm.eps)));
     }
-  }
-  __syncthreads();
-  tl.Mark(0);  // sum + y read, the sums of squares formed
-  if constexpr (kOneToken) {
-    const float ss = WarpSum(lane < warps ? partial[0][lane] : 0.0f);
-    const float inv = rsqrtf(ss / hidden + p.norm.eps);
-    if (mine) {
-      float a[8];
-      LoadShared8(hs + 8 * t, a);
-      Store8(xs + 8 * t, NormScale8(nw, a, inv));
+    tl.Mark(0);
+    if (kSpread) {
+      cluster.sync();  // every token's x in global memory (release / acquire at cluster scope)
+    } else {
+      __syncthreads();
     }
   } else {
+    // The shared-memory build past one token: every CTA forms every row, a row's loads at a time
+    // (its 1024-thread bound holds it to 64 registers a thread), every token's sums of squares
+    // in one barrier.
+    for (int i = 0; i < tokens; ++i) {
+      const int64_t c = static_cast<int64_t>(i) * hidden + 8 * t;
+      float a[8] = {};
+      if (mine) Store8(hs + i * xe + 8 * t, ResidualAdd8(p.norm.y + c, p.norm.sum + c, a));
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += a[j] * a[j];
+      ss = WarpSum(ss);
+      if (lane == 0) partial[i][warp] = ss;
+    }
+    __syncthreads();
+    tl.Mark(0);  // sum + y read, the sums of squares formed
     // A warp a token forms 1 / rms (BlockSum's order: the same bits) into its token's first slot
     // of partial (only that warp reads the row), then every thread scales its chunk of each row.
     for (int i = warp; i < tokens; i += warps) {
@@ -224,26 +242,25 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
       if (lane == 0) partial[i][0] = rsqrtf(ss / hidden + p.norm.eps);
     }
     __syncthreads();
-    constexpr int kScaleUnroll =
-        kRegRows ? kMaxTokens : 1;  // (the shared-memory build: 64 registers)
     if (mine) {
-#pragma unroll kScaleUnroll
-      for (int i = 0; i < kMaxTokens; ++i) {
-        if (i >= tokens) break;
+#pragma unroll 1
+      for (int i = 0; i < tokens; ++i) {
         float a[8];
         LoadShared8(hs + i * xe + 8 * t, a);
         Store8(xs + i * xe + 8 * t, NormScale8(nw, a, partial[i][0]));
       }
     }
+    __syncthreads();  // x staged
   }
-  __syncthreads();  // x staged
   tl.Mark(4);
   float* dst = cluster.map_shared_rank(logits, 0);
-  if constexpr (kRegRows && !kOneToken) {
+  if constexpr (kSpread) {
     // The warps' column slices summed in warp order; thread i * 8 + r pushes row r's logit of token
     // i (a warp's store: four tokens' rows, 32 bytes each).
     __shared__ float dots[kRegChunks][kMaxTokens][8];  // [warp][token][row]
-    const float2 d = MmaDots(wr, xs, xe, tokens, hidden, warp, lane);
+    const int g = min(lane / 4, tokens - 1);
+    const float2 d =
+        MmaDots(wr, p.norm.x + static_cast<int64_t>(g) * hidden, tokens, hidden, warp, lane);
     dots[warp][2 * (lane % 4)][lane / 4] = d.x;
     dots[warp][2 * (lane % 4) + 1][lane / 4] = d.y;
     __syncthreads();
@@ -278,6 +295,7 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
                  group_score + i * groups, lane);
     tl.Mark(3);  // routed (CTA 0)
   }
+  if constexpr (kSpread) return;  // (written back before the first barrier)
   // Chunk t of row i is written back by CTA (i * chunks + t) % ctas.
   const int chunks = hidden / 8;
   for (int i = 0; i < tokens; ++i)
@@ -315,8 +333,9 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   const bool reg_rows = Tuning().cluster_norm_router_regs && rows_per_cta <= threads / 32 &&
                         hidden <= int64_t{kRegChunks} * 256;
   const size_t smem =
-      ClusterNormRouterSmem(hidden, static_cast<int>(route.tokens), reg_rows ? 0 : rows_per_cta,
-                            static_cast<int>(experts), num_groups);
+      ClusterNormRouterSmem(hidden, static_cast<int>(route.tokens),
+                            reg_rows && route.tokens > 1 ? 0 : static_cast<int>(route.tokens),
+                            reg_rows ? 0 : rows_per_cta, static_cast<int>(experts), num_groups);
   // (1 KB left for the static shared memory: the sums of squares; the multi-token register
   // build's 2 KB more of dots come with E <= 128, far from the limit)
   if (smem > static_cast<size_t>(max_smem) - 1024) return false;

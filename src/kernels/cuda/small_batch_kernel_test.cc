@@ -477,11 +477,13 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         return mode == 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
       };
       // The cluster's shared memory (router_norm.cu): its rows unless in registers, each token's
-      // x and h, the routing scratch; 8 CTAs at H 4096 and 8 tokens do not fit.
+      // x and h (with register rows: one token's at one, none past one), the routing scratch; 8
+      // CTAs at H 4096 and 8 tokens do not fit.
       auto fits = [&](int mode) {
         if (mode < 8) return true;
         const int64_t ctas = mode == 8 ? 8 : 16, rows = regs(mode) ? 0 : (e + ctas - 1) / ctas;
-        const int64_t bytes = 256 + 2 * tokens * ((2 * h + 127) / 128 * 128) + rows * h * 2 +
+        const int64_t staged = regs(mode) ? (tokens > 1 ? 0 : 1) : tokens;
+        const int64_t bytes = 256 + 2 * staged * ((2 * h + 127) / 128 * 128) + rows * h * 2 +
                               4 * tokens * (3 * e + c.groups);
         return bytes <= max_smem - 1024;
       };

@@ -133,16 +133,16 @@ struct KernelTuning {
   // 2.941-2.955 vs 2.960-2.962 at 8192; 8: 2.657 (its CTAs hold 64 KB of rows each).
   // COROLLA_CLUSTER_NORM_ROUTER sets it.
   int cluster_norm_router = 16;
-  // The cluster takes batches of up to this many tokens (<= 8; more run the three kernels), each
-  // CTA norming every token's row and dotting its router rows with each (past one token on the
-  // tensor cores). 2: on an H100 (Qwen3-30B-A3B, ctx 1024, graph, two rounds, session 40 call 7)
-  // batch 2 4.161 ms a step vs 4.202-4.211 with session 39's kernel, but at 8 batch 8 9.909-9.924
-  // vs 9.827 (call 3, before the 128-bit staging: batch 4 6.310 vs 6.291-6.294; H200 call 4: batch
-  // 4 / 8 4.97-4.98 / 7.78-7.81 vs 4.94-4.95 / 7.63-7.67). At 8 tokens the kernel ran 9.1-9.2 us
-  // after its wait in call 3 (13.9 before the tensor-core dots): the rows' loads 2.5, the norm
-  // 1.6, the dots 0.7, the routing 2.2; the three kernels' paths add up to ~8.7.
+  // The cluster takes batches of up to this many tokens (<= 8; more run the three kernels): past
+  // one token CTA r forms token r's row and writes it back, one cluster barrier, then every CTA
+  // reads every token's x through L2 and dots its router rows with it on the tensor cores. On an
+  // H100 (Qwen3-30B-A3B, ctx 1024, graph, two rounds, session 41 call 3, ms a step) batch 2 / 3 /
+  // 4 / 8 4.136 / 5.190 / 6.213-6.233 / 9.762-9.791 against 4.165 / 5.255-5.260 / 6.283-6.287 /
+  // 9.813-9.815 with session 40's cluster at 2 tokens and the three kernels past that: at 8
+  // tokens the kernel runs 5.97 us after its wait (8.26 with every CTA forming every row, 7.24
+  // with x read through DSMEM: ~25 GB/s out of the forming SM), the three kernels' paths ~8.7.
   // COROLLA_CLUSTER_NORM_ROUTER_MAX_TOKENS.
-  int cluster_norm_router_max_tokens = 2;
+  int cluster_norm_router_max_tokens = 8;
   // That cluster holds its router rows in registers where a warp has at most one row of at most
   // 2048 (Qwen3-30B-A3B) instead of bulk-copying them to shared memory, so its CTAs (~6 KB of
   // shared memory) wait beside the o_proj GEMV's (entering 3.1 us before it ends, not 0.8); same
