@@ -352,7 +352,7 @@ bool MoeRouter(const TensorView& x, const TensorView& w, const MoeRouting& routi
   return true;
 }
 
-// router_norm.cu: the norm, router and routing of one token in one cluster launch.
+// router_norm.cu: the norm, router and routing of 1-8 tokens in one cluster launch (false: nothing launched).
 bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, const RouteParams& route, int num_groups,
                              cudaStream_t s);
 
