@@ -4,11 +4,13 @@
 // bulk copies in flight on other SMs (handover_probe.h; no peer missing, the copier moving
 // data). CudaPerf.L2RetentionUnderStream: l2_probe.h. CudaPerf.ColdCode and
 // CudaPerf.DecodeOpsColdCode: code_probe.h, and a layer's ops with their code cold.
+// CudaPerf.RouteTokenPicks: route_probe.h (also: both pick methods choose the same experts).
 #include "kernels/cuda/handover_probe.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -19,6 +21,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/l2_probe.h"
+#include "kernels/cuda/route_probe.h"
 #include "kernels/cuda/test_util.h"
 
 namespace corolla::cuda_test {
@@ -209,6 +212,62 @@ TEST(CudaPerf, DecodeOpsColdCode) {
                 w, c, c - w);
     EXPECT_GT(w, 0.0) << op.name;
   }
+}
+
+// One warp routing one token (E 128, top 8; Qwen3-30B-A3B's router) over 512 sets of fresh
+// logits, a quarter of them with tied scores: the scores alone and the whole routing, dividing
+// the scores by their sum with DDIV or through DivideByReciprocal, median cycles. Both divisions
+// must give the same ids and weights (bits), each set's ids distinct and in range, its weights
+// summing to 1; and DivideByReciprocal the division's bits over 2^28 random pairs.
+TEST(CudaPerf, RouteTokenPicks) {
+  std::string skip;
+  if (ProbeSms(skip) == 0) GTEST_SKIP() << skip;
+  constexpr int kSets = 512, kExperts = 128, kTopK = 8;
+  std::vector<float> logits = RandomBf16(int64_t{kSets} * kExperts, 2.0f);
+  for (int s = 0; s < kSets; s += 4) {  // ties: pairs of equal logits, and one flat row
+    float* row = logits.data() + static_cast<size_t>(s) * kExperts;
+    for (int e = 1; e < kExperts; e += 3) row[e] = row[e - 1];
+    if (s % 64 == 0) std::fill(row, row + kExperts, 0.5f);
+  }
+  int device = 0, khz = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
+  const char* names[] = {"scores, DDIV", "scores, reciprocal", "routing, DDIV",
+                         "routing, reciprocal"};
+  cuda::RouteProbe by_mode[4];
+  for (int mode = 0; mode < 4; ++mode) {
+    by_mode[mode] = cuda::RunRouteProbe(logits, kSets, kExperts, kTopK, mode);
+    std::vector<int64_t> c(by_mode[mode].cycles.begin() + 8, by_mode[mode].cycles.end());  // warm
+    std::sort(c.begin(), c.end());
+    const int64_t median = c[c.size() / 2];
+    std::printf(
+        "route token (E %d, top %d): %-20s median %5lld cycles (%.2f us at %d MHz), p90 %5lld\n",
+        kExperts, kTopK, names[mode], static_cast<long long>(median), median / (khz * 1e-3),
+        khz / 1000, static_cast<long long>(c[c.size() * 9 / 10]));
+    EXPECT_GT(median, 0);
+  }
+  const cuda::RouteProbe &a = by_mode[2], &b = by_mode[3];
+  EXPECT_EQ(a.ids, b.ids);
+  for (size_t i = 0; i < a.weights.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(a.weights[i]), std::bit_cast<uint32_t>(b.weights[i]))
+        << "pick " << i;
+  for (int s = 0; s < kSets; ++s) {
+    std::vector<int32_t> ids(a.ids.begin() + s * kTopK, a.ids.begin() + (s + 1) * kTopK);
+    double sum = 0;
+    for (int k = 0; k < kTopK; ++k) sum += a.weights[s * kTopK + k];
+    std::sort(ids.begin(), ids.end());
+    EXPECT_TRUE(ids.front() >= 0 && ids.back() < kExperts &&
+                std::adjacent_find(ids.begin(), ids.end()) == ids.end())
+        << "set " << s;
+    EXPECT_NEAR(sum, 1.0, 1e-5) << "set " << s;
+  }
+  // The flat row's picks: the eight lowest ids in order (ties to the lower id).
+  for (int k = 0; k < kTopK; ++k) EXPECT_EQ(a.ids[k], k);
+  const int64_t pairs = int64_t{1} << 28,
+                bad = cuda::DivideByReciprocalMismatches(pairs, TestSeed("division"));
+  std::printf("route token: DivideByReciprocal differs from the division in %lld of %lld pairs\n",
+              static_cast<long long>(bad), static_cast<long long>(pairs));
+  EXPECT_EQ(bad, 0);
 }
 
 }  // namespace

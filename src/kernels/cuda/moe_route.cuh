@@ -26,14 +26,27 @@ struct RouteParams {
   uint64_t* timeline = nullptr;  // timeline.h (MoeRoute's launch)
 };
 
+// a / b rounded to nearest as the division rounds it, given r = 1 / b (itself a division): q =
+// a r, the remainder a - q b exact through an FMA, and one correction by r (Markstein's
+// theorem). Where one b divides many a this replaces each DDIV sequence (~100-250 cycles) with
+// three FP64 operations; CudaPerf.RouteTokenPicks checks the bits against the division.
+__device__ __forceinline__ double DivideByReciprocal(double a, double b, double r) {
+  const double q = a * r;
+  return fma(fma(-q, b, a), r, q);
+}
+
 // RouteToken's common case in registers: softmax scores, no selection bias, one group, E <= 32
 // kPer. Lane l holds experts l + 32 j; the sum runs in RouteToken's order, so the scores are the
 // same bits, and each pick is two warp reductions (the largest score, then the lowest id holding
 // it: ties to the lower id, as RouteToken). The serial shared-memory scans of RouteToken took
 // ~5 us a token on an H200 (timeline.h). False, having written nothing, when a score is NaN
-// (RouteToken's rules decide those).
-template <int kPer>
-__device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, const float* logit, int lane) {
+// (RouteToken's rules decide those). kRecipDiv: the scores' divisions by their sum through
+// DivideByReciprocal (the same bits; CudaPerf.RouteTokenPicks times both).
+// ScoreKeys: its scores as keys, key[j] for expert lane + 32 j: a score's bits + 1 (scores are
+// >= +0, so the bits order them), 0 for none; false where a score is NaN.
+template <int kPer, bool kRecipDiv = true>
+__device__ __forceinline__ bool ScoreKeys(const RouteParams& p, const float* logit, int lane,
+                                          uint32_t (&key)[kPer]) {
   float v[kPer];
   float mx = -INFINITY;
 #pragma unroll
@@ -52,19 +65,26 @@ __device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, 
     }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  // Keys: a score's bits + 1 (scores are >= +0, so the bits order them); 0 for none or taken.
-  uint32_t key[kPer];
   bool nan = false;
+  const double r = kRecipDiv ? 1.0 / sum : 0.0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     key[j] = 0;
     if (lane + 32 * j < p.experts) {
-      const float prob = static_cast<float>(v[j] / sum);
+      const float prob =
+          static_cast<float>(kRecipDiv ? DivideByReciprocal(v[j], sum, r) : v[j] / sum);
       nan |= prob != prob;
       key[j] = __float_as_uint(prob) + 1;
     }
   }
-  if (__any_sync(0xffffffffu, nan)) return false;
+  return !__any_sync(0xffffffffu, nan);
+}
+
+template <int kPer, bool kRecipDiv = true>
+__device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, const float* logit,
+                                               int lane) {
+  uint32_t key[kPer];  // 0 once taken
+  if (!ScoreKeys<kPer, kRecipDiv>(p, logit, lane, key)) return false;
   double norm = 0.0;
   int my_id = 0;
   float my_weight = 0.0f;
