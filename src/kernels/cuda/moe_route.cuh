@@ -35,14 +35,7 @@ __device__ __forceinline__ double DivideByReciprocal(double a, double b, double 
   return fma(fma(-q, b, a), r, q);
 }
 
-// RouteToken's common case in registers: softmax scores, no selection bias, one group, E <= 32
-// kPer. Lane l holds experts l + 32 j; the sum runs in RouteToken's order, so the scores are the
-// same bits, and each pick is two warp reductions (the largest score, then the lowest id holding
-// it: ties to the lower id, as RouteToken). The serial shared-memory scans of RouteToken took
-// ~5 us a token on an H200 (timeline.h). False, having written nothing, when a score is NaN
-// (RouteToken's rules decide those). kRecipDiv: the scores' divisions by their sum through
-// DivideByReciprocal (the same bits; CudaPerf.RouteTokenPicks times both).
-// ScoreKeys: its scores as keys, key[j] for expert lane + 32 j: a score's bits + 1 (scores are
+// RouteTokenRegs' scores as keys, key[j] for expert lane + 32 j: a score's bits + 1 (scores are
 // >= +0, so the bits order them), 0 for none; false where a score is NaN.
 template <int kPer, bool kRecipDiv = true>
 __device__ __forceinline__ bool ScoreKeys(const RouteParams& p, const float* logit, int lane,
@@ -80,6 +73,13 @@ __device__ __forceinline__ bool ScoreKeys(const RouteParams& p, const float* log
   return !__any_sync(0xffffffffu, nan);
 }
 
+// RouteToken's common case in registers: softmax scores, no selection bias, one group, E <= 32
+// kPer. Lane l holds experts l + 32 j; the sum runs in RouteToken's order, so the scores are the
+// same bits, and each pick is two warp reductions (the largest score, then the lowest id holding
+// it: ties to the lower id, as RouteToken). The serial shared-memory scans of RouteToken took
+// ~5 us a token on an H200 (timeline.h). False, having written nothing, when a score is NaN
+// (RouteToken's rules decide those). kRecipDiv: the scores' divisions by their sum through
+// DivideByReciprocal (the same bits; CudaPerf.RouteTokenPicks times both).
 template <int kPer, bool kRecipDiv = true>
 __device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, const float* logit,
                                                int lane) {

@@ -6,14 +6,16 @@
 // - CTA r of the cluster holds router rows [r R, (r + 1) R), R = ceil(E / cluster), in shared
 //   memory: each warp bulk-copies its contiguous share before the grid dependency wait (weights
 //   only), so under programmatic dependent launch the rows land while the o_proj GEMV runs.
-// - After the wait every CTA forms h = bf16(sum + y) and x = bf16(w * h / rms(h)) for every
-//   token's whole row, a 16-byte chunk of each row a thread with RmsNormKernel's block size and
-//   reduction order (the same bits as the RmsNorm kernel; the tokens' sums share one barrier),
-//   stages x and h, and each warp dots its rows with every token's x (StagedDot<1>, the staged
-//   GEMV's order: at one token and one router row a CTA there, the same logit bits).
+// - After the wait every CTA (past one token with register rows: see below) forms h = bf16(sum +
+//   y) and x = bf16(w * h / rms(h)) for every token's whole row, a 16-byte chunk of each row a
+//   thread with RmsNormKernel's block size and reduction order (the same bits as the RmsNorm
+//   kernel; the tokens' sums share one barrier), stages x and h, and each warp dots its rows with
+//   every token's x (StagedDot<1>, the staged GEMV's order: at one token and one router row a CTA
+//   there, the same logit bits).
 // - Each warp writes its logits into CTA 0's shared memory (DSMEM); one cluster barrier; CTA 0's
 //   warps route a token each (RouteToken), while every CTA writes its share of sum and x back
-//   (all CTAs have read sum by the barrier).
+//   (all CTAs have read sum by the barrier; the register build past one token wrote them back
+//   before).
 // - Past one token the shared-memory build takes every token at once (a warp a token for the
 //   norm's sums); the register build's CTA r forms token r's row alone and writes its sum and x
 //   back, one cluster barrier, then its warps dot their rows with every token's x (read through
@@ -108,7 +110,7 @@ __device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf
   float d[4] = {};
   uint4 xv[kRegChunks];
 #pragma unroll
-  for (int b = 0; b < kRegChunks; ++b) {  // every remote load in flight before the first mma
+  for (int b = 0; b < kRegChunks; ++b) {  // every load in flight before the first mma
     const int c = 256 * warp + 32 * b + 8 * q;
     xv[b] = g < tokens && c < k ? __ldcg(reinterpret_cast<const uint4*>(xg + c))
                                 : make_uint4(0, 0, 0, 0);
