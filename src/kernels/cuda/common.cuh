@@ -124,11 +124,11 @@ __device__ __forceinline__ void NormWeight8(const void* w, bool w_f32, int64_t c
 // the staged GEMV (RmsNormLinear) and the staged router (RmsNormMoeRouter).
 struct ResidualNorm {
   const bf16_t* y;  // [T, H] (T = 1 but for the cluster norm-router's)
-  bf16_t* sum;      // [T, H]: read by every CTA / warp, written (sum + y) by the last to arrive
+  bf16_t* sum;      // [T, H]: read, then written (sum + y) once no CTA / warp reads it any more
   const void* w;    // [H] bf16, or f32 with w_f32
   bool w_f32;
   float eps;
-  bf16_t* x;  // [T, H]: the normed rows, written by the last to arrive
+  bf16_t* x;  // [T, H]: the normed rows
 };
 // The fused ops' norm arguments, checked (bf16 rows [T, H] each, a bf16 or f32 weight of H); false
 // where a layout rules the fused kernels out (not contiguous, not 16-byte aligned). y null
@@ -164,25 +164,17 @@ __device__ __forceinline__ Bf16x8 NormScale8(const ResidualNorm& n, int64_t c, c
   return NormScale8(w, h, inv);
 }
 
-// RmsNorm's residual add of eight columns already loaded (16 bytes of y and of sum): h =
-// bf16(y + sum), returned packed, and as floats in a.
-__device__ __forceinline__ Bf16x8 ResidualAdd8(const uint4& y, const uint4& sum, float a[8]) {
-  Bf16x8 yv, sv;
-  memcpy(&yv, &y, sizeof(yv));
-  memcpy(&sv, &sum, sizeof(sv));
+// RmsNorm's residual add of eight columns: h = bf16(y + sum) (y and sum read through L2),
+// returned packed, and as floats in a.
+__device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* sum, float a[8]) {
   float b[8];
-  Unpack8(yv, a);
-  Unpack8(sv, b);
+  LoadCg8(y, a);
+  LoadCg8(sum, b);
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] += b[i];
   const Bf16x8 h = Pack8(a);
   Unpack8(h, a);
   return h;
-}
-// The same with y and sum read through L2.
-__device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* sum, float a[8]) {
-  return ResidualAdd8(__ldcg(reinterpret_cast<const uint4*>(y)),
-                      __ldcg(reinterpret_cast<const uint4*>(sum)), a);
 }
 
 template <int kWidth = 32>
