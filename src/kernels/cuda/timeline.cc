@@ -29,6 +29,19 @@ struct Timeline {
   std::string only;  // COROLLA_TIMELINE_ONLY: only launches whose name holds this are traced
 };
 
+Timeline& Get();
+
+void ReportUnfilled() {
+  Timeline& t = Get();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.printed) return;
+  std::fprintf(stderr,
+               "timeline: nothing printed: %lld traced launches, the window needs %lld "
+               "(COROLLA_TIMELINE=%lld + COROLLA_TIMELINE_LAUNCHES=%lld); lower COROLLA_TIMELINE\n",
+               static_cast<long long>(t.seen), static_cast<long long>(t.start + t.window + 1),
+               static_cast<long long>(t.start), static_cast<long long>(t.window));
+}
+
 Timeline& Get() {
   static Timeline* t = [] {
     auto* tl = new Timeline;
@@ -36,6 +49,9 @@ Timeline& Get() {
     tl->window = 400;
     if (const char* v = std::getenv("COROLLA_TIMELINE_LAUNCHES")) tl->window = std::max(1ll, std::atoll(v));
     if (const char* v = std::getenv("COROLLA_TIMELINE_ONLY")) tl->only = v;
+    // A window never filled prints nothing else: say so at exit, with the launches there were
+    // (e.g. `bench decode --skip-op` runs fewer launches a step than the default start expects).
+    if (tl->start >= 0) std::atexit(ReportUnfilled);
     return tl;
   }();
   return *t;
