@@ -18,7 +18,8 @@
 #   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000) per build and variant
 #                (src/kernels/cuda/notes/decode_timeline.md); AB_TIMELINE_ARGS its bench flags
 #                (default "--batch 1 --context 1024"; past batch 1 a step is more launches than
-#                the window's default 400: add COROLLA_TIMELINE_LAUNCHES to the variants)
+#                the window's default 400: add COROLLA_TIMELINE_LAUNCHES to the variants; with
+#                --skip-op a step has fewer: a variant's COROLLA_TIMELINE=1000 overrides the start)
 #   AB_TESTS     a gtest filter of gpu-bundle/cuda_kernels_test to run first (the bundle unpacked
 #                here), e.g. "CudaKernelTest.QkNormRope*"; its log in $OUT/ab_tests.log
 #   AB_NCU       a kernel-name regex: one launch of it (the fourth) profiled by ncu in the first

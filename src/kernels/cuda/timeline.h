@@ -13,6 +13,8 @@
 // (TimelineScope::Mark), the mean over launches of each mark's latest CTA after the last wait.
 // COROLLA_TIMELINE_ONLY=NAME traces only the launches whose name holds NAME (e.g. NucleusFused:
 // the sampler's kernel between an engine's graph steps, whose eager steps would fill the window).
+// A window the process never filled is reported at exit with the count of traced launches (a
+// step with ops skipped has fewer: lower S).
 // Kernels take the record
 // through their parameters and a TimelineScope (timeline.cuh); null when off (one predicated
 // register, no other cost).
