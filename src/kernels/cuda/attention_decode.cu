@@ -692,6 +692,7 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
                        WideMergeFits(num_splits, group, d, pairs, counters != nullptr),
                        Tuning().attention_decode_prefetch,
                        Tuning().attention_decode_warm_merge,
+                       Tuning().attention_decode_relaxed_exit,
                        prologue ? *prologue : DecodePrologue{},
                        DecodeOutProj{}};
   const bool fused = prologue != nullptr, cluster = num_seqs <= Tuning().attention_decode_cluster_merge_seqs;

@@ -78,6 +78,7 @@ struct DecodeParams {
   bool wide_merge;     // every split merges a share (WideMergeDecode; Tuning().attention_decode_wide_merge)
   bool prefetch;       // Tuning().attention_decode_prefetch
   bool warm_merge;     // Tuning().attention_decode_warm_merge
+  bool relaxed_exit;   // Tuning().attention_decode_relaxed_exit
   DecodePrologue prologue;  // kPrologue only
   DecodeOutProj proj;       // kOutProj only
   uint64_t* timeline = nullptr;  // timeline.h
@@ -330,7 +331,16 @@ __device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, Clu
     }
   }
   if (!dry) tl.Mark(4);
-  cluster.sync();  // peers may still read this CTA's partials
+  // Peers may still read this CTA's partials. Only their reads must be over before it exits, and
+  // a peer's reads are (their values summed into the stores above) by its arrival: with
+  // p.relaxed_exit the arrival does not also wait for this CTA's output stores to be performed
+  // (a release), which under the o projection's copies took ~1 us.
+  if (p.relaxed_exit) {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  } else {
+    cluster.sync();
+  }
   if (!dry) tl.Mark(5);
 }
 

@@ -84,6 +84,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CLUSTER_MAX_KEYS"))
       t.attention_decode_cluster_max_keys = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WARM_MERGE")) t.attention_decode_warm_merge = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_ATTN_DECODE_RELAXED_EXIT"))
+      t.attention_decode_relaxed_exit = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_WIDE_MERGE"))
       t.attention_decode_wide_merge = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_PREFETCH")) t.attention_decode_prefetch = std::atoi(v) != 0;

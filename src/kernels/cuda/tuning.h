@@ -381,6 +381,10 @@ struct KernelTuning {
   // SASS keeps the index arithmetic on the uniform datapath: Session 12).
   // COROLLA_ATTN_DECODE_WARM_MERGE.
   bool attention_decode_warm_merge = false;
+  // The cluster merge's last barrier (it keeps each CTA's partials alive until its peers have
+  // read them) arrives relaxed instead of with release semantics: the arrival then does not
+  // wait for the CTA's output stores. COROLLA_ATTN_DECODE_RELAXED_EXIT.
+  bool attention_decode_relaxed_exit = false;
   // The counter merge of the split-KV partials (more splits than a cluster, or batches past
   // attention_decode_cluster_merge_seqs) done by every split instead of the last to arrive:
   // each counts itself in, waits for all (a spin: only where the whole grid fits the device at
