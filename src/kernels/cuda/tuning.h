@@ -383,8 +383,14 @@ struct KernelTuning {
   bool attention_decode_warm_merge = false;
   // The cluster merge's last barrier (it keeps each CTA's partials alive until its peers have
   // read them) arrives relaxed instead of with release semantics: the arrival then does not
-  // wait for the CTA's output stores. COROLLA_ATTN_DECODE_RELAXED_EXIT.
-  bool attention_decode_relaxed_exit = false;
+  // wait for the CTA's output stores, which under the o projection's copies took ~1 us. On an
+  // H100 (Qwen3-30B-A3B, graph, session 44, two runs each in one call): batch 1 2.810 / 2.809
+  // vs 2.826 / 2.826 ms at ctx 1024 (the barrier 0.27 vs 0.74 us in the eager timeline), 3.210
+  // / 3.211 vs 3.210 at 8192; on another H100 batch 1 / 2 / 4 at 1k 2.863 / 4.198 / 6.342 vs
+  // 2.886 / 4.207 / 6.353 (8k: a tie at 1-2, 7.688 vs 7.710 at 4). Off: the cluster barrier
+  // (release / acquire).
+  // COROLLA_ATTN_DECODE_RELAXED_EXIT.
+  bool attention_decode_relaxed_exit = true;
   // The counter merge of the split-KV partials (more splits than a cluster, or batches past
   // attention_decode_cluster_merge_seqs) done by every split instead of the last to arrive:
   // each counts itself in, waits for all (a spin: only where the whole grid fits the device at
