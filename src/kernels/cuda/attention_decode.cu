@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   constexpr bool kEarly = kPrefetch && kRowBlocks == 1;
   __shared__ DecodeSmem<kRowBlocks> sm;
   __shared__ __align__(16) ClusterPartials<kCluster ? kD : 4> cl;  // kCluster only
-  TimelineScope tl(p.timeline);
+  TimelineScopeLocal tl(p.timeline);
 
   if (p.trigger_at == 0) TriggerDependents();  // safe: pdl.cuh
   extern __shared__ __align__(128) unsigned char proj_smem[];  // kOutProj only

@@ -123,7 +123,7 @@ __device__ __forceinline__ void MergeWeights(DecodeSmem<kRowBlocks>& sm, int row
 // its partials are written.
 template <int kD, int kRowBlocks>
 __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlocks>& sm, int b, int kvh, int q0,
-                                     const TimelineScope& tl) {
+                                     const TimelineScopeLocal& tl) {
   // The CTA barrier orders every thread's partials before thread 0's release (cumulative at GPU
   // scope); its acquire, passed on by the second barrier, orders the other splits' partials before
   // this CTA's reads. One acquire-release atomic a CTA, no fence in every thread before and after
@@ -213,7 +213,7 @@ constexpr int kWideLoads = 8;
 constexpr int kWideDepartures = kMaxSplitKvMergeCounters / 2;
 template <int kD, int kRowBlocks>
 __device__ void WideMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlocks>& sm, int b, int kvh, int q0, int split,
-                                const TimelineScope& tl) {
+                                const TimelineScopeLocal& tl) {
   unsigned* arrivals = reinterpret_cast<unsigned*>(p.counters) + static_cast<int64_t>(b) * p.kv_heads + kvh;
   __syncthreads();  // every thread's partials written
   if (threadIdx.x == 0) {
@@ -294,7 +294,7 @@ constexpr int kMaxClusterSplits = 16;  // a cluster of the splits of one (sequen
 // dry: the same instructions without the output's store and the marks (p.warm_merge).
 template <int kD>
 __device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, ClusterPartials<kD>& cl, int kvh, int q0,
-                                   const TimelineScope& tl, bool dry = false) {
+                                   const TimelineScopeLocal& tl, bool dry = false) {
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = p.num_splits, rows = p.group, rank = static_cast<int>(cluster.block_rank());
   cluster.sync();  // every split's partials written, visible to the cluster

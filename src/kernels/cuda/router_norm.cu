@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   cg::cluster_group cluster = cg::this_cluster();
-  TimelineScope tl(p.timeline);
+  TimelineScopeLocal tl(p.timeline);
   const int rank = static_cast<int>(cluster.block_rank()), ctas = static_cast<int>(cluster.num_blocks());
   const int t = threadIdx.x, warp = t / 32, lane = t % 32, warps = blockDim.x / 32;
   // This warp's contiguous rows of the CTA's slice.
