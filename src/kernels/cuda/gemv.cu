@@ -163,6 +163,7 @@ struct StagedGemvParams {
   unsigned* arrivals;
   uint64_t* timeline = nullptr;  // timeline.h
   int spread_ns = 0;             // Tuning().gemv_staged_spread_ns
+  int depth = 0;                 // Tuning().gemv_staged_depth(_norm): copies in flight a CTA
 };
 
 // The norm variant's staging of x: thread t forms chunk t of h = bf16(sum + y), the CTA sums h^2
@@ -236,9 +237,15 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
   if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6] = wgmma::GlobalTimerNs();
   if (lane == 0 && rows > 0) {
-    const uint32_t bytes = static_cast<uint32_t>(rows) * p.k * 2;
     wgmma::MbarInit(bar, 1);
     wgmma::MbarInitFence();
+  }
+  // With a depth, warp w's copy waits for warp w - depth's to land (that warp has rows where this
+  // one has: rows fall with the warp index): each barrier must be initialised first.
+  if (p.depth > 0) __syncthreads();
+  if (lane == 0 && rows > 0) {
+    const uint32_t bytes = static_cast<uint32_t>(rows) * p.k * 2;
+    if (p.depth > 0 && warp >= p.depth) wgmma::MbarWait(bar - 8 * p.depth, 0);
     if (p.spread_ns > 0 && warp > 0) {  // the CTA's barrier after the wait waits for this lane too
       const uint64_t until = wgmma::GlobalTimerNs() + static_cast<uint64_t>(p.spread_ns) * warp / kStagedWarps;
       while (wgmma::GlobalTimerNs() < until) __nanosleep(100);
@@ -361,6 +368,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
                      static_cast<int>(rows_per_cta), static_cast<int>(x_bytes), out.dtype == DType::kF32, nullptr,
                      norm ? *norm : ResidualNorm{}, arrivals};
   p.spread_ns = Tuning().gemv_staged_spread_ns;
+  p.depth = norm ? Tuning().gemv_staged_depth_norm : Tuning().gemv_staged_depth;
   const int ctas = CeilDiv(n, rows_per_cta);
   static const char* trace_env = std::getenv("COROLLA_GEMV_STAGED_TRACE");
   bool traced = false;

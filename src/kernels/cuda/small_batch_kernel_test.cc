@@ -302,7 +302,7 @@ std::string LinearShape(const LinearCase& c, int64_t m) {
 }
 
 // The GEMV against the CPU over 1..8 rows of x; at one row both the staged kernel (where a CTA's
-// slice fits in shared memory) and the streaming one. On 132 SMs the staged shapes give its warps
+// slice fits in shared memory; all its copies at once, or 2 or 5 in flight) and the streaming one. On 132 SMs the staged shapes give its warps
 // 1 to 19 rows each (N 9240 x K 512: 70 rows a CTA, groups of 4 and a single; N 39600 x K 16: 300
 // rows, 18-19 a warp); N 16384 x K 2048 is too large to stage (the streaming kernel runs either
 // way).
@@ -315,13 +315,17 @@ TEST_F(CudaKernelTest, LinearGemv) {
   for (const LinearCase& c : cases) {
     for (int64_t m = 1; m <= 8; ++m) {
       const LinearProblem p = MakeLinearProblem(gpu(), c, m);
-      for (bool staged : {true, false}) {
-        if (m > 1 && !staged) break;  // the staged kernel takes one row only
-        cuda::Tuning().gemv_staged = staged;
+      for (int depth : {-1, 0, 2, 5}) {  // -1: streaming; else staged, copies in flight a CTA
+        if (m > 1 && depth != 0) continue;  // the staged kernel takes one row only
+        cuda::Tuning().gemv_staged = depth >= 0;
+        cuda::Tuning().gemv_staged_depth = std::max(depth, 0);
         std::vector<float> rows;
         const double e = RelError(LinearOnGpu(gpu(), c, p, rows), p.want);
         const std::string shape =
-            LinearShape(c, m) + (m == 1 ? (staged ? " staged" : " streaming") : "");
+            LinearShape(c, m) + (m > 1        ? ""
+                                 : depth < 0  ? " streaming"
+                                 : depth == 0 ? " staged"
+                                              : " staged depth " + std::to_string(depth));
         Record("Linear.gemv", shape, e, kBf16Tol);
         EXPECT_LT(e, kBf16Tol) << shape;
       }
@@ -365,9 +369,10 @@ TEST_F(CudaKernelTest, LinearSkinny) {
 
 // RmsNormLinear of one row: the staged GEMV with the norm folded in against the same GPU's RmsNorm
 // + Linear from the same sum and y: sum + y equal bits, x within a bf16 unit (1 / rms is summed in
-// another order), out within kBf16Tol of the unfused one; a second fused launch gives the same
-// bits (the re-armed arrival counter). Norm weights bf16 and f32; K 2048 / 4096 / 136 / 8 (one
-// 16-byte chunk a thread up to 4096), N from 5120 (39 rows a CTA) down to 3.
+// another order), out within kBf16Tol of the unfused one; a second fused launch, its copies three
+// at a time a CTA (gemv_staged_depth_norm), gives the same bits (the re-armed arrival counter).
+// Norm weights bf16 and f32; K 2048 / 4096 / 136 / 8 (one 16-byte chunk a thread up to 4096), N
+// from 5120 (39 rows a CTA) down to 3.
 TEST_F(CudaKernelTest, RmsNormLinearStaged) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
@@ -390,7 +395,9 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
       gpu().RmsNormLinear(gy, gnorm, 1e-6f, gsum, gx, gw, gout);
       return Out{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gout)};
     };
-    const Out ref = run(false), got = run(true), again = run(true);
+    const Out ref = run(false), got = run(true);
+    cuda::Tuning().gemv_staged_depth_norm = 3;  // the second launch (and NormLinear) 3 copies at a time
+    const Out again = run(true);
     const std::string shape = "N" + std::to_string(c.n) + " K" + std::to_string(c.k) + (c.norm_f32 ? " f32-norm" : "") +
                               (c.out == DType::kF32 ? " f32-out" : "");
     EXPECT_EQ(got.sum, ref.sum) << shape;

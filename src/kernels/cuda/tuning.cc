@@ -52,6 +52,8 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_CARVEOUT_FOLDED")) t.gemv_staged_carveout_folded = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_ATTN_DECODE_CARVEOUT")) t.attention_decode_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED_SPREAD_NS")) t.gemv_staged_spread_ns = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_GEMV_STAGED_DEPTH")) t.gemv_staged_depth = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_GEMV_STAGED_DEPTH_NORM")) t.gemv_staged_depth_norm = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_GEMV_ONE_WAVE")) t.gemv_one_wave = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_GEMV_STAGED")) t.gemv_staged = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_PDL_EARLY_TRIGGER")) t.pdl_early_trigger = std::atoi(v) != 0;

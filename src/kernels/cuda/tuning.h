@@ -245,6 +245,20 @@ struct KernelTuning {
   // and runs 1.3 (against 2.8 and 2.1), but qkv's copies land late: its run 6.8 vs 3.1 us.
   // COROLLA_GEMV_STAGED_SPREAD_NS sets it.
   int gemv_staged_spread_ns = 0;
+  // At most this many of a staged GEMV CTA's 16 warp copies in flight at once (warp w issues once
+  // warp w - depth's copy has landed; 0: all at entry), so that fewer bytes are in flight
+  // GPU-wide than a whole projection's (o_proj 16.8 MB, qkv 21 MB), which the chain's loads,
+  // barriers and releases queue behind. gemv_staged_depth: the staged GEMV without a folded norm
+  // (o_proj at batch 1); gemv_staged_depth_norm: with one (qkv). Off: slower on an H100
+  // (Qwen3-30B-A3B, batch 1, ctx 1024, graph, session 45; default 2.810-2.816 ms in call 1,
+  // 2.833-2.834 in call 2): both at 4 2.947-2.950, both at 8 2.876-2.880, o_proj at 8 2.857,
+  // qkv at 8 2.876-2.877; with the attention's trigger at entry (attention_decode_trigger 0)
+  // 2.904-2.906, o_proj at 4 / 8 then 2.913-2.914 / 2.898-2.900. Paced, the attention ran
+  // 0.6-1 us shorter and qkv's wait returned ~1 us sooner, but the projections' runs grew 1-3
+  // us: 4-10 MB in flight do not keep the HBM at its rate under this load.
+  // COROLLA_GEMV_STAGED_DEPTH, COROLLA_GEMV_STAGED_DEPTH_NORM.
+  int gemv_staged_depth = 0;
+  int gemv_staged_depth_norm = 0;
   // The one-row GEMV with two rows a warp (gemv.cu) is built for 5 CTAs an SM (registers capped
   // at 96, no spills) so that 4224 <= N < 8448 runs in one wave; off: 4 an SM, two waves.
   // COROLLA_GEMV_ONE_WAVE sets it.
