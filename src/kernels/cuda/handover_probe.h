@@ -13,6 +13,8 @@ namespace corolla::cuda {
 struct HandoverProbe {
   double pdl_release_us = 0;  // a 1-CTA kernel's last timestamp to its PDL dependent's wait return
   double flag_us = 0;         // a release store in one CTA to another CTA's acquire load seeing it
+  double flag_clean_us = 0;   // the same with no global store of the producer's before the release
+  double flag_relaxed_us = 0;  // a relaxed store to another CTA's relaxed load seeing it (no fence)
   double l2_trip_us = 0;      // one dependent ld.global.cg of a line in L2
   double copy_gbs = 0;        // what the copier pulled from HBM meanwhile (0 without one)
   bool timed_out = false;     // a probe gave up waiting (a CTA never became resident): no figures

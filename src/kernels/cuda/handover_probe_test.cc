@@ -65,13 +65,15 @@ TEST(CudaPerf, HandoverUnderCopies) {
   for (const Case& c : cases) {
     const cuda::HandoverProbe r = cuda::RunHandoverProbe(src, c.from, c.ctas, c.chunk, 50, s, side);
     std::printf(
-        "handover: copier %3d CTAs x 4 x %2d KB from %4lld MB: pdl release %5.2f us, flag %5.2f us, "
-        "L2 trip %5.2f us, copies %5.0f GB/s%s\n",
-        c.ctas, c.chunk / 1024, static_cast<long long>(c.from >> 20), r.pdl_release_us, r.flag_us, r.l2_trip_us,
-        r.copy_gbs, r.timed_out ? " (timed out)" : "");
+        "handover: copier %3d CTAs x 4 x %2d KB from %4lld MB: pdl release %5.2f us, flag %5.2f us "
+        "(no store before %5.2f, relaxed %5.2f), L2 trip %5.2f us, copies %5.0f GB/s%s\n",
+        c.ctas, c.chunk / 1024, static_cast<long long>(c.from >> 20), r.pdl_release_us, r.flag_us,
+        r.flag_clean_us, r.flag_relaxed_us, r.l2_trip_us, r.copy_gbs, r.timed_out ? " (timed out)" : "");
     EXPECT_FALSE(r.timed_out) << c.ctas << " copier CTAs";
     EXPECT_GT(r.pdl_release_us, 0.0);
     EXPECT_GT(r.flag_us, 0.0);
+    EXPECT_GT(r.flag_clean_us, 0.0);
+    EXPECT_GT(r.flag_relaxed_us, 0.0);
     EXPECT_GT(r.l2_trip_us, 0.0);
     if (c.ctas > 0) {
       EXPECT_GT(r.copy_gbs, 100.0) << "the copier moved next to nothing";
