@@ -138,7 +138,9 @@ __global__ void FlagKernel(ProbeState* st, uint64_t* stamps, int rounds, int mod
                            uint64_t* trip_ns) {
   __shared__ uint64_t local[kMaxRounds];
   if (threadIdx.x != 0) return;
-  unsigned* flag = mode == kFlagRelease ? &st->flag : mode == kFlagClean ? &st->flag_clean : &st->flag_relaxed;
+  unsigned* flag = mode == kFlagRelease ? &st->flag
+                   : mode == kFlagClean ? &st->flag_clean
+                                        : &st->flag_relaxed;
   unsigned* ack = flag + 1;
   const uint64_t deadline = GlobalTimerNs() + kTimeoutNs;
   auto spin = [&](const unsigned* p, unsigned want) {
@@ -189,8 +191,8 @@ HandoverProbe RunHandoverProbe(const void* src, int64_t src_bytes, int copier_ct
   int device = 0, sms = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  COROLLA_CHECK(copier_ctas >= 0 && copier_ctas <= sms - 4 && rounds > 0 && rounds <= kMaxRounds && chunk_bytes % 16 == 0 &&
-                (copier_ctas == 0 || src_bytes / copier_ctas >= chunk_bytes))
+  COROLLA_CHECK(copier_ctas >= 0 && copier_ctas <= sms - 4 && rounds > 0 && rounds <= kMaxRounds &&
+                chunk_bytes % 16 == 0 && (copier_ctas == 0 || src_bytes / copier_ctas >= chunk_bytes))
       << "handover probe: " << copier_ctas << " copier CTAs of " << sms << " SMs, chunk " << chunk_bytes;
   ProbeState* st = nullptr;
   uint64_t* stamps = nullptr;  // [rounds][2] release, then [rounds][2] for each flag mode, then the trip
@@ -219,7 +221,8 @@ HandoverProbe RunHandoverProbe(const void* src, int64_t src_bytes, int copier_ct
     LaunchPdl(ReleaseBKernel, dim3(1), dim3(32), 0, s, 1, stamps, i);
   }
   for (int mode : {kFlagRelease, kFlagClean, kFlagRelaxed})
-    FlagKernel<<<2, 32, 0, s>>>(st, stamps + 2 * rounds * (1 + mode), rounds, mode, chain, stamps + 8 * rounds);
+    FlagKernel<<<2, 32, 0, s>>>(st, stamps + 2 * rounds * (1 + mode), rounds, mode, chain,
+                                stamps + 8 * rounds);
   StopKernel<<<1, 32, 0, s>>>(st);
   COROLLA_CUDA_CHECK(cudaGetLastError());
   COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -240,7 +243,8 @@ HandoverProbe RunHandoverProbe(const void* src, int64_t src_bytes, int copier_ct
   auto median = [&](int k) {
     std::vector<double> v;
     for (int i = 0; i < rounds; ++i)
-      v.push_back(static_cast<double>(t[2 * rounds * k + 2 * i + 1]) - static_cast<double>(t[2 * rounds * k + 2 * i]));
+      v.push_back(static_cast<double>(t[2 * rounds * k + 2 * i + 1]) -
+                  static_cast<double>(t[2 * rounds * k + 2 * i]));
     return MedianUs(v);
   };
   r.pdl_release_us = median(0);

@@ -302,10 +302,10 @@ std::string LinearShape(const LinearCase& c, int64_t m) {
 }
 
 // The GEMV against the CPU over 1..8 rows of x; at one row both the staged kernel (where a CTA's
-// slice fits in shared memory; all its copies at once, or 2 or 5 in flight) and the streaming one. On 132 SMs the staged shapes give its warps
-// 1 to 19 rows each (N 9240 x K 512: 70 rows a CTA, groups of 4 and a single; N 39600 x K 16: 300
-// rows, 18-19 a warp); N 16384 x K 2048 is too large to stage (the streaming kernel runs either
-// way).
+// slice fits in shared memory; all its copies at once, or 2 or 5 in flight) and the streaming
+// one. On 132 SMs the staged shapes give its warps 1 to 19 rows each (N 9240 x K 512: 70 rows a
+// CTA, groups of 4 and a single; N 39600 x K 16: 300 rows, 18-19 a warp); N 16384 x K 2048 is
+// too large to stage (the streaming kernel runs either way).
 TEST_F(CudaKernelTest, LinearGemv) {
   const cuda::KernelTuning defaults = cuda::Tuning();
   cuda::Tuning().linear_gemv_max_rows = 8;
@@ -396,7 +396,7 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
       return Out{Download(gpu(), gsum), Download(gpu(), gx), Download(gpu(), gout)};
     };
     const Out ref = run(false), got = run(true);
-    cuda::Tuning().gemv_staged_depth_norm = 3;  // the second launch (and NormLinear) 3 copies at a time
+    cuda::Tuning().gemv_staged_depth_norm = 3;  // the second launch (and NormLinear's) paced
     const Out again = run(true);
     const std::string shape = "N" + std::to_string(c.n) + " K" + std::to_string(c.k) + (c.norm_f32 ? " f32-norm" : "") +
                               (c.out == DType::kF32 ? " f32-out" : "");
