@@ -1,8 +1,8 @@
 // Probes of the batch-1 decode step's memory system and code (benchmarks: they print figures
 // and check only that every probe ran). CudaPerf.HandoverUnderCopies: the step's handovers (a
-// programmatic dependent launch's release, a flag between CTAs, an L2 round trip) alone and with
-// bulk copies in flight on other SMs (handover_probe.h; no peer missing, the copier moving
-// data). CudaPerf.L2RetentionUnderStream: l2_probe.h. CudaPerf.ColdCode and
+// programmatic dependent launch's release, a flag between CTAs three ways, an L2 round trip)
+// alone and with bulk copies in flight on other SMs (handover_probe.h; no peer missing, the
+// copier moving data). CudaPerf.L2RetentionUnderStream: l2_probe.h. CudaPerf.ColdCode and
 // CudaPerf.DecodeOpsColdCode: code_probe.h, and a layer's ops with their code cold.
 // CudaPerf.RouteTokenPicks: route_probe.h (also: both pick methods choose the same experts).
 #include "kernels/cuda/handover_probe.h"
