@@ -16,7 +16,9 @@
 #   AB_ARGS      bench flags (default "--batch 1 --context 1024,8192")
 #   AB_ROUNDS    (default 2); AB_CONFIG (default tests/data/configs/qwen3-30b-a3b.json)
 #   AB_TIMELINE=1  also an eager kernel timeline (COROLLA_TIMELINE=3000) per build and variant
-#                (src/kernels/cuda/notes/decode_timeline.md); AB_TIMELINE_ARGS its bench flags
+#                (src/kernels/cuda/notes/decode_timeline.md); =graph: of the bench's first graph
+#                instead, at its third replay (COROLLA_TIMELINE=0,COROLLA_TIMELINE_GRAPH=3); =both:
+#                the two; AB_TIMELINE_ARGS its bench flags
 #                (default "--batch 1 --context 1024"; past batch 1 a step is more launches than
 #                the window's default 400: add COROLLA_TIMELINE_LAUNCHES to the variants; with
 #                --skip-op a step has fewer: a variant's COROLLA_TIMELINE=1000 overrides the start)
@@ -103,20 +105,26 @@ if [ -n "${AB_NCU:-}" ]; then
   echo "=== ncu $AB_NCU ($bin, ${v%%:*}): exit $?, $OUT/ncu.log"
   grep -E "Duration|Throughput|Issued Warp|Executed Instructions |Registers Per|Achieved Occupancy" "$OUT/ncu.log" | head -20
 fi
-if [ "${AB_TIMELINE:-0}" = 1 ]; then
+case "${AB_TIMELINE:-0}" in
+  1) timelines="timeline:COROLLA_TIMELINE=3000" ;;
+  graph) timelines="graph_timeline:COROLLA_TIMELINE=0,COROLLA_TIMELINE_GRAPH=3" ;;
+  both) timelines="timeline:COROLLA_TIMELINE=3000 graph_timeline:COROLLA_TIMELINE=0,COROLLA_TIMELINE_GRAPH=3" ;;
+  *) timelines="" ;;
+esac
+for mode in $timelines; do
   for v in $variants; do
     name=${v%%:*} envs=${v#*:}
     for bin in $bins; do
       runs "$bin" "$v" || continue
-      tag="$(basename "$bin").$name.timeline"
+      tag="$(basename "$bin").$name.${mode%%:*}"
       # shellcheck disable=SC2086  # several flags
-      bench "$logs/$tag.log" "$bin" "COROLLA_TIMELINE=3000${envs:+,$envs}" ${AB_TIMELINE_ARGS:---batch 1 --context 1024}
+      bench "$logs/$tag.log" "$bin" "${mode#*:}${envs:+,$envs}" ${AB_TIMELINE_ARGS:---batch 1 --context 1024}
       echo "=== $tag: $logs/$tag.log"
       sed -n '/^timeline:/,/^  spread/p' "$logs/$tag.log" | grep -v "^  spread"
       sed -n '/^  phases/,/^decode:/p' "$logs/$tag.log" | grep -v "^decode:"
     done
   done
-fi
+done
 echo "=== summary ($kind: ms a step or a prompt, % of the limit measured in the same run)"
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 # The device tool returns at most 8 files from $OUT: the logs travel as one archive.

@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_fp8.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/timeline.h"
 
 namespace corolla {
 namespace cuda {
@@ -171,7 +172,10 @@ class CudaGraph final : public Backend::Graph {
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
   }
-  void Replay() override { COROLLA_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+  void Replay() override {
+    COROLLA_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    cuda::TimelineGraphReplayed(stream_);
+  }
 
  private:
   cudaStream_t stream_;

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/timeline.h"
 
 namespace corolla::cuda {
 
@@ -153,6 +154,9 @@ StreamGraph::~StreamGraph() {
   cudaGraphDestroy(impl_->graph);
 }
 
-void StreamGraph::Replay() { COROLLA_CUDA_CHECK(cudaGraphLaunch(impl_->exec, impl_->stream)); }
+void StreamGraph::Replay() {
+  COROLLA_CUDA_CHECK(cudaGraphLaunch(impl_->exec, impl_->stream));
+  TimelineGraphReplayed(impl_->stream);
+}
 
 }  // namespace corolla::cuda

@@ -26,6 +26,9 @@ struct Timeline {
   uint64_t* records = nullptr;  // [window][kMaxCtas][kTimelineFields]
   std::vector<Launch> launches;
   bool printed = false;
+  int graph_replays = 0;  // COROLLA_TIMELINE_GRAPH: print after this many replays (0: eager)
+  int replays = 0;        // replays since the window closed
+  bool closed = false;    // graph mode: a replay ran after launches were recorded
   std::string only;  // COROLLA_TIMELINE_ONLY: only launches whose name holds this are traced
 };
 
@@ -35,6 +38,13 @@ void ReportUnfilled() {
   Timeline& t = Get();
   std::lock_guard<std::mutex> lock(t.mu);
   if (t.printed) return;
+  if (t.graph_replays > 0) {
+    std::fprintf(stderr,
+                 "timeline: nothing printed: %lld launches traced in captures (the window starts after "
+                 "COROLLA_TIMELINE=%lld), %d replays after it (COROLLA_TIMELINE_GRAPH=%d)\n",
+                 static_cast<long long>(t.seen), static_cast<long long>(t.start), t.replays, t.graph_replays);
+    return;
+  }
   std::fprintf(stderr,
                "timeline: nothing printed: %lld traced launches, the window needs %lld "
                "(COROLLA_TIMELINE=%lld + COROLLA_TIMELINE_LAUNCHES=%lld); lower COROLLA_TIMELINE\n",
@@ -49,6 +59,7 @@ Timeline& Get() {
     tl->window = 400;
     if (const char* v = std::getenv("COROLLA_TIMELINE_LAUNCHES")) tl->window = std::max(1ll, std::atoll(v));
     if (const char* v = std::getenv("COROLLA_TIMELINE_ONLY")) tl->only = v;
+    if (const char* v = std::getenv("COROLLA_TIMELINE_GRAPH")) tl->graph_replays = std::max(1, std::atoi(v));
     // A window never filled prints nothing else: say so at exit, with the launches there were
     // (e.g. `bench decode --skip-op` runs fewer launches a step than the default start expects).
     if (tl->start >= 0) std::atexit(ReportUnfilled);
@@ -165,23 +176,44 @@ uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) {
   if (!t.only.empty() && name.find(t.only) == std::string_view::npos) return nullptr;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) return nullptr;
+  const bool graph = t.graph_replays > 0;
+  if ((capturing != cudaStreamCaptureStatusNone) != graph) return nullptr;
   std::lock_guard<std::mutex> lock(t.mu);
+  if (t.closed) return nullptr;
   const int64_t index = t.seen++ - t.start;
   if (index < 0) return nullptr;
   if (index >= t.window) {
+    if (graph) return nullptr;  // printed after a replay
     Print(t, s);
     t.printed = true;
     return nullptr;
   }
   if (t.records == nullptr) {
+    // Zeroed on a stream of its own and waited for, so that a capture (relaxed: cudaMalloc is
+    // allowed) records no memset node.
     const size_t bytes = static_cast<size_t>(t.window) * kMaxCtas * kTimelineFields * 8;
+    cudaStream_t zero = nullptr;
     COROLLA_CUDA_CHECK(cudaMalloc(&t.records, bytes));
-    COROLLA_CUDA_CHECK(cudaMemsetAsync(t.records, 0, bytes, s));
+    COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&zero, cudaStreamNonBlocking));
+    COROLLA_CUDA_CHECK(cudaMemsetAsync(t.records, 0, bytes, zero));
+    COROLLA_CUDA_CHECK(cudaStreamSynchronize(zero));
+    COROLLA_CUDA_CHECK(cudaStreamDestroy(zero));
   }
   t.launches.push_back({std::string(name), ctas});
   if (ctas > kMaxCtas) return nullptr;  // listed with zeros
   return t.records + static_cast<size_t>(index) * kMaxCtas * kTimelineFields;
+}
+
+void TimelineGraphReplayed(cudaStream_t s) {
+  Timeline& t = Get();
+  if (t.graph_replays == 0 || t.printed) return;
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.launches.empty()) return;  // this graph holds none of the window
+  t.closed = true;
+  if (++t.replays < t.graph_replays) return;
+  std::printf("timeline: graph replay %d\n", t.replays);
+  Print(t, s);
+  t.printed = true;
 }
 
 }  // namespace corolla::cuda
