@@ -174,7 +174,7 @@ class CudaGraph final : public Backend::Graph {
   }
   void Replay() override {
     COROLLA_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
-    cuda::TimelineGraphReplayed(stream_);
+    cuda::TimelineGraphReplayed(exec_, stream_);
   }
 
  private:
@@ -198,6 +198,7 @@ Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::fun
   }
   alloc_->SetGraphPool(false);
   if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+  if (err == cudaSuccess) cuda::TimelineGraphCaptured(exec);
   if (err != cudaSuccess) {
     cudaGetLastError();
     if (graph) cudaGraphDestroy(graph);

@@ -138,6 +138,7 @@ std::unique_ptr<StreamGraph> StreamGraph::Capture(Backend& backend, const std::f
     err = cudaStreamEndCapture(impl->stream, &impl->graph);
   }
   if (err == cudaSuccess) err = cudaGraphInstantiate(&impl->exec, impl->graph, 0);
+  if (err == cudaSuccess) TimelineGraphCaptured(impl->exec);
   if (err != cudaSuccess) {
     *error = cudaGetErrorString(err);
     cudaGetLastError();
@@ -156,7 +157,7 @@ StreamGraph::~StreamGraph() {
 
 void StreamGraph::Replay() {
   COROLLA_CUDA_CHECK(cudaGraphLaunch(impl_->exec, impl_->stream));
-  TimelineGraphReplayed(impl_->stream);
+  TimelineGraphReplayed(impl_->exec, impl_->stream);
 }
 
 }  // namespace corolla::cuda

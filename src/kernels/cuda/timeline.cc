@@ -27,8 +27,9 @@ struct Timeline {
   std::vector<Launch> launches;
   bool printed = false;
   int graph_replays = 0;  // COROLLA_TIMELINE_GRAPH: print after this many replays (0: eager)
-  int replays = 0;        // replays since the window closed
-  bool closed = false;    // graph mode: a replay ran after launches were recorded
+  int replays = 0;        // replays of the window's graph
+  bool closed = false;    // graph mode: the capture that recorded the window has ended
+  cudaGraphExec_t graph = nullptr;  // ... and was instantiated as this
   std::string only;  // COROLLA_TIMELINE_ONLY: only launches whose name holds this are traced
 };
 
@@ -41,7 +42,7 @@ void ReportUnfilled() {
   if (t.graph_replays > 0) {
     std::fprintf(stderr,
                  "timeline: nothing printed: %lld launches traced in captures (the window starts after "
-                 "COROLLA_TIMELINE=%lld), %d replays after it (COROLLA_TIMELINE_GRAPH=%d)\n",
+                 "COROLLA_TIMELINE=%lld), %d replays of its graph (COROLLA_TIMELINE_GRAPH=%d)\n",
                  static_cast<long long>(t.seen), static_cast<long long>(t.start), t.replays, t.graph_replays);
     return;
   }
@@ -204,13 +205,20 @@ uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) {
   return t.records + static_cast<size_t>(index) * kMaxCtas * kTimelineFields;
 }
 
-void TimelineGraphReplayed(cudaStream_t s) {
+void TimelineGraphCaptured(cudaGraphExec_t exec) {
+  Timeline& t = Get();
+  if (t.graph_replays == 0) return;
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.closed || t.launches.empty()) return;  // the window was closed before, or is not yet open
+  t.closed = true;
+  t.graph = exec;
+}
+
+void TimelineGraphReplayed(cudaGraphExec_t exec, cudaStream_t s) {
   Timeline& t = Get();
   if (t.graph_replays == 0 || t.printed) return;
   std::lock_guard<std::mutex> lock(t.mu);
-  if (t.launches.empty()) return;  // this graph holds none of the window
-  t.closed = true;
-  if (++t.replays < t.graph_replays) return;
+  if (exec != t.graph || ++t.replays < t.graph_replays) return;
   std::printf("timeline: graph replay %d\n", t.replays);
   Print(t, s);
   t.printed = true;

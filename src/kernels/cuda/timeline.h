@@ -14,8 +14,8 @@
 // COROLLA_TIMELINE_ONLY=NAME traces only the launches whose name holds NAME (e.g. NucleusFused:
 // the sampler's kernel between an engine's graph steps, whose eager steps would fill the window).
 // COROLLA_TIMELINE_GRAPH=R times a CUDA graph instead of eager launches: S counts the launches
-// made inside captures, the window closes at the next graph replay, and the report prints after
-// the R-th replay (the stamps are each replay's: entry, wait and marks overwritten, the exit an
+// made inside captures, the window closes with the capture that recorded it, and the report
+// prints after that graph's R-th replay (the stamps are each replay's: entry, wait and marks overwritten, the exit an
 // atomic max); eager launches are not traced. Graph replays have no host launch gaps and
 // overlap differently: where eager and graph steps disagree, this is the graph's account.
 // A window the process never filled is reported at exit with the count of traced launches (a
@@ -42,8 +42,10 @@ bool TimelineOn();
 // window, inside a capture (outside one with COROLLA_TIMELINE_GRAPH), or more than 4096 CTAs.
 uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s);
 
-// A graph was launched on s (after cudaGraphLaunch): with COROLLA_TIMELINE_GRAPH=R, closes the
-// window and, at the R-th replay, synchronises s and prints the report.
-void TimelineGraphReplayed(cudaStream_t s);
+// With COROLLA_TIMELINE_GRAPH=R: a capture ended and was instantiated as exec (the window's
+// graph if the capture recorded launches of it: the window closes), and exec was launched on s
+// (after cudaGraphLaunch: at the window's graph's R-th replay, synchronises s and prints).
+void TimelineGraphCaptured(cudaGraphExec_t exec);
+void TimelineGraphReplayed(cudaGraphExec_t exec, cudaStream_t s);
 
 }  // namespace corolla::cuda
