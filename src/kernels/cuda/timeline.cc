@@ -28,8 +28,8 @@ struct Timeline {
   bool printed = false;
   int graph_replays = 0;  // COROLLA_TIMELINE_GRAPH: print after this many replays (0: eager)
   int replays = 0;        // replays of the window's graph
-  bool closed = false;    // graph mode: the capture that recorded the window has ended
-  cudaGraphExec_t graph = nullptr;  // ... and was instantiated as this
+  // Graph mode: the capture that recorded the window, once it has ended (the window is closed).
+  cudaGraphExec_t graph = nullptr;
   std::string only;  // COROLLA_TIMELINE_ONLY: only launches whose name holds this are traced
 };
 
@@ -180,7 +180,7 @@ uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) {
   const bool graph = t.graph_replays > 0;
   if ((capturing != cudaStreamCaptureStatusNone) != graph) return nullptr;
   std::lock_guard<std::mutex> lock(t.mu);
-  if (t.closed) return nullptr;
+  if (t.graph != nullptr) return nullptr;
   const int64_t index = t.seen++ - t.start;
   if (index < 0) return nullptr;
   if (index >= t.window) {
@@ -209,8 +209,7 @@ void TimelineGraphCaptured(cudaGraphExec_t exec) {
   Timeline& t = Get();
   if (t.graph_replays == 0) return;
   std::lock_guard<std::mutex> lock(t.mu);
-  if (t.closed || t.launches.empty()) return;  // the window was closed before, or is not yet open
-  t.closed = true;
+  if (t.graph != nullptr || t.launches.empty()) return;  // the window was closed before, or is not yet open
   t.graph = exec;
 }
 

@@ -15,9 +15,10 @@
 // the sampler's kernel between an engine's graph steps, whose eager steps would fill the window).
 // COROLLA_TIMELINE_GRAPH=R times a CUDA graph instead of eager launches: S counts the launches
 // made inside captures, the window closes with the capture that recorded it, and the report
-// prints after that graph's R-th replay (the stamps are each replay's: entry, wait and marks overwritten, the exit an
-// atomic max); eager launches are not traced. Graph replays have no host launch gaps and
-// overlap differently: where eager and graph steps disagree, this is the graph's account.
+// prints after that graph's R-th replay (the stamps are each replay's: entry, wait and marks
+// overwritten, the exit an atomic max); eager launches are not traced. Graph replays have no
+// host launch gaps and overlap differently: where eager and graph steps disagree, this is the
+// graph's account.
 // A window the process never filled is reported at exit with the count of traced launches (a
 // step with ops skipped has fewer: lower S).
 // Kernels take the record
