@@ -55,8 +55,10 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
   // Splitting a sequence differently changes only the GEMM shapes, hence the rounding. The
   // hybrid's recurrent state and per-head norms amplify that rounding at a few positions
   // (measured: 1.2e-5 at one position of 130 decoding token by token, while one prefill is
-  // within 6e-7 of the reference everywhere), so it gets a slightly wider bound.
-  double ConsistencyTolerance() const { return model_->state_spec().num_layers > 0 ? 3e-5 : 1e-5; }
+  // within 6e-7 of the reference everywhere), so it gets a wider bound: the GEMMs' rounding
+  // depends on the kernels OpenBLAS picks for the CPU (4.7e-5 at position 8 of the 1-token
+  // chunks on an AVX-512 Xeon, session 49), and 1e-4 is the fixtures' bound against the reference.
+  double ConsistencyTolerance() const { return model_->state_spec().num_layers > 0 ? 1e-4 : 1e-5; }
 
   std::string dir_;
   std::unique_ptr<Backend> backend_;
