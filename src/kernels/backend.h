@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "base/status.h"
 #include "kernels/sampling.h"
 #include "tensor/tensor.h"
@@ -398,6 +399,34 @@ class Backend {
   // it; the CUDA backend sizes the MoE grouped GEMM's tiles by whether one prompt chunk holds most
   // of the step's tokens (their routing is uneven: tokens of one context share experts).
   virtual void PlanStep(const AttentionBatch& /*batch*/, int64_t /*tokens*/) {}
+  // --- an op issued ahead of its place (new virtuals go at the end) ---------------------------
+  // Whether models issue the next layer's NormLinear early for `tokens` rows (the default: never;
+  // CUDA for one token with Tuning().norm_linear_ahead). Where it does, a model calls
+  // NormLinearAhead right after the ops that precede the ones completing `sum` (the next layer's
+  // input norm and qkv projection, issued after the attention block, before the MoE that folds
+  // its output into the sum) and AwaitAhead where NormLinear belongs. The op is NormLinear as it
+  // would run at the await: it reads sum there and writes x and out then; only w may be read from
+  // the issue on (a backend streams the weights early). Between the two calls nothing may read x
+  // or out after the await's point, nor write w or out; one op is outstanding at a time. The
+  // default runs NormLinear at the await.
+  virtual bool issues_ahead(int64_t tokens) const {
+    (void)tokens;
+    return false;
+  }
+  virtual void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                               const TensorView& w, const TensorView& out) {
+    COROLLA_CHECK(!ahead_) << "NormLinearAhead: the last op issued ahead is not awaited yet";
+    ahead_ = [this, norm_w, eps, sum, x, w, out] { NormLinear(norm_w, eps, sum, x, w, out); };
+  }
+  virtual void AwaitAhead() {
+    COROLLA_CHECK(ahead_) << "AwaitAhead without NormLinearAhead";
+    const std::function<void()> op = std::move(ahead_);
+    ahead_ = nullptr;
+    op();
+  }
+
+ private:
+  std::function<void()> ahead_;  // the default NormLinearAhead's op, run by AwaitAhead
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

@@ -3,7 +3,10 @@
 // the next layer's qkv projection only norms the sum (NormLinear). The CPU backend's defaults
 // for the two run the same f32 arithmetic as MoeExperts + RmsNormLinear, so through a backend
 // that takes the fold, the qwen3-moe fixture must give the unfolded forward's logits bit for bit,
-// at a prefill of five tokens and at a decode step after it, with both fused ops recorded.
+// at a prefill of five tokens and at a decode step after it, with both fused ops recorded. Where
+// a backend also issues the next layer's qkv projection ahead (Backend::issues_ahead), the model
+// issues it before the MoE block that completes its sum and awaits it where NormLinear ran: the
+// default, which runs the op at its await, gives the same logits bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +27,25 @@ class FoldingCpu final : public ProfilingBackend {
  public:
   FoldingCpu() : ProfilingBackend(MakeCpuBackend()) {}
   bool folds_moe_residual(int64_t) const override { return true; }
+};
+
+// The CPU backend, taking the fold and issuing the next qkv projection ahead of it (the default
+// NormLinearAhead: the op runs at its await), counting the issues and the awaits.
+class AheadCpu final : public ProfilingBackend {
+ public:
+  AheadCpu() : ProfilingBackend(MakeCpuBackend()) {}
+  bool folds_moe_residual(int64_t) const override { return true; }
+  bool issues_ahead(int64_t) const override { return true; }
+  void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                       const TensorView& w, const TensorView& out) override {
+    ++issued;
+    ProfilingBackend::NormLinearAhead(norm_w, eps, sum, x, w, out);
+  }
+  void AwaitAhead() override {
+    ++awaited;
+    ProfilingBackend::AwaitAhead();
+  }
+  int issued = 0, awaited = 0;
 };
 
 // Logits of a five-token prompt, then of one decode token after it, from fresh caches.
@@ -53,25 +75,42 @@ std::vector<float> PrefillThenDecode(Model& model) {
   return out;
 }
 
-TEST(ResidualFold, GivesTheUnfoldedLogits) {
+// Checks that the qwen3-moe fixture through `be` gives the plain CPU backend's logits bit for bit
+// (PrefillThenDecode); returns how many ops of `be` were recorded under each of `ops` (labels
+// starting with it).
+std::vector<int64_t> ExpectPlainLogits(ProfilingBackend& be, const std::vector<std::string>& ops) {
   auto plain = MakeCpuBackend();
-  FoldingCpu folding;
   auto model = LoadModel("tests/data/models/qwen3-moe", *plain);
-  auto folded_model = LoadModel("tests/data/models/qwen3-moe", folding);
-  ASSERT_TRUE(model.ok() && folded_model.ok());
+  auto be_model = LoadModel("tests/data/models/qwen3-moe", be);
+  EXPECT_TRUE(model.ok() && be_model.ok());
+  if (!model.ok() || !be_model.ok()) return std::vector<int64_t>(ops.size(), -1);
   const std::vector<float> ref = PrefillThenDecode(**model);
-  auto clock = MakeHostOpClock(folding);
-  folding.StartRecording(clock.get());
-  const std::vector<float> got = PrefillThenDecode(**folded_model);
-  const std::vector<std::string> labels = folding.StopRecording();
+  auto clock = MakeHostOpClock(be);
+  be.StartRecording(clock.get());
+  const std::vector<float> got = PrefillThenDecode(**be_model);
+  const std::vector<std::string> labels = be.StopRecording();
   EXPECT_EQ(got, ref);
-  auto count = [&](const std::string& op) {
-    return std::count_if(labels.begin(), labels.end(), [&](const std::string& l) { return l.rfind(op, 0) == 0; });
-  };
+  std::vector<int64_t> counts;
+  for (const std::string& op : ops)
+    counts.push_back(
+        std::count_if(labels.begin(), labels.end(), [&](const std::string& l) { return l.rfind(op, 0) == 0; }));
+  return counts;
+}
+
+TEST(ResidualFold, GivesTheUnfoldedLogits) {
+  FoldingCpu folding;
   // Three layers, two forwards: the first two MoE layers fold into the next layer's norm.
-  EXPECT_EQ(count("MoeExperts+residual"), 4);
-  EXPECT_EQ(count("NormLinear "), 4);
-  EXPECT_EQ(count("RmsNormLinear"), 0);
+  EXPECT_EQ(ExpectPlainLogits(folding, {"MoeExperts+residual", "NormLinear ", "RmsNormLinear"}),
+            (std::vector<int64_t>{4, 4, 0}));
+}
+
+TEST(AheadOps, GiveThePlainLogits) {
+  AheadCpu ahead;
+  // Three layers, two forwards: layers 1 and 2's qkv projections issued ahead of the MoE before,
+  // each run at its await.
+  EXPECT_EQ(ExpectPlainLogits(ahead, {"MoeExperts+residual", "NormLinear "}), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(ahead.issued, 4);
+  EXPECT_EQ(ahead.awaited, 4);
 }
 
 }  // namespace

@@ -28,6 +28,17 @@ bool PoisonEmpty() {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> CudaBackend::Create(int device_idx) {
+  if (Tuning().norm_linear_ahead) {
+    // An ahead kernel waits for the await kernel; a kernel whose code loads lazily, at its first
+    // launch, may wait for the device to drain first (session 48 trapped so on an H100). Asked
+    // for before the first CUDA call of the process (it reads the variable once); a user's own
+    // setting stands.
+    setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+    if (std::strcmp(std::getenv("CUDA_MODULE_LOADING"), "EAGER") != 0) {
+      LOG(WARNING) << "COROLLA_NORM_LINEAR_AHEAD with CUDA_MODULE_LOADING=" << std::getenv("CUDA_MODULE_LOADING")
+                   << ": a lazily loaded kernel may deadlock against an op issued ahead";
+    }
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -58,6 +69,13 @@ CudaBackend::~CudaBackend() {
   fp8_linear_.reset();
   side_linear_.reset();
   side_fp8_linear_.reset();
+  if (ahead_stream_ != nullptr) {
+    cudaStreamSynchronize(ahead_stream_);
+    cudaEventDestroy(ahead_fork_);
+    cudaEventDestroy(ahead_join_);
+    cudaStreamDestroy(ahead_stream_);
+    cudaFree(ahead_signals_);
+  }
   if (side_stream_ != nullptr) {
     cudaEventDestroy(fork_event_);
     cudaEventDestroy(join_event_);
@@ -98,6 +116,37 @@ void CudaBackend::JoinSideStream() {
   COROLLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
   alloc_->DeferFrees(false);  // any later use of those blocks is ordered after both streams' work
   side_unjoined_ = false;
+}
+
+bool CudaBackend::issues_ahead(int64_t tokens) const { return Tuning().norm_linear_ahead && tokens == 1; }
+
+void CudaBackend::NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                                  const TensorView& w, const TensorView& out) {
+  COROLLA_CHECK(!ahead_launched_) << "NormLinearAhead: the last op issued ahead is not awaited yet";
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (ahead_stream_ == nullptr && capture == cudaStreamCaptureStatusNone) {
+    COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&ahead_stream_, cudaStreamNonBlocking));
+    COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&ahead_fork_, cudaEventDisableTiming));
+    COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&ahead_join_, cudaEventDisableTiming));
+    ahead_signals_ = cuda::NewAheadSignals();
+  }
+  // In a capture only (ops.h: an eager step's allocations would serialise the streams), and
+  // made before it (a capture's eager warm-up run makes them).
+  if (capture != cudaStreamCaptureStatusActive || ahead_stream_ == nullptr || on_side_ ||
+      !cuda::NormLinearAheadFits(norm_w, eps, sum, x, w, out))
+    return Backend::NormLinearAhead(norm_w, eps, sum, x, w, out);
+  COROLLA_CUDA_CHECK(cudaEventRecord(ahead_fork_, stream_));
+  COROLLA_CUDA_CHECK(cudaStreamWaitEvent(ahead_stream_, ahead_fork_, 0));
+  cuda::NormLinearAhead(norm_w, eps, sum, x, w, out, ahead_signals_, ahead_stream_);
+  COROLLA_CUDA_CHECK(cudaEventRecord(ahead_join_, ahead_stream_));
+  ahead_launched_ = ahead_unjoined_ = true;
+}
+
+void CudaBackend::AwaitAhead() {
+  if (!ahead_launched_) return Backend::AwaitAhead();
+  cuda::AwaitAhead(ahead_signals_, stream_);
+  ahead_launched_ = false;
 }
 
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {
@@ -194,6 +243,10 @@ Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::fun
   cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
   if (err == cudaSuccess) {
     fn();
+    if (ahead_unjoined_) {  // every ahead op has completed before its await: a free join
+      COROLLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, ahead_join_, 0));
+      ahead_unjoined_ = false;
+    }
     err = cudaStreamEndCapture(stream_, &graph);
   }
   alloc_->SetGraphPool(false);

@@ -18,6 +18,8 @@
 
 namespace corolla::cuda {
 
+struct AheadSignals;  // gemv_ahead.cu (ops.h)
+
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<Backend>> Create(int device_idx);
@@ -132,6 +134,14 @@ class CudaBackend final : public Backend {
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
 
+  // One token with Tuning().norm_linear_ahead: the op's kernel on a side stream, released by an
+  // await kernel (gemv_ahead.cu), inside graph captures; eagerly (and where the shapes do not
+  // fit) the op runs at the await, as the default does.
+  bool issues_ahead(int64_t tokens) const override;
+  void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                       const TensorView& w, const TensorView& out) override;
+  void AwaitAhead() override;
+
   cudaStream_t stream() const { return stream_; }
   Fp8Linear& fp8_linear() { return *fp8_linear_; }
   const CachingAllocator& allocator() const { return *alloc_; }
@@ -154,6 +164,13 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Fp8Linear> side_fp8_linear_;
   bool on_side_ = false;       // inside RunOnSideStream's fn()
   bool side_unjoined_ = false;  // RunOnSideStream ran; JoinSideStream has not
+  // NormLinearAhead's stream (forked after the ops before each issue; joined at a capture's
+  // end), its events and flags; made by the first eager NormLinearAhead (a capture's warm-up).
+  cudaStream_t ahead_stream_ = nullptr;
+  cudaEvent_t ahead_fork_ = nullptr, ahead_join_ = nullptr;
+  AheadSignals* ahead_signals_ = nullptr;
+  bool ahead_launched_ = false;  // the outstanding op runs on the device: AwaitAhead launches the await
+  bool ahead_unjoined_ = false;  // ahead_stream_ holds captured work the main stream has not joined
   // RopeParams' fields (all of them: what RopeInvFreq reads is a subset) -> RopeInvFreq on the
   // device, so a forward looks frequencies up without recomputing them each layer.
   using RopeKey = std::tuple<int, float, bool, float, int, float, float, float>;

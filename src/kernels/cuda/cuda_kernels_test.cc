@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
@@ -369,6 +370,9 @@ TEST_F(CudaKernelTest, Copy) {
 }  // namespace corolla::cuda_test
 
 int main(int argc, char** argv) {
+  // Every kernel loaded with the module, before any runs: a kernel loaded at its first launch may
+  // wait for the device to drain, which an op issued ahead (gemv_ahead.cu) never lets happen.
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   ::testing::InitGoogleTest(&argc, argv);
   int rc = RUN_ALL_TESTS();
   auto& rows = corolla::cuda_test::Results();

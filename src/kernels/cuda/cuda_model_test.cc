@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -618,6 +619,52 @@ TEST(CudaDecodeGraph, ReplayedLogitsEqualEager) {
     std::printf("decode step qwen3-moe fixture batch %d: eager %.1f us, graph %.1f us (%.2fx)\n", batch, us_off,
                 us_graph, us_off / us_graph);
   }
+}
+
+// The next layer's qkv projection issued ahead of the MoE (Tuning().norm_linear_ahead,
+// gemv_ahead.cu) in the batch-1 decode graph gives the plain graph's logits bit for bit (the
+// same staged kernel from the same sums) over six greedy steps, and the ops ran in the graph.
+TEST(CudaDecodeGraph, AheadQkvEqualsPlain) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const cuda::KernelTuning saved = cuda::Tuning();
+  auto gpu = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu.ok());
+  auto model = LoadModel("tests/data/models/qwen3-moe", **gpu);
+  ASSERT_TRUE(model.ok());
+  const int64_t vocab = (*model)->config().vocab_size;
+  KvCache kv(**gpu, (*model)->kv_cache_spec(), 16, 16);
+  ModelRunner off(**model, **gpu, kv, DecodeGraphMode::kOff);
+  ModelRunner plain(**model, **gpu, kv, DecodeGraphMode::kOn), ahead(**model, **gpu, kv, DecodeGraphMode::kOn);
+  Sequence s;
+  for (int j = 0; j < 21; ++j) s.tokens.push_back((31 * j + 5) % 1024);
+  s.num_prompt_tokens = s.num_tokens();
+  for (int b = 0; b < 4; ++b) s.block_table.push_back(b);
+  ScheduledChunk prompt{&s, s.num_tokens()};
+  Tensor first = LogitsToHost(**gpu, off.Execute({&prompt, 1}, false));
+  s.num_computed_tokens = s.num_tokens();
+  s.tokens.push_back(static_cast<int32_t>(std::max_element(first.ptr<float>(), first.ptr<float>() + vocab) -
+                                          first.ptr<float>()));
+  const int64_t launches = cuda::NormLinearAheadLaunches();
+  int differing_steps = 0;
+  for (int step = 0; step < 6; ++step) {
+    ScheduledChunk c{&s, 1};
+    cuda::Tuning().norm_linear_ahead = false;
+    Tensor lp = LogitsToHost(**gpu, plain.Execute({&c, 1}, false));
+    cuda::Tuning().norm_linear_ahead = true;
+    Tensor la = LogitsToHost(**gpu, ahead.Execute({&c, 1}, false));
+    const bool same = std::memcmp(lp.ptr<float>(), la.ptr<float>(), vocab * sizeof(float)) == 0;
+    EXPECT_TRUE(same) << "step " << step << ": max |diff| of the logits "
+                      << RowError(la.ptr<float>(), lp.ptr<float>(), vocab);
+    differing_steps += !same;
+    s.num_computed_tokens += 1;
+    s.tokens.push_back(static_cast<int32_t>(std::max_element(lp.ptr<float>(), lp.ptr<float>() + vocab) -
+                                            lp.ptr<float>()));
+  }
+  cuda::Tuning() = saved;
+  // Three layers: layers 1 and 2 take the op in each graph captured (one a context bucket).
+  const int64_t issued = cuda::NormLinearAheadLaunches() - launches;
+  EXPECT_TRUE(issued >= 2 && issued % 2 == 0) << issued << " ops issued ahead";
+  Record("Graph.ahead_qkv", "qwen3-moe batch 1, 6 steps: steps differing", differing_steps, 0);
 }
 
 // ---- perf -------------------------------------------------------------------------------

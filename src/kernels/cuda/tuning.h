@@ -344,6 +344,21 @@ struct KernelTuning {
   // 2.898-2.902 vs 2.929-2.932 and 2.900-2.905 vs 2.943-2.947 at 8192.
   // COROLLA_MOE_RESIDUAL_FOLD=0 turns it off.
   bool moe_residual_fold = true;
+  // Backend::NormLinearAhead at batch 1 (gemv_ahead.cu, in the decode graphs): the next layer's
+  // input norm and qkv projection issued after the attention block, its weights staged in shared
+  // memory while the router and the MoE run; released by the await where NormLinear ran. Opt-in
+  // until measured (COROLLA_NORM_LINEAR_AHEAD=1). Sessions 47-48 wrote it first on a branch that
+  // was lost; two liveness bugs it met on an H100 shaped this one: CUDA's lazy module loading
+  // (a kernel's first launch may wait for the device to drain: CudaBackend::Create asks for
+  // eager loading when this is on) and eager steps (host allocations serialise the streams: the
+  // op runs in graphs only).
+  bool norm_linear_ahead = false;
+  // Warps of its CTA that read their rows from global memory (after an L2 prefetch) instead of
+  // staging them: at Qwen3-30B-A3B's qkv (39 rows a CTA on an H100) 1 takes the CTA from ~160 to
+  // ~152 KB, room for more of the MoE's CTAs beside it. COROLLA_NORM_LINEAR_AHEAD_GLOBAL_WARPS.
+  int norm_linear_ahead_global_warps = 1;
+  // Its carveout (percent; < 0: the least that holds one CTA). COROLLA_NORM_LINEAR_AHEAD_CARVEOUT.
+  int norm_linear_ahead_carveout = -1;
   int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's

@@ -1,0 +1,246 @@
+// Backend::NormLinearAhead / AwaitAhead: a batch-1 decode step's next qkv projection (the next
+// layer's input norm folded in) issued right after the attention block, so that its weights
+// stream into shared memory while the router and the MoE run, instead of after them.
+//
+// The issue launches GemvAheadKernel on a side stream forked from the main one: one 4-warp CTA
+// an SM bulk-copies its slice of W at once (the staged GEMV's slice and split, so the same bits;
+// the split's last Tuning().norm_linear_ahead_global_warps warps' rows are only prefetched into
+// L2 and read from global memory, so that the CTA leaves room on its SM for the MoE's CTAs), then
+// waits for `go`. The await is one CTA on the main stream
+// (programmatic dependent launch): once the kernels before it have completed (the MoE has added
+// its output into the sum) it raises `go`, waits for `done` (the op's last CTA raises it once every
+// output is stored), re-arms both and exits, so that the kernels after it read the output through
+// the main stream's order. Both run inside the decode graphs only (ops.h says why). The side chain
+// is joined into the main stream at the capture's end (CudaBackend::CaptureGraph): a join right
+// after an op would put the op in front of its own await as a full dependency.
+//
+// Liveness: nothing the main stream runs before an await waits for the ahead CTAs, so those
+// kernels complete and leave the SMs to the ahead CTAs that did not fit beside them; the await
+// does not release the kernel after it early (that kernel's CTAs, waiting on the await, could
+// otherwise take the room the last ahead CTAs need). A lost flag traps after 10 s (SpinUntil).
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemv_staged.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace corolla::cuda {
+
+// In global memory, zero between steps: `go` is raised (1) by the await kernel once the kernels
+// before it have completed; each CTA of the op adds itself to `count` once its outputs are
+// stored, and the last one re-arms `count` and raises `done`, which the await kernel waits for
+// before it re-arms `go` and `done` and exits.
+struct AheadSignals {
+  unsigned go, count, done, pad;
+};
+
+namespace {
+
+// 4 warps at <= 64 registers hold 8K of an SM's 64K registers while they wait (the staged
+// kernel's 16 would hold half of them, room for two of the MoE's gate/up CTAs instead of four).
+constexpr int kAheadWarps = 4, kAheadThreads = kAheadWarps * 32;
+constexpr int kVirtualPerWarp = kStagedWarps / kAheadWarps;
+
+struct AheadParams {
+  StagedGemvParams g;  // the staged NormLinear's (norm.y null: sum as it is; CTA 0 writes x)
+  AheadSignals* signals;
+  int global_warps;  // the split's last warps whose rows are read from global memory
+};
+
+// The staged kernel's split of a CTA's rows over its kStagedWarps warps ("virtual" warps here):
+// virtual warp v's first row and its rows.
+struct WarpRows {
+  int row0, rows;
+};
+__device__ __forceinline__ WarpRows VirtualWarpRows(int cta_rows, int v) {
+  const int per_warp = cta_rows / kStagedWarps, extra = cta_rows % kStagedWarps;
+  return {v * per_warp + min(v, extra), per_warp + (v < extra ? 1 : 0)};
+}
+
+// StageNormedX<true> with kAheadThreads threads: chunk c of x by thread c % kAheadThreads, the
+// warp sums of squares kept as those of the staged kernel's warp c / 32 and added in its order,
+// so that 1 / rms and x are its bits. Sum is read twice through L2 (4 KB), not held.
+__device__ __forceinline__ void StageNormedXAhead(const StagedGemvParams& p, bf16_t* xs) {
+  __shared__ float warp_ss[kStagedWarps];
+  const int t = threadIdx.x, lane = t % 32, chunks = p.k / 8;
+#pragma unroll
+  for (int j = 0; j < kVirtualPerWarp; ++j) {
+    const int c = j * kAheadThreads + t;
+    float a[8] = {};
+    if (c < chunks) LoadCg8(p.norm.sum + 8 * c, a);
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += a[i] * a[i];
+    ss = WarpSum(ss);
+    if (lane == 0) warp_ss[c / 32] = ss;
+  }
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kStagedWarps; ++w) total += warp_ss[w];
+  const float inv = rsqrtf(total / p.k + p.norm.eps);
+  for (int c = t; c < chunks; c += kAheadThreads) {
+    float a[8];
+    LoadCg8(p.norm.sum + 8 * c, a);
+    const Bf16x8 xv = NormScale8(p.norm, 8 * c, a, inv);
+    Store8(xs + 8 * c, xv);
+    if (blockIdx.x == 0) Store8(p.norm.x + 8 * c, xv);
+  }
+  __syncthreads();  // xs staged
+}
+
+// The staged NormLinear's CTA (GemvStagedKernel: the same rows a CTA, the same split into warps'
+// rows, the same dots) on kAheadWarps warps, each taking kVirtualPerWarp of its warps' rows.
+// Before `go` lane 0 of each warp issues its virtual warps' bulk copies (the last global_warps
+// only prefetch theirs into L2: the CTA then leaves more room on its SM); after it the CTA norms
+// the sum into x, multiplies, and counts itself out.
+__global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid_constant__ AheadParams ap) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const StagedGemvParams& p = ap.g;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int cta_row0 = blockIdx.x * p.rows_per_cta;
+  const int cta_rows = min(p.rows_per_cta, p.n - cta_row0);
+  const int first_global = kStagedWarps - ap.global_warps;
+  bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kStagedHeader);
+  bf16_t* staged = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes);
+  if (lane == 0) {
+    for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
+      const WarpRows r = VirtualWarpRows(cta_rows, v);
+      if (r.rows == 0) continue;
+      const bf16_t* src = p.w + static_cast<int64_t>(cta_row0 + r.row0) * p.k;
+      const uint32_t bytes = static_cast<uint32_t>(r.rows) * p.k * 2;
+      if (v >= first_global) {
+        wgmma::PrefetchL2(src, bytes, wgmma::EvictNormal());
+        continue;
+      }
+      const uint32_t bar = wgmma::SmemAddr(smem + 8 * v);
+      wgmma::MbarInit(bar, 1);
+      wgmma::MbarInitFence();
+      wgmma::MbarArriveExpectTx(bar, bytes);
+      wgmma::BulkCopy(wgmma::SmemAddr(staged + static_cast<int64_t>(r.row0) * p.k), src, bytes, bar,
+                      wgmma::EvictFirst());
+    }
+  }
+  // Released by the await kernel once the kernels before it (the sum's writers) have completed.
+  if (threadIdx.x == 0) wgmma::SpinUntil(&ap.signals->go, 1u);
+  __syncthreads();
+  StageNormedXAhead(p, xs);
+  for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
+    const WarpRows r = VirtualWarpRows(cta_rows, v);
+    if (r.rows == 0) continue;
+    const bool in_smem = v < first_global;
+    const bf16_t* ws = in_smem ? staged + static_cast<int64_t>(r.row0) * p.k
+                               : p.w + static_cast<int64_t>(cta_row0 + r.row0) * p.k;
+    MultiplyStaged(p, ws, xs, cta_row0 + r.row0, r.rows, in_smem, wgmma::SmemAddr(smem + 8 * v), lane);
+  }
+  __syncthreads();  // every output of this CTA stored
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&ap.signals->count, 1u) == gridDim.x - 1) {  // the last CTA
+      ap.signals->count = 0;
+      wgmma::StoreRelease(&ap.signals->done, 1u);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, uint64_t* timeline) {
+  TimelineScope tl(timeline);
+  GridDependencyWait();  // every kernel before this one (the sum's last writer) has completed
+  tl.Waited();
+  if (threadIdx.x != 0) return;
+  wgmma::StoreRelease(&signals->go, 1u);
+  wgmma::SpinUntil(&signals->done, 1u);
+  // Re-armed for the next op: its kernel starts after this one has completed.
+  signals->go = 0;
+  signals->done = 0;
+}
+
+std::atomic<int64_t> ahead_launches{0};  // NormLinearAheadLaunches
+
+struct AheadPlan {
+  int sms = 0;
+  int64_t rows_per_cta = 0, x_bytes = 0, smem = 0;
+  int global_warps = 0;
+};
+
+// LaunchStagedGemv's split (the same rows a CTA and a warp: the same bits), less the shared
+// memory of the warps that read from global memory (the last ones, which hold the fewest rows).
+AheadPlan PlanAhead(int64_t n, int64_t k) {
+  AheadPlan plan;
+  int device = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&plan.sms, cudaDevAttrMultiProcessorCount, device));
+  plan.rows_per_cta = (n + plan.sms - 1) / plan.sms;
+  plan.x_bytes = (2 * k + 127) / 128 * 128;
+  plan.global_warps = std::clamp(Tuning().norm_linear_ahead_global_warps, 0, kStagedWarps - 1);
+  const int64_t per_warp = plan.rows_per_cta / kStagedWarps, extra = plan.rows_per_cta % kStagedWarps;
+  const int staged_warps = kStagedWarps - plan.global_warps;
+  const int64_t staged_rows = staged_warps * per_warp + std::min<int64_t>(staged_warps, extra);
+  plan.smem = kStagedHeader + plan.x_bytes + staged_rows * k * 2;
+  return plan;
+}
+
+}  // namespace
+
+AheadSignals* NewAheadSignals() {
+  AheadSignals* s = nullptr;
+  COROLLA_CUDA_CHECK(cudaMalloc(&s, sizeof(AheadSignals)));
+  COROLLA_CUDA_CHECK(cudaMemset(s, 0, sizeof(AheadSignals)));
+  return s;
+}
+
+bool NormLinearAheadFits(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                         const TensorView& w, const TensorView& out) {
+  if (!Tuning().gemv_staged || x.rank() != 2 || x.dim(0) != 1 || w.dim(0) > (int64_t{1} << 30)) return false;
+  ResidualNorm norm;
+  if (!StagedNormFits(x, w, out, MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))) return false;
+  return PlanAhead(w.dim(0), w.dim(1)).smem <= kStagedMaxSmem;
+}
+
+void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                     const TensorView& w, const TensorView& out, AheadSignals* signals, cudaStream_t side) {
+  ResidualNorm norm;
+  COROLLA_CHECK(NormLinearAheadFits(norm_w, eps, sum, x, w, out) &&
+                MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))
+      << "NormLinearAhead x " << x.ToString() << " w " << w.ToString() << " out " << out.ToString();
+  const int64_t n = w.dim(0), k = w.dim(1);
+  const AheadPlan plan = PlanAhead(n, k);
+  AheadParams ap{{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
+                  static_cast<int>(plan.rows_per_cta), static_cast<int>(plan.x_bytes), out.dtype == DType::kF32,
+                  nullptr, norm, nullptr},
+                 signals, plan.global_warps};
+  static const bool attrs_set = [] {  // (one device a process takes the ahead ops: CudaBackend)
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(GemvAheadKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kStagedMaxSmem)));
+    return true;
+  }();
+  (void)attrs_set;
+  // The carveout the CTA needs (its shared memory and the 1 KB the SM reserves a CTA), not more:
+  // what is left is the MoE's L1 and the room for its CTAs beside this one.
+  int device = 0, sm_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  const int carveout = Tuning().norm_linear_ahead_carveout >= 0
+                           ? Tuning().norm_linear_ahead_carveout
+                           : static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
+  SetCarveoutOnce(reinterpret_cast<const void*>(GemvAheadKernel), carveout);
+  const int ctas = CeilDiv(n, plan.rows_per_cta);
+  GemvAheadKernel<<<ctas, kAheadThreads, static_cast<size_t>(plan.smem), side>>>(ap);
+  COROLLA_CUDA_CHECK(cudaGetLastError());
+  ahead_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+int64_t NormLinearAheadLaunches() { return ahead_launches.load(std::memory_order_relaxed); }
+
+void AwaitAhead(AheadSignals* signals, cudaStream_t s) {
+  uint64_t* timeline = TimelineOn() ? TimelineRecord("Await ahead", 1, s) : nullptr;
+  LaunchPdl(AwaitAheadKernel, dim3(1), dim3(32), 0, s, 1, signals, timeline);
+}
+
+}  // namespace corolla::cuda
