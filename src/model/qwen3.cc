@@ -296,6 +296,15 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   Tensor attn = backend_.Empty(act, {tokens, hq, d});  // [T, Hq, D]
   const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(d));
   const RopeParams rope{c.rotary_dim(), static_cast<float>(c.rope.theta)};
+  if (!c.attention_output_gate && backend_.issues_ahead(Backend::AheadOp::kLinear, tokens)) {
+    // o_proj issued ahead of the attention that writes its x (Backend::LinearAhead).
+    backend_.LinearAhead(attn.view().Reshape({tokens, hq * d}), w.o, out);
+    backend_.QkNormRopeAttention(q, k, v, w.q_norm, w.k_norm, eps, batch.positions, rope, cache, batch.attention, scale,
+                                 attn);
+    backend_.AwaitAhead();
+    AllReduce(shard_.tp, out);
+    return;
+  }
   if (!c.attention_output_gate) {  // the attention and o_proj: one op the backend may fuse
     backend_.QkNormRopeAttentionProj(q, k, v, w.q_norm, w.k_norm, eps, batch.positions, rope, cache, batch.attention,
                                      scale, attn, w.o, out);  // out: [T, H], this rank's partial sum
@@ -480,7 +489,7 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
       qkv_ahead = Tensor();
     }
     const bool next_attention = l + 1 < c.num_layers && !layers_[l + 1].is_linear;
-    if (next_attention && FoldsMoeResidual(l, tokens) && backend_.issues_ahead(tokens))
+    if (next_attention && FoldsMoeResidual(l, tokens) && backend_.issues_ahead(Backend::AheadOp::kNormLinear, tokens))
       qkv_ahead = QkvAhead(l + 1, stream);
     added = MlpBlock(l, stream, lw.post_attention_norm, next_attention);
     input_norm = next_attention ? &layers_[l + 1].input_norm : nullptr;

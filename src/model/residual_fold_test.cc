@@ -4,9 +4,10 @@
 // for the two run the same f32 arithmetic as MoeExperts + RmsNormLinear, so through a backend
 // that takes the fold, the qwen3-moe fixture must give the unfolded forward's logits bit for bit,
 // at a prefill of five tokens and at a decode step after it, with both fused ops recorded. Where
-// a backend also issues the next layer's qkv projection ahead (Backend::issues_ahead), the model
-// issues it before the MoE block that completes its sum and awaits it where NormLinear ran: the
-// default, which runs the op at its await, gives the same logits bit for bit.
+// a backend also issues ops ahead (Backend::issues_ahead), the model issues the next layer's qkv
+// projection before the MoE block that completes its sum and o_proj before the attention, and
+// awaits each where it ran: the defaults, which run each op at its await, give the same logits
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,17 +30,21 @@ class FoldingCpu final : public ProfilingBackend {
   bool folds_moe_residual(int64_t) const override { return true; }
 };
 
-// The CPU backend, taking the fold and issuing the next qkv projection ahead of it (the default
-// NormLinearAhead: the op runs at its await), counting the issues and the awaits.
+// The CPU backend, taking the fold, issuing the next qkv projection ahead of it and o_proj ahead
+// of the attention (the defaults: each op runs at its await), counting the issues and awaits.
 class AheadCpu final : public ProfilingBackend {
  public:
   AheadCpu() : ProfilingBackend(MakeCpuBackend()) {}
   bool folds_moe_residual(int64_t) const override { return true; }
-  bool issues_ahead(int64_t) const override { return true; }
+  bool issues_ahead(AheadOp, int64_t) const override { return true; }
   void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                        const TensorView& w, const TensorView& out) override {
     ++issued;
     ProfilingBackend::NormLinearAhead(norm_w, eps, sum, x, w, out);
+  }
+  void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out) override {
+    ++issued;
+    ProfilingBackend::LinearAhead(x, w, out);
   }
   void AwaitAhead() override {
     ++awaited;
@@ -106,11 +111,14 @@ TEST(ResidualFold, GivesTheUnfoldedLogits) {
 
 TEST(AheadOps, GiveThePlainLogits) {
   AheadCpu ahead;
-  // Three layers, two forwards: layers 1 and 2's qkv projections issued ahead of the MoE before,
-  // each run at its await.
-  EXPECT_EQ(ExpectPlainLogits(ahead, {"MoeExperts+residual", "NormLinear "}), (std::vector<int64_t>{4, 4}));
-  EXPECT_EQ(ahead.issued, 4);
-  EXPECT_EQ(ahead.awaited, 4);
+  // Three layers, two forwards: layers 1 and 2's qkv projections issued ahead of the MoE before
+  // and every layer's o_proj ahead of its attention, each run at its await.
+  FoldingCpu folding;
+  const int64_t linears = ExpectPlainLogits(folding, {"Linear "})[0];  // o_proj's among them
+  EXPECT_EQ(ExpectPlainLogits(ahead, {"MoeExperts+residual", "NormLinear ", "Linear "}),
+            (std::vector<int64_t>{4, 4, linears}));
+  EXPECT_EQ(ahead.issued, 10);
+  EXPECT_EQ(ahead.awaited, 10);
 }
 
 }  // namespace

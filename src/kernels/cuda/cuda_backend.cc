@@ -118,11 +118,12 @@ void CudaBackend::JoinSideStream() {
   side_unjoined_ = false;
 }
 
-bool CudaBackend::issues_ahead(int64_t tokens) const { return Tuning().norm_linear_ahead && tokens == 1; }
+bool CudaBackend::issues_ahead(AheadOp op, int64_t tokens) const {
+  return tokens == 1 && (op == AheadOp::kNormLinear ? Tuning().norm_linear_ahead : Tuning().linear_ahead);
+}
 
-void CudaBackend::NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                                  const TensorView& w, const TensorView& out) {
-  COROLLA_CHECK(!ahead_launched_) << "NormLinearAhead: the last op issued ahead is not awaited yet";
+bool CudaBackend::ForkAhead() {
+  COROLLA_CHECK(!ahead_launched_) << "an op issued ahead: the last one is not awaited yet";
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   COROLLA_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (ahead_stream_ == nullptr && capture == cudaStreamCaptureStatusNone) {
@@ -131,16 +132,31 @@ void CudaBackend::NormLinearAhead(const TensorView& norm_w, float eps, const Ten
     COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&ahead_join_, cudaEventDisableTiming));
     ahead_signals_ = cuda::NewAheadSignals();
   }
-  // In a capture only (ops.h: an eager step's allocations would serialise the streams), and
-  // made before it (a capture's eager warm-up run makes them).
-  if (capture != cudaStreamCaptureStatusActive || ahead_stream_ == nullptr || on_side_ ||
-      !cuda::NormLinearAheadFits(norm_w, eps, sum, x, w, out))
-    return Backend::NormLinearAhead(norm_w, eps, sum, x, w, out);
+  // In a capture only (ops.h: an eager step's allocations would serialise the streams), with
+  // the stream and flags made before it (a capture's eager warm-up run makes them).
+  if (capture != cudaStreamCaptureStatusActive || ahead_stream_ == nullptr || on_side_) return false;
   COROLLA_CUDA_CHECK(cudaEventRecord(ahead_fork_, stream_));
   COROLLA_CUDA_CHECK(cudaStreamWaitEvent(ahead_stream_, ahead_fork_, 0));
-  cuda::NormLinearAhead(norm_w, eps, sum, x, w, out, ahead_signals_, ahead_stream_);
+  return true;
+}
+
+void CudaBackend::AheadLaunched() {
   COROLLA_CUDA_CHECK(cudaEventRecord(ahead_join_, ahead_stream_));
   ahead_launched_ = ahead_unjoined_ = true;
+}
+
+void CudaBackend::NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
+                                  const TensorView& w, const TensorView& out) {
+  if (!cuda::NormLinearAheadFits(norm_w, eps, sum, x, w, out) || !ForkAhead())
+    return Backend::NormLinearAhead(norm_w, eps, sum, x, w, out);
+  cuda::NormLinearAhead(norm_w, eps, sum, x, w, out, ahead_signals_, ahead_stream_);
+  AheadLaunched();
+}
+
+void CudaBackend::LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out) {
+  if (!cuda::LinearAheadFits(x, w, out) || !ForkAhead()) return Backend::LinearAhead(x, w, out);
+  cuda::LinearAhead(x, w, out, ahead_signals_, ahead_stream_);
+  AheadLaunched();
 }
 
 void CudaBackend::AwaitAhead() {

@@ -134,12 +134,13 @@ class CudaBackend final : public Backend {
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
 
-  // One token with Tuning().norm_linear_ahead: the op's kernel on a side stream, released by an
-  // await kernel (gemv_ahead.cu), inside graph captures; eagerly (and where the shapes do not
-  // fit) the op runs at the await, as the default does.
-  bool issues_ahead(int64_t tokens) const override;
+  // One token with Tuning().norm_linear_ahead / linear_ahead: the op's kernel on a side stream,
+  // released by an await kernel (gemv_ahead.cu), inside graph captures; eagerly (and where the
+  // shapes do not fit) the op runs at the await, as the default does.
+  bool issues_ahead(AheadOp op, int64_t tokens) const override;
   void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                        const TensorView& w, const TensorView& out) override;
+  void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out) override;
   void AwaitAhead() override;
 
   cudaStream_t stream() const { return stream_; }
@@ -171,6 +172,11 @@ class CudaBackend final : public Backend {
   AheadSignals* ahead_signals_ = nullptr;
   bool ahead_launched_ = false;  // the outstanding op runs on the device: AwaitAhead launches the await
   bool ahead_unjoined_ = false;  // ahead_stream_ holds captured work the main stream has not joined
+  // Whether an op issued now runs on the device (capturing, the stream and flags made: the first
+  // eager issue makes them) and, if so, forks ahead_stream_ from the main one.
+  bool ForkAhead();
+  // Records the launch on ahead_stream_ for the capture's join and AwaitAhead.
+  void AheadLaunched();
   // RopeParams' fields (all of them: what RopeInvFreq reads is a subset) -> RopeInvFreq on the
   // device, so a forward looks frequencies up without recomputing them each layer.
   using RopeKey = std::tuple<int, float, bool, float, int, float, float, float>;

@@ -4,7 +4,7 @@
 //
 // The issue launches GemvAheadKernel on a side stream forked from the main one: one 4-warp CTA
 // an SM bulk-copies its slice of W at once (the staged GEMV's slice and split, so the same bits;
-// the split's last Tuning().norm_linear_ahead_global_warps warps' rows are only prefetched into
+// the split's last Tuning().ahead_global_warps warps' rows are only prefetched into
 // L2 and read from global memory, so that the CTA leaves room on its SM for the MoE's CTAs), then
 // waits for `go`. The await is one CTA on the main stream
 // (programmatic dependent launch): once the kernels before it have completed (the MoE has added
@@ -95,11 +95,11 @@ __device__ __forceinline__ void StageNormedXAhead(const StagedGemvParams& p, bf1
   __syncthreads();  // xs staged
 }
 
-// The staged NormLinear's CTA (GemvStagedKernel: the same rows a CTA, the same split into warps'
-// rows, the same dots) on kAheadWarps warps, each taking kVirtualPerWarp of its warps' rows.
-// Before `go` lane 0 of each warp issues its virtual warps' bulk copies (the last global_warps
-// only prefetch theirs into L2: the CTA then leaves more room on its SM); after it the CTA norms
-// the sum into x, multiplies, and counts itself out.
+// The staged NormLinear's or Linear's CTA (GemvStagedKernel: the same rows a CTA, the same split
+// into warps' rows, the same dots) on kAheadWarps warps, each taking kVirtualPerWarp of its warps'
+// rows. Before `go` lane 0 of each warp issues its virtual warps' bulk copies (the last
+// global_warps only prefetch theirs into L2: the CTA then leaves more room on its SM); after it
+// the CTA norms the sum into x (or copies x), multiplies, and counts itself out.
 __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid_constant__ AheadParams ap) {
   extern __shared__ __align__(128) unsigned char smem[];
   const StagedGemvParams& p = ap.g;
@@ -130,7 +130,13 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
   // Released by the await kernel once the kernels before it (the sum's writers) have completed.
   if (threadIdx.x == 0) wgmma::SpinUntil(&ap.signals->go, 1u);
   __syncthreads();
-  StageNormedXAhead(p, xs);
+  if (p.norm.sum != nullptr) {
+    StageNormedXAhead(p, xs);
+  } else {  // LinearAhead: x as the kernels before the await wrote it (through L2)
+    for (int c = threadIdx.x; c < p.k / 8; c += kAheadThreads)
+      reinterpret_cast<uint4*>(xs)[c] = __ldcg(reinterpret_cast<const uint4*>(p.x) + c);
+    __syncthreads();
+  }
   for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
     const WarpRows r = VirtualWarpRows(cta_rows, v);
     if (r.rows == 0) continue;
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, ui
   signals->done = 0;
 }
 
-std::atomic<int64_t> ahead_launches{0};  // NormLinearAheadLaunches
+std::atomic<int64_t> ahead_launches{0};  // AheadLaunches
 
 struct AheadPlan {
   int sms = 0;
@@ -178,7 +184,7 @@ AheadPlan PlanAhead(int64_t n, int64_t k) {
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&plan.sms, cudaDevAttrMultiProcessorCount, device));
   plan.rows_per_cta = (n + plan.sms - 1) / plan.sms;
   plan.x_bytes = (2 * k + 127) / 128 * 128;
-  plan.global_warps = std::clamp(Tuning().norm_linear_ahead_global_warps, 0, kStagedWarps - 1);
+  plan.global_warps = std::clamp(Tuning().ahead_global_warps, 0, kStagedWarps - 1);
   const int64_t per_warp = plan.rows_per_cta / kStagedWarps, extra = plan.rows_per_cta % kStagedWarps;
   const int staged_warps = kStagedWarps - plan.global_warps;
   const int64_t staged_rows = staged_warps * per_warp + std::min<int64_t>(staged_warps, extra);
@@ -195,12 +201,48 @@ AheadSignals* NewAheadSignals() {
   return s;
 }
 
+namespace {
+
+// GemvAheadKernel on `side` for p (x, w, out, n, k, norm or none), at the plan's split.
+void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
+  const AheadPlan plan = PlanAhead(p.n, p.k);
+  p.rows_per_cta = static_cast<int>(plan.rows_per_cta);
+  p.x_bytes = static_cast<int>(plan.x_bytes);
+  const AheadParams ap{p, signals, plan.global_warps};
+  static const bool attrs_set = [] {  // (one device a process takes the ahead ops: CudaBackend)
+    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(GemvAheadKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kStagedMaxSmem)));
+    return true;
+  }();
+  (void)attrs_set;
+  // The carveout the CTA needs (its shared memory and the 1 KB the SM reserves a CTA), not more:
+  // what is left is L1 and the room for the CTAs of the kernels it waits beside.
+  int device = 0, sm_smem = 0;
+  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  const int carveout = Tuning().ahead_carveout >= 0
+                           ? Tuning().ahead_carveout
+                           : static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
+  SetCarveoutOnce(reinterpret_cast<const void*>(GemvAheadKernel), carveout);
+  GemvAheadKernel<<<CeilDiv(p.n, plan.rows_per_cta), kAheadThreads, static_cast<size_t>(plan.smem), side>>>(ap);
+  COROLLA_CUDA_CHECK(cudaGetLastError());
+  ahead_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The plan fits one CTA an SM (w [N, K] bf16, contiguous, 16-byte aligned; N < 2^30).
+bool AheadFits(const TensorView& w) {
+  return Tuning().gemv_staged && w.dtype == DType::kBF16 && w.rank() == 2 && w.dim(0) <= (int64_t{1} << 30) &&
+         w.dim(1) % 8 == 0 && w.is_contiguous() && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         PlanAhead(w.dim(0), w.dim(1)).smem <= kStagedMaxSmem;
+}
+
+}  // namespace
+
 bool NormLinearAheadFits(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                          const TensorView& w, const TensorView& out) {
-  if (!Tuning().gemv_staged || x.rank() != 2 || x.dim(0) != 1 || w.dim(0) > (int64_t{1} << 30)) return false;
+  if (x.rank() != 2 || x.dim(0) != 1 || !AheadFits(w)) return false;
   ResidualNorm norm;
-  if (!StagedNormFits(x, w, out, MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))) return false;
-  return PlanAhead(w.dim(0), w.dim(1)).smem <= kStagedMaxSmem;
+  return StagedNormFits(x, w, out, MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm));
 }
 
 void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
@@ -209,34 +251,28 @@ void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum,
   COROLLA_CHECK(NormLinearAheadFits(norm_w, eps, sum, x, w, out) &&
                 MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))
       << "NormLinearAhead x " << x.ToString() << " w " << w.ToString() << " out " << out.ToString();
-  const int64_t n = w.dim(0), k = w.dim(1);
-  const AheadPlan plan = PlanAhead(n, k);
-  AheadParams ap{{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
-                  static_cast<int>(plan.rows_per_cta), static_cast<int>(plan.x_bytes), out.dtype == DType::kF32,
-                  nullptr, norm, nullptr},
-                 signals, plan.global_warps};
-  static const bool attrs_set = [] {  // (one device a process takes the ahead ops: CudaBackend)
-    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(GemvAheadKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kStagedMaxSmem)));
-    return true;
-  }();
-  (void)attrs_set;
-  // The carveout the CTA needs (its shared memory and the 1 KB the SM reserves a CTA), not more:
-  // what is left is the MoE's L1 and the room for its CTAs beside this one.
-  int device = 0, sm_smem = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  const int carveout = Tuning().norm_linear_ahead_carveout >= 0
-                           ? Tuning().norm_linear_ahead_carveout
-                           : static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
-  SetCarveoutOnce(reinterpret_cast<const void*>(GemvAheadKernel), carveout);
-  const int ctas = CeilDiv(n, plan.rows_per_cta);
-  GemvAheadKernel<<<ctas, kAheadThreads, static_cast<size_t>(plan.smem), side>>>(ap);
-  COROLLA_CUDA_CHECK(cudaGetLastError());
-  ahead_launches.fetch_add(1, std::memory_order_relaxed);
+  LaunchAhead({x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(w.dim(0)), static_cast<int>(w.dim(1)), 0,
+               0, out.dtype == DType::kF32, nullptr, norm, nullptr},
+              signals, side);
 }
 
-int64_t NormLinearAheadLaunches() { return ahead_launches.load(std::memory_order_relaxed); }
+bool LinearAheadFits(const TensorView& x, const TensorView& w, const TensorView& out) {
+  return AheadFits(w) && x.dtype == DType::kBF16 && x.rank() == 2 && x.dim(0) == 1 && x.dim(1) == w.dim(1) &&
+         x.is_contiguous() && reinterpret_cast<uintptr_t>(x.data) % 16 == 0 &&
+         (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && out.rank() == 2 && out.dim(0) == 1 &&
+         out.dim(1) == w.dim(0) && out.strides[1] == 1;
+}
+
+void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out, AheadSignals* signals,
+                 cudaStream_t side) {
+  COROLLA_CHECK(LinearAheadFits(x, w, out))
+      << "LinearAhead x " << x.ToString() << " w " << w.ToString() << " out " << out.ToString();
+  LaunchAhead({x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(w.dim(0)), static_cast<int>(w.dim(1)), 0,
+               0, out.dtype == DType::kF32, nullptr, ResidualNorm{}, nullptr},
+              signals, side);
+}
+
+int64_t AheadLaunches() { return ahead_launches.load(std::memory_order_relaxed); }
 
 void AwaitAhead(AheadSignals* signals, cudaStream_t s) {
   uint64_t* timeline = TimelineOn() ? TimelineRecord("Await ahead", 1, s) : nullptr;

@@ -56,21 +56,24 @@ bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, con
 // stages x; CTA 0 writes x) where the shapes fit; false (nothing launched) otherwise.
 bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
                 const TensorView& out, cudaStream_t s);
-// gemv_ahead.cu: Backend::NormLinearAhead. The staged NormLinear kernel launched on `side`
-// (forked from the main stream after the ops before the issue), its CTAs staging their slices of
-// w at once and released by a flag: AwaitAhead on the main stream raises it once the kernels
-// before the await have completed and waits for the op's last CTA. Only inside a capture (the
-// decode graphs): in an eager step the host's allocations between issue and await would
-// serialise the two streams (CUDA's implicit synchronisation) while the ahead kernel waits for
-// the await. NormLinearAheadFits says whether the shapes fit (else the op runs at the await).
+// gemv_ahead.cu: Backend::NormLinearAhead / LinearAhead. The staged NormLinear / Linear kernel
+// launched on `side` (forked from the main stream after the ops before the issue), its CTAs
+// staging their slices of w at once and released by a flag: AwaitAhead on the main stream raises
+// it once the kernels before the await have completed and waits for the op's last CTA. Only
+// inside a capture (the decode graphs): in an eager step the host's allocations between issue
+// and await would serialise the two streams (CUDA's implicit synchronisation) while the ahead
+// kernel waits for the await. The *Fits say whether the shapes fit (else the op runs at the await).
 struct AheadSignals;
 AheadSignals* NewAheadSignals();  // zeroed device memory; cudaFree releases it
 bool NormLinearAheadFits(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                          const TensorView& w, const TensorView& out);
 void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                      const TensorView& w, const TensorView& out, AheadSignals* signals, cudaStream_t side);
+bool LinearAheadFits(const TensorView& x, const TensorView& w, const TensorView& out);
+void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out, AheadSignals* signals,
+                 cudaStream_t side);
 void AwaitAhead(AheadSignals* signals, cudaStream_t s);
-int64_t NormLinearAheadLaunches();  // tests: NormLinearAhead kernels launched (or captured)
+int64_t AheadLaunches();  // tests: ahead kernels launched (or captured)
 
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);

@@ -71,9 +71,10 @@ KernelTuning& Tuning() {
       t.moe_pair_gate_up_one_wave = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_MOE_RESIDUAL_FOLD")) t.moe_residual_fold = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_NORM_LINEAR_AHEAD")) t.norm_linear_ahead = std::atoi(v) != 0;
-    if (const char* v = std::getenv("COROLLA_NORM_LINEAR_AHEAD_GLOBAL_WARPS"))
-      t.norm_linear_ahead_global_warps = std::atoi(v);
-    if (const char* v = std::getenv("COROLLA_NORM_LINEAR_AHEAD_CARVEOUT")) t.norm_linear_ahead_carveout = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_LINEAR_AHEAD")) t.linear_ahead = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_AHEAD_GLOBAL_WARPS"))
+      t.ahead_global_warps = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_AHEAD_CARVEOUT")) t.ahead_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER_NORM")) t.staged_router_norm = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_CLUSTER_NORM_ROUTER")) t.cluster_norm_router = std::atoi(v);

@@ -353,12 +353,18 @@ struct KernelTuning {
   // eager loading when this is on) and eager steps (host allocations serialise the streams: the
   // op runs in graphs only).
   bool norm_linear_ahead = false;
-  // Warps of its CTA that read their rows from global memory (after an L2 prefetch) instead of
-  // staging them: at Qwen3-30B-A3B's qkv (39 rows a CTA on an H100) 1 takes the CTA from ~160 to
-  // ~152 KB, room for more of the MoE's CTAs beside it. COROLLA_NORM_LINEAR_AHEAD_GLOBAL_WARPS.
-  int norm_linear_ahead_global_warps = 1;
-  // Its carveout (percent; < 0: the least that holds one CTA). COROLLA_NORM_LINEAR_AHEAD_CARVEOUT.
-  int norm_linear_ahead_carveout = -1;
+  // Backend::LinearAhead at batch 1 the same way: the attention's o_proj issued before the
+  // attention, its weights staged while the prologue and the attention run (the HBM is nearly
+  // idle there). Opt-in until measured (COROLLA_LINEAR_AHEAD=1).
+  bool linear_ahead = false;
+  // Warps (of the staged GEMV's 16) of an ahead CTA whose rows are read from global memory (after
+  // an L2 prefetch) instead of staged: at Qwen3-30B-A3B's qkv (39 rows a CTA on 132 SMs) 1 takes
+  // the CTA from ~160 to ~152 KB, room for more of the MoE's CTAs beside it.
+  // COROLLA_AHEAD_GLOBAL_WARPS.
+  int ahead_global_warps = 1;
+  // The ahead kernel's carveout (percent; < 0: the least that holds one CTA).
+  // COROLLA_AHEAD_CARVEOUT.
+  int ahead_carveout = -1;
   int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
