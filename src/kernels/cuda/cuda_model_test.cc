@@ -623,7 +623,7 @@ TEST(CudaDecodeGraph, ReplayedLogitsEqualEager) {
 
 // Ops issued ahead in the batch-1 decode graph (gemv_ahead.cu): the next layer's qkv projection
 // ahead of the MoE (Tuning().norm_linear_ahead), o_proj ahead of the attention (linear_ahead),
-// and both, give the plain graph's logits bit for bit (the same staged kernel's split and dots
+// and both (also with the await's early trigger), give the plain graph's logits bit for bit (the same staged kernel's split and dots
 // from the same inputs) over six greedy steps, and the ops ran in the graphs.
 TEST(CudaDecodeGraph, OpsAheadEqualPlain) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -635,8 +635,11 @@ TEST(CudaDecodeGraph, OpsAheadEqualPlain) {
   const int64_t vocab = (*model)->config().vocab_size;
   KvCache kv(**gpu, (*model)->kv_cache_spec(), 16, 16);
   ModelRunner off(**model, **gpu, kv, DecodeGraphMode::kOff);
-  for (const auto& [qkv, o] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
-    const std::string name = std::string(qkv ? "qkv" : "") + (qkv && o ? "+" : "") + (o ? "o" : "");
+  struct Ops { bool qkv, o, early_trigger; };
+  for (const auto& [qkv, o, early] : {Ops{true, false, false}, Ops{false, true, false}, Ops{true, true, false},
+                                      Ops{true, true, true}}) {
+    const std::string name =
+        std::string(qkv ? "qkv" : "") + (qkv && o ? "+" : "") + (o ? "o" : "") + (early ? " early trigger" : "");
     ModelRunner plain(**model, **gpu, kv, DecodeGraphMode::kOn), ahead(**model, **gpu, kv, DecodeGraphMode::kOn);
     Sequence s;
     for (int j = 0; j < 21; ++j) s.tokens.push_back((31 * j + 5) % 1024);
@@ -655,6 +658,7 @@ TEST(CudaDecodeGraph, OpsAheadEqualPlain) {
       Tensor lp = LogitsToHost(**gpu, plain.Execute({&c, 1}, false));
       cuda::Tuning().norm_linear_ahead = qkv;
       cuda::Tuning().linear_ahead = o;
+      cuda::Tuning().ahead_await_early_trigger = early;
       Tensor la = LogitsToHost(**gpu, ahead.Execute({&c, 1}, false));
       const bool same = std::memcmp(lp.ptr<float>(), la.ptr<float>(), vocab * sizeof(float)) == 0;
       EXPECT_TRUE(same) << name << " step " << step << ": max |diff| of the logits "

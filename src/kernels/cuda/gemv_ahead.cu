@@ -15,12 +15,14 @@
 // after an op would put the op in front of its own await as a full dependency.
 //
 // Liveness: nothing the main stream runs before an await waits for the ahead CTAs, so those
-// kernels complete and leave the SMs to the ahead CTAs that did not fit beside them; the await
-// does not release the kernel after it early (that kernel's CTAs, waiting on the await, could
-// otherwise take the room the last ahead CTAs need). A lost flag traps after 10 s (SpinUntil).
+// kernels complete and leave the SMs to the ahead CTAs that did not fit beside them; by default
+// the await does not release the kernel after it early (that kernel's CTAs, waiting on the
+// await, could take room the last ahead CTAs need; opt-in COROLLA_AHEAD_AWAIT_EARLY_TRIGGER=1
+// releases it once go is raised). A lost flag traps after 10 s (SpinUntil).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv_staged.cuh"
@@ -103,6 +105,7 @@ __device__ __forceinline__ void StageNormedXAhead(const StagedGemvParams& p, bf1
 __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid_constant__ AheadParams ap) {
   extern __shared__ __align__(128) unsigned char smem[];
   const StagedGemvParams& p = ap.g;
+  TimelineScope tl(ap.g.timeline);  // beside the chain: waited = go seen
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int cta_row0 = blockIdx.x * p.rows_per_cta;
   const int cta_rows = min(p.rows_per_cta, p.n - cta_row0);
@@ -130,12 +133,18 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
   // Released by the await kernel once the kernels before it (the sum's writers) have completed.
   if (threadIdx.x == 0) wgmma::SpinUntil(&ap.signals->go, 1u);
   __syncthreads();
+  tl.Waited();
   if (p.norm.sum != nullptr) {
     StageNormedXAhead(p, xs);
   } else {  // LinearAhead: x as the kernels before the await wrote it (through L2)
     for (int c = threadIdx.x; c < p.k / 8; c += kAheadThreads)
       reinterpret_cast<uint4*>(xs)[c] = __ldcg(reinterpret_cast<const uint4*>(p.x) + c);
     __syncthreads();
+  }
+  tl.Mark(0);  // x staged
+  if (p.timeline != nullptr && threadIdx.x == 0 && first_global > 0 && VirtualWarpRows(cta_rows, 0).rows > 0) {
+    wgmma::MbarWait(wgmma::SmemAddr(smem), 0);
+    tl.Mark(1);  // the first warp's rows landed (where that is after x: the copies were late)
   }
   for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
     const WarpRows r = VirtualWarpRows(cta_rows, v);
@@ -155,12 +164,18 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
   }
 }
 
-__global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, uint64_t* timeline) {
+// early_trigger (Tuning().ahead_await_early_trigger): the next kernel may launch once go is
+// raised, so that its CTAs wait resident for this one's completion instead of launching after
+// it; they then hold room beside the ahead CTAs, which by then have all been placed unless the
+// kernels before the await kept SMs from them (the next kernel's CTAs take a few SMs' room).
+__global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, uint64_t* timeline,
+                                                       bool early_trigger) {
   TimelineScope tl(timeline);
   GridDependencyWait();  // every kernel before this one (the sum's last writer) has completed
   tl.Waited();
   if (threadIdx.x != 0) return;
   wgmma::StoreRelease(&signals->go, 1u);
+  if (early_trigger) TriggerDependents();
   wgmma::SpinUntil(&signals->done, 1u);
   // Re-armed for the next op: its kernel starts after this one has completed.
   signals->go = 0;
@@ -208,6 +223,11 @@ void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
   const AheadPlan plan = PlanAhead(p.n, p.k);
   p.rows_per_cta = static_cast<int>(plan.rows_per_cta);
   p.x_bytes = static_cast<int>(plan.x_bytes);
+  const int ctas = CeilDiv(p.n, plan.rows_per_cta);
+  if (TimelineOn())
+    p.timeline = TimelineRecordBeside(std::string(p.norm.sum ? "NormLinear ahead " : "Linear ahead ") +
+                                          std::to_string(p.k) + "->" + std::to_string(p.n),
+                                      ctas, side);
   const AheadParams ap{p, signals, plan.global_warps};
   static const bool attrs_set = [] {  // (one device a process takes the ahead ops: CudaBackend)
     COROLLA_CUDA_CHECK(cudaFuncSetAttribute(GemvAheadKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -224,7 +244,7 @@ void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
                            ? Tuning().ahead_carveout
                            : static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
   SetCarveoutOnce(reinterpret_cast<const void*>(GemvAheadKernel), carveout);
-  GemvAheadKernel<<<CeilDiv(p.n, plan.rows_per_cta), kAheadThreads, static_cast<size_t>(plan.smem), side>>>(ap);
+  GemvAheadKernel<<<ctas, kAheadThreads, static_cast<size_t>(plan.smem), side>>>(ap);
   COROLLA_CUDA_CHECK(cudaGetLastError());
   ahead_launches.fetch_add(1, std::memory_order_relaxed);
 }
@@ -276,7 +296,7 @@ int64_t AheadLaunches() { return ahead_launches.load(std::memory_order_relaxed);
 
 void AwaitAhead(AheadSignals* signals, cudaStream_t s) {
   uint64_t* timeline = TimelineOn() ? TimelineRecord("Await ahead", 1, s) : nullptr;
-  LaunchPdl(AwaitAheadKernel, dim3(1), dim3(32), 0, s, 1, signals, timeline);
+  LaunchPdl(AwaitAheadKernel, dim3(1), dim3(32), 0, s, 1, signals, timeline, Tuning().ahead_await_early_trigger);
 }
 
 }  // namespace corolla::cuda

@@ -365,6 +365,10 @@ struct KernelTuning {
   // The ahead kernel's carveout (percent; < 0: the least that holds one CTA).
   // COROLLA_AHEAD_CARVEOUT.
   int ahead_carveout = -1;
+  // The await kernel releases the kernel after it (programmatic dependent launch) once it has
+  // raised go, instead of at its completion: that kernel's launch then overlaps the op's multiply
+  // (its CTAs wait beside the ahead CTAs). COROLLA_AHEAD_AWAIT_EARLY_TRIGGER=1.
+  bool ahead_await_early_trigger = false;
   int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
