@@ -28,15 +28,15 @@ bool PoisonEmpty() {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> CudaBackend::Create(int device_idx) {
-  if (Tuning().norm_linear_ahead) {
+  if (Tuning().norm_linear_ahead || Tuning().linear_ahead) {
     // An ahead kernel waits for the await kernel; a kernel whose code loads lazily, at its first
     // launch, may wait for the device to drain first (session 48 trapped so on an H100). Asked
     // for before the first CUDA call of the process (it reads the variable once); a user's own
     // setting stands.
     setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
     if (std::strcmp(std::getenv("CUDA_MODULE_LOADING"), "EAGER") != 0) {
-      LOG(WARNING) << "COROLLA_NORM_LINEAR_AHEAD with CUDA_MODULE_LOADING=" << std::getenv("CUDA_MODULE_LOADING")
-                   << ": a lazily loaded kernel may deadlock against an op issued ahead";
+      LOG(WARNING) << "ops issued ahead (COROLLA_NORM_LINEAR_AHEAD / COROLLA_LINEAR_AHEAD) with CUDA_MODULE_LOADING="
+                   << std::getenv("CUDA_MODULE_LOADING") << ": a lazily loaded kernel may deadlock against them";
     }
   }
   int count = 0;
