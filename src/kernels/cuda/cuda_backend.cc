@@ -161,8 +161,8 @@ void CudaBackend::LinearAhead(const TensorView& x, const TensorView& w, const Te
 
 void CudaBackend::AwaitAhead() {
   if (!ahead_launched_) return Backend::AwaitAhead();
-  cuda::AwaitAhead(ahead_signals_, stream_);
-  ahead_launched_ = false;
+  cuda::AwaitAhead(ahead_signals_, stream_, ahead_go_raised_);
+  ahead_launched_ = ahead_go_raised_ = false;
 }
 
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {
@@ -410,7 +410,11 @@ bool CudaBackend::folds_moe_residual(int64_t tokens) const { return cuda::Tuning
 void CudaBackend::MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                                      const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                                      const TensorView& sum) {
-  if (!cuda::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum, *alloc_, stream_))
+  // An op issued ahead (the next qkv projection) may take its go from the down kernel.
+  cuda::AheadSignals* ahead = ahead_launched_ && Tuning().ahead_go_from_moe ? ahead_signals_ : nullptr;
+  if (cuda::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum, *alloc_, stream_, ahead))
+    ahead_go_raised_ = ahead != nullptr;
+  else
     Backend::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum);
 }
 void CudaBackend::NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,

@@ -172,6 +172,7 @@ class CudaBackend final : public Backend {
   AheadSignals* ahead_signals_ = nullptr;
   bool ahead_launched_ = false;  // the outstanding op runs on the device: AwaitAhead launches the await
   bool ahead_unjoined_ = false;  // ahead_stream_ holds captured work the main stream has not joined
+  bool ahead_go_raised_ = false;  // MoeExpertsResidual raises the outstanding op's go (ahead_go_from_moe)
   // Whether an op issued now runs on the device (capturing, the stream and flags made: the first
   // eager issue makes them) and, if so, forks ahead_stream_ from the main one.
   bool ForkAhead();

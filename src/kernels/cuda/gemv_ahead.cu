@@ -38,8 +38,10 @@ namespace corolla::cuda {
 // before it have completed; each CTA of the op adds itself to `count` once its outputs are
 // stored, and the last one re-arms `count` and raises `done`, which the await kernel waits for
 // before it re-arms `go` and `done` and exits.
+// `moe_arrivals` counts the CTAs of the MoE's down kernel where that raises go instead
+// (Tuning().ahead_go_from_moe).
 struct AheadSignals {
-  unsigned go, count, done, pad;
+  unsigned go, count, done, moe_arrivals;
 };
 
 namespace {
@@ -168,13 +170,14 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
 // raised, so that its CTAs wait resident for this one's completion instead of launching after
 // it; they then hold room beside the ahead CTAs, which by then have all been placed unless the
 // kernels before the await kept SMs from them (the next kernel's CTAs take a few SMs' room).
+// raise_go false: a kernel before this one raised go (the MoE's down kernel).
 __global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, uint64_t* timeline,
-                                                       bool early_trigger) {
+                                                       bool early_trigger, bool raise_go) {
   TimelineScope tl(timeline);
   GridDependencyWait();  // every kernel before this one (the sum's last writer) has completed
   tl.Waited();
   if (threadIdx.x != 0) return;
-  wgmma::StoreRelease(&signals->go, 1u);
+  if (raise_go) wgmma::StoreRelease(&signals->go, 1u);
   if (early_trigger) TriggerDependents();
   wgmma::SpinUntil(&signals->done, 1u);
   // Re-armed for the next op: its kernel starts after this one has completed.
@@ -294,9 +297,13 @@ void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out
 
 int64_t AheadLaunches() { return ahead_launches.load(std::memory_order_relaxed); }
 
-void AwaitAhead(AheadSignals* signals, cudaStream_t s) {
+unsigned* AheadGoFlag(AheadSignals* signals) { return &signals->go; }
+unsigned* AheadMoeArrivals(AheadSignals* signals) { return &signals->moe_arrivals; }
+
+void AwaitAhead(AheadSignals* signals, cudaStream_t s, bool go_raised) {
   uint64_t* timeline = TimelineOn() ? TimelineRecord("Await ahead", 1, s) : nullptr;
-  LaunchPdl(AwaitAheadKernel, dim3(1), dim3(32), 0, s, 1, signals, timeline, Tuning().ahead_await_early_trigger);
+  LaunchPdl(AwaitAheadKernel, dim3(1), dim3(32), 0, s, 1, signals, timeline, Tuning().ahead_await_early_trigger,
+            !go_raised);
 }
 
 }  // namespace corolla::cuda

@@ -72,7 +72,11 @@ void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum,
 bool LinearAheadFits(const TensorView& x, const TensorView& w, const TensorView& out);
 void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out, AheadSignals* signals,
                  cudaStream_t side);
-void AwaitAhead(AheadSignals* signals, cudaStream_t s);
+// go_raised: a kernel before the await raised go already (MoeExpertsResidual's): the await only
+// waits for done.
+void AwaitAhead(AheadSignals* signals, cudaStream_t s, bool go_raised = false);
+unsigned* AheadGoFlag(AheadSignals* signals);       // the flag's device address
+unsigned* AheadMoeArrivals(AheadSignals* signals);  // a counter for the kernel that raises go
 int64_t AheadLaunches();  // tests: ahead kernels launched (or captured)
 
 // elementwise.cu
@@ -195,10 +199,13 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
                 CachingAllocator& alloc, cudaStream_t s, bool prompt = false);
 // Backend::MoeExpertsResidual where the few-token pair path with the slot-wise down kernel takes
 // the batch (Tuning().moe_residual_fold): its CTAs also add their output rows into sum (RmsNorm's
-// rounding); false (nothing launched) otherwise.
+// rounding); false (nothing launched) otherwise. With `ahead`, its down kernel's last CTA to
+// store raises that op issued ahead's go (Tuning().ahead_go_from_moe: the op's multiply starts
+// at the sum's last store, not after the await's dependency wait).
 bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s);
+                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s,
+                        AheadSignals* ahead = nullptr);
 
 // moe.cu: out[t] = sum_k topk_weights[t, k] * y[slot_row[t * K + k]] (rows < 0 skipped), f32
 // sums rounded to bf16 once; y [rows, H] f32 or bf16 (y_dtype), out [T, H] bf16. The last step of

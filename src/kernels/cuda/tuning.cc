@@ -74,6 +74,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_LINEAR_AHEAD")) t.linear_ahead = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_AHEAD_AWAIT_EARLY_TRIGGER"))
       t.ahead_await_early_trigger = std::atoi(v) != 0;
+    if (const char* v = std::getenv("COROLLA_AHEAD_GO_FROM_MOE")) t.ahead_go_from_moe = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_AHEAD_GLOBAL_WARPS"))
       t.ahead_global_warps = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_AHEAD_CARVEOUT")) t.ahead_carveout = std::atoi(v);

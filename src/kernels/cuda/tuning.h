@@ -369,6 +369,11 @@ struct KernelTuning {
   // raised go, instead of at its completion: that kernel's launch then overlaps the op's multiply
   // (its CTAs wait beside the ahead CTAs). COROLLA_AHEAD_AWAIT_EARLY_TRIGGER=1.
   bool ahead_await_early_trigger = false;
+  // The MoE's down kernel (PairDownSlots with the residual fold) raises the qkv op's go from its
+  // last CTA to store, so that the op's multiply starts at the sum's last store instead of after
+  // the await's dependency wait (a PDL release after the down kernel's completion); the await
+  // then only waits for done. COROLLA_AHEAD_GO_FROM_MOE=1.
+  bool ahead_go_from_moe = false;
   int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's
