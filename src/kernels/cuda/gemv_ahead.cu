@@ -57,16 +57,6 @@ struct AheadParams {
   int global_warps;  // the split's last warps whose rows are read from global memory
 };
 
-// The staged kernel's split of a CTA's rows over its kStagedWarps warps ("virtual" warps here):
-// virtual warp v's first row and its rows.
-struct WarpRows {
-  int row0, rows;
-};
-__device__ __forceinline__ WarpRows VirtualWarpRows(int cta_rows, int v) {
-  const int per_warp = cta_rows / kStagedWarps, extra = cta_rows % kStagedWarps;
-  return {v * per_warp + min(v, extra), per_warp + (v < extra ? 1 : 0)};
-}
-
 // StageNormedX<true> with kAheadThreads threads: chunk c of x by thread c % kAheadThreads, the
 // warp sums of squares kept as those of the staged kernel's warp c / 32 and added in its order,
 // so that 1 / rms and x are its bits. Sum is read twice through L2 (4 KB), not held.
@@ -116,7 +106,7 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
   bf16_t* staged = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes);
   if (lane == 0) {
     for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
-      const WarpRows r = VirtualWarpRows(cta_rows, v);
+      const StagedWarpRows r = SplitStagedRows(cta_rows, v);
       if (r.rows == 0) continue;
       const bf16_t* src = p.w + static_cast<int64_t>(cta_row0 + r.row0) * p.k;
       const uint32_t bytes = static_cast<uint32_t>(r.rows) * p.k * 2;
@@ -144,12 +134,12 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
     __syncthreads();
   }
   tl.Mark(0);  // x staged
-  if (p.timeline != nullptr && threadIdx.x == 0 && first_global > 0 && VirtualWarpRows(cta_rows, 0).rows > 0) {
+  if (p.timeline != nullptr && threadIdx.x == 0 && first_global > 0 && SplitStagedRows(cta_rows, 0).rows > 0) {
     wgmma::MbarWait(wgmma::SmemAddr(smem), 0);
     tl.Mark(1);  // the first warp's rows landed (where that is after x: the copies were late)
   }
   for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
-    const WarpRows r = VirtualWarpRows(cta_rows, v);
+    const StagedWarpRows r = SplitStagedRows(cta_rows, v);
     if (r.rows == 0) continue;
     const bool in_smem = v < first_global;
     const bf16_t* ws = in_smem ? staged + static_cast<int64_t>(r.row0) * p.k
@@ -203,9 +193,9 @@ AheadPlan PlanAhead(int64_t n, int64_t k) {
   plan.rows_per_cta = (n + plan.sms - 1) / plan.sms;
   plan.x_bytes = (2 * k + 127) / 128 * 128;
   plan.global_warps = std::clamp(Tuning().ahead_global_warps, 0, kStagedWarps - 1);
-  const int64_t per_warp = plan.rows_per_cta / kStagedWarps, extra = plan.rows_per_cta % kStagedWarps;
-  const int staged_warps = kStagedWarps - plan.global_warps;
-  const int64_t staged_rows = staged_warps * per_warp + std::min<int64_t>(staged_warps, extra);
+  // The staged rows: those before the first warp from global memory.
+  const int64_t staged_rows =
+      SplitStagedRows(static_cast<int>(plan.rows_per_cta), kStagedWarps - plan.global_warps).row0;
   plan.smem = kStagedHeader + plan.x_bytes + staged_rows * k * 2;
   return plan;
 }

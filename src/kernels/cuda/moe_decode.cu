@@ -11,6 +11,7 @@
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/timeline.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
       __threadfence();
       if (atomicAdd(p.ahead_arrivals, 1u) == gridDim.x * gridDim.y - 1) {  // every CTA's rows stored
         *p.ahead_arrivals = 0;
-        asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p.ahead_go), "r"(1u) : "memory");
+        wgmma::StoreRelease(p.ahead_go, 1u);
       }
     }
   }
