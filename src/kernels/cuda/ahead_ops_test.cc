@@ -5,12 +5,15 @@
 // for bit (x and out: the same staged kernel's split and dots), over Qwen3-30B-A3B's qkv (2048 ->
 // 5120) and o_proj (4096 -> 2048) and odd shapes, with 0, 1 and 3 of the split's warps reading
 // their rows from global memory; each graph replayed three times on fresh inputs (the flags
-// re-arm themselves). Eagerly the op runs at its await (ops.h says why): the same bits again.
+// re-arm themselves), and once more captured as the bench captures (StreamGraph). Eagerly the op
+// runs at its await (ops.h says why): the same bits again.
 // Filter: --gtest_filter='*OpsAhead*'
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/graph_timer.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/test_util.h"
 
@@ -65,6 +68,8 @@ void CheckAhead(Backend& be, const AheadCase& c, int global_warps) {
       Poison(be, x);
       be.NormLinear(gnorm, 1e-6f, in, x, gw, out);
       EXPECT_EQ(Download(be, x), Download(be, gx)) << shape << " " << what;
+    } else {
+      be.Linear(in, gw, out);
     }
     EXPECT_EQ(Download(be, in), Download(be, input)) << shape << " " << what;
     EXPECT_EQ(Download(be, out), Download(be, gout)) << shape << " " << what;
@@ -83,6 +88,13 @@ void CheckAhead(Backend& be, const AheadCase& c, int global_warps) {
     (*graph)->Replay();
     check("replay " + std::to_string(rep));
   }
+  // The bench's capture (StreamGraph) joins the side stream too.
+  std::string error;
+  std::unique_ptr<cuda::StreamGraph> bench_graph = cuda::StreamGraph::Capture(be, step, &error);
+  ASSERT_NE(bench_graph, nullptr) << shape << ": " << error;
+  fresh();
+  bench_graph->Replay();
+  check("bench graph");
 }
 
 TEST_F(CudaKernelTest, OpsAheadEqualThePlainOps) {

@@ -250,6 +250,14 @@ class CudaGraph final : public Backend::Graph {
 
 }  // namespace
 
+cudaError_t CudaBackend::EndCapture(cudaGraph_t* graph) {
+  if (ahead_unjoined_) {  // every ahead op has completed before its await: a free join
+    COROLLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, ahead_join_, 0));
+    ahead_unjoined_ = false;
+  }
+  return cudaStreamEndCapture(stream_, graph);
+}
+
 Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::function<void()>& fn) {
   alloc_->SetGraphPool(true);
   fn();  // eager: per-shape caches (GEMM heuristics, rope tables) fill outside the capture
@@ -259,11 +267,7 @@ Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::fun
   cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
   if (err == cudaSuccess) {
     fn();
-    if (ahead_unjoined_) {  // every ahead op has completed before its await: a free join
-      COROLLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, ahead_join_, 0));
-      ahead_unjoined_ = false;
-    }
-    err = cudaStreamEndCapture(stream_, &graph);
+    err = EndCapture(&graph);
   }
   alloc_->SetGraphPool(false);
   if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);

@@ -144,6 +144,9 @@ class CudaBackend final : public Backend {
   void AwaitAhead() override;
 
   cudaStream_t stream() const { return stream_; }
+  // Ends a capture begun on stream(): joins the ops issued ahead inside it (their side stream)
+  // first, as CUDA requires of a capture's forked streams. Every capture of stream() ends here.
+  cudaError_t EndCapture(cudaGraph_t* graph);
   Fp8Linear& fp8_linear() { return *fp8_linear_; }
   const CachingAllocator& allocator() const { return *alloc_; }
 

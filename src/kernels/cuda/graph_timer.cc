@@ -135,7 +135,7 @@ std::unique_ptr<StreamGraph> StreamGraph::Capture(Backend& backend, const std::f
   cudaError_t err = cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed);
   if (err == cudaSuccess) {
     fn();
-    err = cudaStreamEndCapture(impl->stream, &impl->graph);
+    err = cuda->EndCapture(&impl->graph);
   }
   if (err == cudaSuccess) err = cudaGraphInstantiate(&impl->exec, impl->graph, 0);
   if (err == cudaSuccess) TimelineGraphCaptured(impl->exec);
