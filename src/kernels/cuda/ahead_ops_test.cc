@@ -4,9 +4,9 @@
 // awaited after it, inside a captured graph, equals NormLinear / Linear run after the Add bit
 // for bit (x and out: the same staged kernel's split and dots), over Qwen3-30B-A3B's qkv (2048 ->
 // 5120) and o_proj (4096 -> 2048) and odd shapes, with 0, 1 and 3 of the split's warps reading
-// their rows from global memory; each graph replayed three times on fresh inputs (the flags
-// re-arm themselves), and once more captured as the bench captures (StreamGraph). Eagerly the op
-// runs at its await (ops.h says why): the same bits again.
+// their rows from global memory, on 4- and 8-warp CTAs; each graph replayed three times on
+// fresh inputs (the flags re-arm themselves), and once more captured as the bench captures
+// (StreamGraph). Eagerly the op runs at its await (ops.h says why): the same bits again.
 // Filter: --gtest_filter='*OpsAhead*'
 #include <cmath>
 #include <memory>
@@ -25,10 +25,12 @@ struct AheadCase {
   int64_t n, k;
 };
 
-void CheckAhead(Backend& be, const AheadCase& c, int global_warps) {
+void CheckAhead(Backend& be, const AheadCase& c, int global_warps, int warps) {
   cuda::Tuning().ahead_global_warps = global_warps;
+  cuda::Tuning().ahead_warps = warps;
   const std::string shape = std::string(c.norm ? "NormLinear" : "Linear") + " N" + std::to_string(c.n) + " K" +
-                            std::to_string(c.k) + " global warps " + std::to_string(global_warps);
+                            std::to_string(c.k) + " global warps " + std::to_string(global_warps) + " of " +
+                            std::to_string(warps) + "-warp CTAs";
   std::vector<float> norm = RandomBf16(c.k, 0.5f);
   for (float& v : norm) v += 1.f;
   const Tensor gw = be.LoadWeight(HostF32(RandomBf16(c.n * c.k, 1.f / std::sqrt(float(c.k))), {c.n, c.k}));
@@ -101,11 +103,12 @@ TEST_F(CudaKernelTest, OpsAheadEqualThePlainOps) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
   } restore;
-  for (int global_warps : {1, 0, 3})
-    for (AheadCase c : {AheadCase{true, 5120, 2048}, AheadCase{false, 2048, 4096}, AheadCase{true, 1000, 1024},
-                        AheadCase{false, 1000, 1032}, AheadCase{true, 72, 136}, AheadCase{true, 3, 8},
-                        AheadCase{false, 5, 8}})
-      CheckAhead(gpu(), c, global_warps);
+  for (int warps : {4, 8})
+    for (int global_warps : {1, 0, 3})
+      for (AheadCase c : {AheadCase{true, 5120, 2048}, AheadCase{false, 2048, 4096}, AheadCase{true, 1000, 1024},
+                          AheadCase{false, 1000, 1032}, AheadCase{true, 72, 136}, AheadCase{true, 3, 8},
+                          AheadCase{false, 5, 8}})
+        CheckAhead(gpu(), c, global_warps, warps);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // layer's input norm folded in) issued right after the attention block, so that its weights
 // stream into shared memory while the router and the MoE run, instead of after them.
 //
-// The issue launches GemvAheadKernel on a side stream forked from the main one: one 4-warp CTA
-// an SM bulk-copies its slice of W at once (the staged GEMV's slice and split, so the same bits;
+// The issue launches GemvAheadKernel on a side stream forked from the main one: one 4- or 8-warp
+// CTA an SM bulk-copies its slice of W at once (the staged GEMV's slice and split, so the same bits;
 // the split's last Tuning().ahead_global_warps warps' rows are only prefetched into
 // L2 and read from global memory, so that the CTA leaves room on its SM for the MoE's CTAs), then
 // waits for `go`. The await is one CTA on the main stream
@@ -46,10 +46,11 @@ struct AheadSignals {
 
 namespace {
 
-// 4 warps at <= 64 registers hold 8K of an SM's 64K registers while they wait (the staged
-// kernel's 16 would hold half of them, room for two of the MoE's gate/up CTAs instead of four).
-constexpr int kAheadWarps = 4, kAheadThreads = kAheadWarps * 32;
-constexpr int kVirtualPerWarp = kStagedWarps / kAheadWarps;
+// A CTA of kWarps (4 or 8: Tuning().ahead_warps) warps at <= 64 registers: 4 hold 8K of an SM's
+// 64K registers while they wait (the staged kernel's 16 would hold half of them, room for two of
+// the MoE's gate/up CTAs instead of four), 8 hold 16K and multiply faster once released.
+template <int kWarps>
+constexpr int kVirtualPerWarp = kStagedWarps / kWarps;
 
 struct AheadParams {
   StagedGemvParams g;  // the staged NormLinear's (norm.y null: sum as it is; CTA 0 writes x)
@@ -57,15 +58,17 @@ struct AheadParams {
   int global_warps;  // the split's last warps whose rows are read from global memory
 };
 
-// StageNormedX<true> with kAheadThreads threads: chunk c of x by thread c % kAheadThreads, the
+// StageNormedX<true> with kWarps * 32 threads: chunk c of x by thread c % (kWarps * 32), the
 // warp sums of squares kept as those of the staged kernel's warp c / 32 and added in its order,
 // so that 1 / rms and x are its bits. Sum is read twice through L2 (4 KB), not held.
+template <int kWarps>
 __device__ __forceinline__ void StageNormedXAhead(const StagedGemvParams& p, bf16_t* xs) {
+  constexpr int kThreads = kWarps * 32;
   __shared__ float warp_ss[kStagedWarps];
   const int t = threadIdx.x, lane = t % 32, chunks = p.k / 8;
 #pragma unroll
-  for (int j = 0; j < kVirtualPerWarp; ++j) {
-    const int c = j * kAheadThreads + t;
+  for (int j = 0; j < kVirtualPerWarp<kWarps>; ++j) {
+    const int c = j * kThreads + t;
     float a[8] = {};
     if (c < chunks) LoadCg8(p.norm.sum + 8 * c, a);
     float ss = 0.f;
@@ -79,7 +82,7 @@ __device__ __forceinline__ void StageNormedXAhead(const StagedGemvParams& p, bf1
 #pragma unroll
   for (int w = 0; w < kStagedWarps; ++w) total += warp_ss[w];
   const float inv = rsqrtf(total / p.k + p.norm.eps);
-  for (int c = t; c < chunks; c += kAheadThreads) {
+  for (int c = t; c < chunks; c += kThreads) {
     float a[8];
     LoadCg8(p.norm.sum + 8 * c, a);
     const Bf16x8 xv = NormScale8(p.norm, 8 * c, a, inv);
@@ -90,11 +93,12 @@ __device__ __forceinline__ void StageNormedXAhead(const StagedGemvParams& p, bf1
 }
 
 // The staged NormLinear's or Linear's CTA (GemvStagedKernel: the same rows a CTA, the same split
-// into warps' rows, the same dots) on kAheadWarps warps, each taking kVirtualPerWarp of its warps'
+// into warps' rows, the same dots) on kWarps warps, each taking kVirtualPerWarp of its warps'
 // rows. Before `go` lane 0 of each warp issues its virtual warps' bulk copies (the last
 // global_warps only prefetch theirs into L2: the CTA then leaves more room on its SM); after it
 // the CTA norms the sum into x (or copies x), multiplies, and counts itself out.
-__global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid_constant__ AheadParams ap) {
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) GemvAheadKernel(const __grid_constant__ AheadParams ap) {
   extern __shared__ __align__(128) unsigned char smem[];
   const StagedGemvParams& p = ap.g;
   TimelineScope tl(ap.g.timeline);  // beside the chain: waited = go seen
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
   bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kStagedHeader);
   bf16_t* staged = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes);
   if (lane == 0) {
-    for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
+    for (int v = warp; v < kStagedWarps; v += kWarps) {
       const StagedWarpRows r = SplitStagedRows(cta_rows, v);
       if (r.rows == 0) continue;
       const bf16_t* src = p.w + static_cast<int64_t>(cta_row0 + r.row0) * p.k;
@@ -127,9 +131,9 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
   __syncthreads();
   tl.Waited();
   if (p.norm.sum != nullptr) {
-    StageNormedXAhead(p, xs);
+    StageNormedXAhead<kWarps>(p, xs);
   } else {  // LinearAhead: x as the kernels before the await wrote it (through L2)
-    for (int c = threadIdx.x; c < p.k / 8; c += kAheadThreads)
+    for (int c = threadIdx.x; c < p.k / 8; c += kWarps * 32)
       reinterpret_cast<uint4*>(xs)[c] = __ldcg(reinterpret_cast<const uint4*>(p.x) + c);
     __syncthreads();
   }
@@ -138,7 +142,7 @@ __global__ void __launch_bounds__(kAheadThreads, 8) GemvAheadKernel(const __grid
     wgmma::MbarWait(wgmma::SmemAddr(smem), 0);
     tl.Mark(1);  // the first warp's rows landed (where that is after x: the copies were late)
   }
-  for (int v = warp; v < kStagedWarps; v += kAheadWarps) {
+  for (int v = warp; v < kStagedWarps; v += kWarps) {
     const StagedWarpRows r = SplitStagedRows(cta_rows, v);
     if (r.rows == 0) continue;
     const bool in_smem = v < first_global;
@@ -222,9 +226,14 @@ void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
                                           std::to_string(p.k) + "->" + std::to_string(p.n),
                                       ctas, side);
   const AheadParams ap{p, signals, plan.global_warps};
+  const bool eight = Tuning().ahead_warps == 8;
+  const void* kernel = eight ? reinterpret_cast<const void*>(GemvAheadKernel<8>)
+                             : reinterpret_cast<const void*>(GemvAheadKernel<4>);
   static const bool attrs_set = [] {  // (one device a process takes the ahead ops: CudaBackend)
-    COROLLA_CUDA_CHECK(cudaFuncSetAttribute(GemvAheadKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(kStagedMaxSmem)));
+    for (const void* k : {reinterpret_cast<const void*>(GemvAheadKernel<4>),
+                          reinterpret_cast<const void*>(GemvAheadKernel<8>)})
+      COROLLA_CUDA_CHECK(
+          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxSmem)));
     return true;
   }();
   (void)attrs_set;
@@ -236,8 +245,9 @@ void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
   const int carveout = Tuning().ahead_carveout >= 0
                            ? Tuning().ahead_carveout
                            : static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
-  SetCarveoutOnce(reinterpret_cast<const void*>(GemvAheadKernel), carveout);
-  GemvAheadKernel<<<ctas, kAheadThreads, static_cast<size_t>(plan.smem), side>>>(ap);
+  SetCarveoutOnce(kernel, carveout);
+  if (eight) GemvAheadKernel<8><<<ctas, 8 * 32, static_cast<size_t>(plan.smem), side>>>(ap);
+  else GemvAheadKernel<4><<<ctas, 4 * 32, static_cast<size_t>(plan.smem), side>>>(ap);
   COROLLA_CUDA_CHECK(cudaGetLastError());
   ahead_launches.fetch_add(1, std::memory_order_relaxed);
 }

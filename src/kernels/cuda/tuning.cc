@@ -77,6 +77,7 @@ KernelTuning& Tuning() {
     if (const char* v = std::getenv("COROLLA_AHEAD_GO_FROM_MOE")) t.ahead_go_from_moe = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_AHEAD_GLOBAL_WARPS"))
       t.ahead_global_warps = std::atoi(v);
+    if (const char* v = std::getenv("COROLLA_AHEAD_WARPS")) t.ahead_warps = std::atoi(v) == 8 ? 8 : 4;
     if (const char* v = std::getenv("COROLLA_AHEAD_CARVEOUT")) t.ahead_carveout = std::atoi(v);
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER")) t.staged_router = std::atoi(v) != 0;
     if (const char* v = std::getenv("COROLLA_STAGED_ROUTER_NORM")) t.staged_router_norm = std::atoi(v) != 0;

@@ -362,6 +362,9 @@ struct KernelTuning {
   // the CTA from ~160 to ~152 KB, room for more of the MoE's CTAs beside it.
   // COROLLA_AHEAD_GLOBAL_WARPS.
   int ahead_global_warps = 1;
+  // Warps of an ahead CTA: 4 (8K registers resident beside the kernels it waits through) or 8
+  // (16K; the multiply after go, 39 rows a CTA at qkv, on twice the warps). COROLLA_AHEAD_WARPS.
+  int ahead_warps = 4;
   // The ahead kernel's carveout (percent; < 0: the least that holds one CTA).
   // COROLLA_AHEAD_CARVEOUT.
   int ahead_carveout = -1;
