@@ -111,5 +111,65 @@ TEST_F(CudaKernelTest, OpsAheadEqualThePlainOps) {
         CheckAhead(gpu(), c, global_warps, warps);
 }
 
+// Liveness beside the attention: o_proj's op issued before a batch-1 decode attention whose
+// splits merge as clusters (Qwen3-30B-A3B: 32 query and 4 KV heads of 128, 1024 keys), as the
+// model issues it, and awaited after it. The ahead CTAs hold ~129 KB on 128 SMs until the
+// attention completes, and the attention's clusters must find room beside them: at the least
+// carveout they found none and the bench trapped (session 50, H100). Bit-equal to the
+// attention and Linear run plainly, on 4- and 8-warp CTAs, in graphs replayed three times.
+TEST_F(CudaKernelTest, LinearAheadBesideTheClusterAttention) {
+  struct Restore {
+    ~Restore() { cuda::Tuning() = DefaultTuning(); }
+  } restore;
+  Backend& be = gpu();
+  constexpr int kHk = 4, kHq = 32, kD = 128, kBs = 16, kLen = 1024, kBlocks = kLen / kBs, kN = 2048;
+  std::vector<int32_t> table(kBlocks);
+  for (int i = 0; i < kBlocks; ++i) table[i] = (i * 37) % kBlocks;  // scrambled physical blocks
+  const Shape cshape{kBlocks, kHk, kBs, kD};
+  const Tensor kc = Upload(be, RandomBf16(cshape.numel()), cshape, DType::kBF16);
+  const Tensor vc = Upload(be, RandomBf16(cshape.numel()), cshape, DType::kBF16);
+  const Tensor qstart = UploadI32(be, {0, 1}, {2}), lens = UploadI32(be, {kLen}, {1});
+  const Tensor tables = UploadI32(be, table, {1, kBlocks});
+  const Tensor slots = UploadI32(be, {table[kBlocks - 1] * kBs + kBs - 1}, {1});
+  const AttentionBatch batch{qstart, lens, tables, slots, 1, kLen, 1};
+  const KvCacheView cache{kc, vc};
+  const float scale = 1.f / std::sqrt(float(kD));
+  const Tensor w = be.LoadWeight(HostF32(RandomBf16(int64_t{kN} * kHq * kD, 1.f / 64.f), {kN, kHq * kD}));
+  Tensor q = be.Empty(DType::kBF16, {1, kHq, kD}), attn = be.Empty(DType::kBF16, {1, kHq, kD});
+  Tensor out = be.Empty(DType::kBF16, {1, kN});
+  const Tensor x = attn.Reshaped({1, kHq * kD});
+  auto step = [&] {  // as Qwen3Model issues o_proj
+    be.LinearAhead(x, w, out);
+    be.Attention(q, cache, batch, scale, attn);
+    be.AwaitAhead();
+  };
+  for (int warps : {4, 8}) {
+    cuda::Tuning().ahead_warps = warps;
+    const std::string what = std::to_string(warps) + "-warp CTAs";
+    const Tensor q0 = Upload(be, RandomBf16(kHq * kD, 2.f), {1, kHq, kD}, DType::kBF16);
+    be.Copy(q0, q);
+    step();  // eager (the op at its await), as a capture's warm-up
+    const int64_t launches = cuda::AheadLaunches(), clusters = cuda::AttentionDecodeClusterLaunches();
+    auto graph = be.CaptureGraph(step);
+    ASSERT_TRUE(graph.ok()) << what << ": " << graph.status().ToString();
+    ASSERT_EQ(cuda::AheadLaunches(), launches + 1) << what << ": the capture issued the op ahead";
+    ASSERT_GT(cuda::AttentionDecodeClusterLaunches(), clusters) << what << ": the attention ran as clusters";
+    for (int rep = 0; rep < 3; ++rep) {
+      const Tensor qr = Upload(be, RandomBf16(kHq * kD, 2.f), {1, kHq, kD}, DType::kBF16);
+      be.Copy(qr, q);
+      Poison(be, attn);
+      Poison(be, out);
+      (*graph)->Replay();
+      Tensor plain_attn = be.Empty(DType::kBF16, {1, kHq, kD}), plain_out = be.Empty(DType::kBF16, {1, kN});
+      Poison(be, plain_out);
+      be.Attention(q, cache, batch, scale, plain_attn);
+      be.Linear(plain_attn.Reshaped({1, kHq * kD}), w, plain_out);
+      const std::string label = what + " replay " + std::to_string(rep);
+      EXPECT_EQ(Download(be, attn), Download(be, plain_attn)) << label;
+      EXPECT_EQ(Download(be, out), Download(be, plain_out)) << label;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace corolla::cuda_test

@@ -96,8 +96,9 @@ __device__ __forceinline__ void StageNormedXAhead(const StagedGemvParams& p, bf1
 // into warps' rows, the same dots) on kWarps warps, each taking kVirtualPerWarp of its warps'
 // rows. Before `go` lane 0 of each warp issues its virtual warps' bulk copies (the last
 // global_warps only prefetch theirs into L2: the CTA then leaves more room on its SM); after it
-// the CTA norms the sum into x (or copies x), multiplies, and counts itself out.
-template <int kWarps>
+// the CTA norms the sum into x (kNorm: NormLinearAhead) or copies x, multiplies, and counts
+// itself out. The two ops are two functions, so that each keeps a carveout of its own.
+template <int kWarps, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) GemvAheadKernel(const __grid_constant__ AheadParams ap) {
   extern __shared__ __align__(128) unsigned char smem[];
   const StagedGemvParams& p = ap.g;
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) GemvAheadKernel(cons
   if (threadIdx.x == 0) wgmma::SpinUntil(&ap.signals->go, 1u);
   __syncthreads();
   tl.Waited();
-  if (p.norm.sum != nullptr) {
+  if constexpr (kNorm) {
     StageNormedXAhead<kWarps>(p, xs);
   } else {  // LinearAhead: x as the kernels before the await wrote it (through L2)
     for (int c = threadIdx.x; c < p.k / 8; c += kWarps * 32)
@@ -215,6 +216,20 @@ AheadSignals* NewAheadSignals() {
 
 namespace {
 
+template <int kWarps, bool kNorm>
+void LaunchAheadKernel(const AheadParams& ap, int ctas, int64_t smem, int carveout, cudaStream_t side) {
+  const void* kernel = reinterpret_cast<const void*>(GemvAheadKernel<kWarps, kNorm>);
+  static const bool attrs_set = [kernel] {  // (one device a process takes the ahead ops: CudaBackend)
+    COROLLA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxSmem)));
+    return true;
+  }();
+  (void)attrs_set;
+  SetCarveoutOnce(kernel, carveout);
+  GemvAheadKernel<kWarps, kNorm><<<ctas, kWarps * 32, static_cast<size_t>(smem), side>>>(ap);
+  COROLLA_CUDA_CHECK(cudaGetLastError());
+}
+
 // GemvAheadKernel on `side` for p (x, w, out, n, k, norm or none), at the plan's split.
 void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
   const AheadPlan plan = PlanAhead(p.n, p.k);
@@ -226,29 +241,26 @@ void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
                                           std::to_string(p.k) + "->" + std::to_string(p.n),
                                       ctas, side);
   const AheadParams ap{p, signals, plan.global_warps};
+  // The carveout (Tuning().ahead_carveout, else): qkv's, the least that holds its CTA (its shared
+  // memory and the 1 KB the SM reserves a CTA), so that the rest is L1 and room for the MoE's
+  // CTAs; o_proj's, all of it. At the least carveout o_proj's op trapped in the bench's first
+  // graph replay (session 50, H100, ctx 1024), most likely for room: its ~129 KB CTAs on 128 of
+  // 132 SMs, each SM at the 132 KB configuration, leave none for the attention it waits through,
+  // whose CTAs launch as clusters needing room on several SMs of one GPC at once.
+  const bool norm = p.norm.sum != nullptr;
+  int carveout = Tuning().ahead_carveout;
+  if (carveout < 0 && !norm) carveout = 100;
+  if (carveout < 0) {
+    int device = 0, sm_smem = 0;
+    COROLLA_CUDA_CHECK(cudaGetDevice(&device));
+    COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    carveout = static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
+  }
   const bool eight = Tuning().ahead_warps == 8;
-  const void* kernel = eight ? reinterpret_cast<const void*>(GemvAheadKernel<8>)
-                             : reinterpret_cast<const void*>(GemvAheadKernel<4>);
-  static const bool attrs_set = [] {  // (one device a process takes the ahead ops: CudaBackend)
-    for (const void* k : {reinterpret_cast<const void*>(GemvAheadKernel<4>),
-                          reinterpret_cast<const void*>(GemvAheadKernel<8>)})
-      COROLLA_CUDA_CHECK(
-          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStagedMaxSmem)));
-    return true;
-  }();
-  (void)attrs_set;
-  // The carveout the CTA needs (its shared memory and the 1 KB the SM reserves a CTA), not more:
-  // what is left is L1 and the room for the CTAs of the kernels it waits beside.
-  int device = 0, sm_smem = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  const int carveout = Tuning().ahead_carveout >= 0
-                           ? Tuning().ahead_carveout
-                           : static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
-  SetCarveoutOnce(kernel, carveout);
-  if (eight) GemvAheadKernel<8><<<ctas, 8 * 32, static_cast<size_t>(plan.smem), side>>>(ap);
-  else GemvAheadKernel<4><<<ctas, 4 * 32, static_cast<size_t>(plan.smem), side>>>(ap);
-  COROLLA_CUDA_CHECK(cudaGetLastError());
+  if (norm && eight) LaunchAheadKernel<8, true>(ap, ctas, plan.smem, carveout, side);
+  else if (norm) LaunchAheadKernel<4, true>(ap, ctas, plan.smem, carveout, side);
+  else if (eight) LaunchAheadKernel<8, false>(ap, ctas, plan.smem, carveout, side);
+  else LaunchAheadKernel<4, false>(ap, ctas, plan.smem, carveout, side);
   ahead_launches.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -346,16 +346,21 @@ struct KernelTuning {
   bool moe_residual_fold = true;
   // Backend::NormLinearAhead at batch 1 (gemv_ahead.cu, in the decode graphs): the next layer's
   // input norm and qkv projection issued after the attention block, its weights staged in shared
-  // memory while the router and the MoE run; released by the await where NormLinear ran. Opt-in
-  // until measured (COROLLA_NORM_LINEAR_AHEAD=1). Sessions 47-48 wrote it first on a branch that
-  // was lost; two liveness bugs it met on an H100 shaped this one: CUDA's lazy module loading
-  // (a kernel's first launch may wait for the device to drain: CudaBackend::Create asks for
-  // eager loading when this is on) and eager steps (host allocations serialise the streams: the
-  // op runs in graphs only).
+  // memory while the router and the MoE run; released by the await where NormLinear ran.
+  // Sessions 47-48 wrote it first on a branch that was lost; two liveness bugs it met on an H100
+  // shaped this one: CUDA's lazy module loading (a kernel's first launch may wait for the device
+  // to drain: CudaBackend::Create asks for eager loading when this is on) and eager steps (host
+  // allocations serialise the streams: the op runs in graphs only). Off: slower on an H100
+  // (Qwen3-30B-A3B, ctx 1024, graph, session 50, same call) 3.326 ms a step (3.245 with no warp
+  // reading from global memory) against 2.847: the copies land in front of the norm-router's
+  // loads (its run 8.3 against 4.1 us), the resident CTAs keep the MoE's down kernel from room
+  // (its release 7.9 against 1.4 us), and the 4 warps' multiply after go takes ~7 us
+  // (ahead_warps). COROLLA_NORM_LINEAR_AHEAD=1.
   bool norm_linear_ahead = false;
   // Backend::LinearAhead at batch 1 the same way: the attention's o_proj issued before the
   // attention, its weights staged while the prologue and the attention run (the HBM is nearly
-  // idle there). Opt-in until measured (COROLLA_LINEAR_AHEAD=1).
+  // idle there). Opt-in, not yet measured: at the least carveout it trapped (ahead_carveout).
+  // COROLLA_LINEAR_AHEAD=1.
   bool linear_ahead = false;
   // Warps (of the staged GEMV's 16) of an ahead CTA whose rows are read from global memory (after
   // an L2 prefetch) instead of staged: at Qwen3-30B-A3B's qkv (39 rows a CTA on 132 SMs) 1 takes
@@ -365,7 +370,8 @@ struct KernelTuning {
   // Warps of an ahead CTA: 4 (8K registers resident beside the kernels it waits through) or 8
   // (16K; the multiply after go, 39 rows a CTA at qkv, on twice the warps). COROLLA_AHEAD_WARPS.
   int ahead_warps = 4;
-  // The ahead kernel's carveout (percent; < 0: the least that holds one CTA).
+  // The ahead kernel's carveout (percent; < 0: qkv's op the least that holds its CTA, o_proj's
+  // 100, room for the attention's clusters beside it: gemv_ahead.cu, LaunchAhead).
   // COROLLA_AHEAD_CARVEOUT.
   int ahead_carveout = -1;
   // The await kernel releases the kernel after it (programmatic dependent launch) once it has
