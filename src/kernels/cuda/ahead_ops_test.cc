@@ -4,13 +4,15 @@
 // awaited after it, inside a captured graph, equals NormLinear / Linear run after the Add bit
 // for bit (x and out: the same staged kernel's split and dots), over Qwen3-30B-A3B's qkv (2048 ->
 // 5120) and o_proj (4096 -> 2048) and odd shapes, with 0, 1 and 3 of the split's warps reading
-// their rows from global memory, on 4- and 8-warp CTAs; each graph replayed three times on
+// their rows from global memory, on 4- and 8-warp CTAs, their copies at once or held until the
+// await enters; each graph replayed three times on
 // fresh inputs (the flags re-arm themselves), and once more captured as the bench captures
 // (StreamGraph). Eagerly the op runs at its await (ops.h says why): the same bits again.
 // Filter: --gtest_filter='*OpsAhead*'
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/graph_timer.h"
@@ -25,12 +27,19 @@ struct AheadCase {
   int64_t n, k;
 };
 
-void CheckAhead(Backend& be, const AheadCase& c, int global_warps, int warps) {
-  cuda::Tuning().ahead_global_warps = global_warps;
-  cuda::Tuning().ahead_warps = warps;
+struct AheadConfig {
+  int warps, global_warps;
+  bool copy_at_await;
+};
+
+void CheckAhead(Backend& be, const AheadCase& c, const AheadConfig& config) {
+  cuda::Tuning().ahead_global_warps = config.global_warps;
+  cuda::Tuning().ahead_warps = config.warps;
+  cuda::Tuning().ahead_copy_at_await = config.copy_at_await;
   const std::string shape = std::string(c.norm ? "NormLinear" : "Linear") + " N" + std::to_string(c.n) + " K" +
-                            std::to_string(c.k) + " global warps " + std::to_string(global_warps) + " of " +
-                            std::to_string(warps) + "-warp CTAs";
+                            std::to_string(c.k) + " global warps " + std::to_string(config.global_warps) + " of " +
+                            std::to_string(config.warps) + "-warp CTAs" +
+                            (config.copy_at_await ? ", copies at the await" : "");
   std::vector<float> norm = RandomBf16(c.k, 0.5f);
   for (float& v : norm) v += 1.f;
   const Tensor gw = be.LoadWeight(HostF32(RandomBf16(c.n * c.k, 1.f / std::sqrt(float(c.k))), {c.n, c.k}));
@@ -103,12 +112,13 @@ TEST_F(CudaKernelTest, OpsAheadEqualThePlainOps) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
   } restore;
-  for (int warps : {4, 8})
-    for (int global_warps : {1, 0, 3})
-      for (AheadCase c : {AheadCase{true, 5120, 2048}, AheadCase{false, 2048, 4096}, AheadCase{true, 1000, 1024},
-                          AheadCase{false, 1000, 1032}, AheadCase{true, 72, 136}, AheadCase{true, 3, 8},
-                          AheadCase{false, 5, 8}})
-        CheckAhead(gpu(), c, global_warps, warps);
+  for (AheadConfig config : {AheadConfig{4, 1, false}, AheadConfig{4, 0, false}, AheadConfig{4, 3, false},
+                             AheadConfig{8, 1, false}, AheadConfig{8, 0, false}, AheadConfig{8, 3, false},
+                             AheadConfig{4, 1, true}, AheadConfig{8, 0, true}})
+    for (AheadCase c : {AheadCase{true, 5120, 2048}, AheadCase{false, 2048, 4096}, AheadCase{true, 1000, 1024},
+                        AheadCase{false, 1000, 1032}, AheadCase{true, 72, 136}, AheadCase{true, 3, 8},
+                        AheadCase{false, 5, 8}})
+      CheckAhead(gpu(), c, config);
 }
 
 // Liveness beside the attention: o_proj's op issued before a batch-1 decode attention whose
@@ -116,7 +126,8 @@ TEST_F(CudaKernelTest, OpsAheadEqualThePlainOps) {
 // model issues it, and awaited after it. The ahead CTAs hold ~129 KB on 128 SMs until the
 // attention completes, and the attention's clusters must find room beside them: at the least
 // carveout they found none and the bench trapped (session 50, H100). Bit-equal to the
-// attention and Linear run plainly, on 4- and 8-warp CTAs, in graphs replayed three times.
+// attention and Linear run plainly, on 4- and 8-warp CTAs and with the copies held until the
+// await enters (after the attention's passes), in graphs replayed three times.
 TEST_F(CudaKernelTest, LinearAheadBesideTheClusterAttention) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
@@ -143,9 +154,10 @@ TEST_F(CudaKernelTest, LinearAheadBesideTheClusterAttention) {
     be.Attention(q, cache, batch, scale, attn);
     be.AwaitAhead();
   };
-  for (int warps : {4, 8}) {
+  for (const auto& [warps, copy_at_await] : {std::pair{4, false}, std::pair{8, false}, std::pair{4, true}}) {
     cuda::Tuning().ahead_warps = warps;
-    const std::string what = std::to_string(warps) + "-warp CTAs";
+    cuda::Tuning().ahead_copy_at_await = copy_at_await;
+    const std::string what = std::to_string(warps) + "-warp CTAs" + (copy_at_await ? ", copies at the await" : "");
     const Tensor q0 = Upload(be, RandomBf16(kHq * kD, 2.f), {1, kHq, kD}, DType::kBF16);
     be.Copy(q0, q);
     step();  // eager (the op at its await), as a capture's warm-up

@@ -623,8 +623,8 @@ TEST(CudaDecodeGraph, ReplayedLogitsEqualEager) {
 
 // Ops issued ahead in the batch-1 decode graph (gemv_ahead.cu): the next layer's qkv projection
 // ahead of the MoE (Tuning().norm_linear_ahead), o_proj ahead of the attention (linear_ahead),
-// and both (also with the await's early trigger, and with qkv's go raised by the MoE's down
-// kernel), give the plain graph's logits bit for bit (the same staged kernel's split and dots
+// and both (also with the await's early trigger, with qkv's go raised by the MoE's down kernel,
+// and with the copies held until the await enters), give the plain graph's logits bit for bit (the same staged kernel's split and dots
 // from the same inputs) over six greedy steps, and the ops ran in the graphs.
 TEST(CudaDecodeGraph, OpsAheadEqualPlain) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -636,12 +636,14 @@ TEST(CudaDecodeGraph, OpsAheadEqualPlain) {
   const int64_t vocab = (*model)->config().vocab_size;
   KvCache kv(**gpu, (*model)->kv_cache_spec(), 16, 16);
   ModelRunner off(**model, **gpu, kv, DecodeGraphMode::kOff);
-  struct Ops { bool qkv, o, early_trigger, go_from_moe; };
-  for (const auto& [qkv, o, early, from_moe] :
-       {Ops{true, false, false, false}, Ops{false, true, false, false}, Ops{true, true, false, false},
-        Ops{true, true, true, false}, Ops{true, true, false, true}}) {
+  struct Ops { bool qkv, o, early_trigger, go_from_moe, copy_at_await; };
+  for (const auto& [qkv, o, early, from_moe, copy_at_await] :
+       {Ops{true, false, false, false, false}, Ops{false, true, false, false, false},
+        Ops{true, true, false, false, false}, Ops{true, true, true, false, false}, Ops{true, true, false, true, false},
+        Ops{true, true, false, false, true}, Ops{true, true, false, true, true}}) {
     const std::string name = std::string(qkv ? "qkv" : "") + (qkv && o ? "+" : "") + (o ? "o" : "") +
-                             (early ? " early trigger" : "") + (from_moe ? " go from the MoE" : "");
+                             (early ? " early trigger" : "") + (from_moe ? " go from the MoE" : "") +
+                             (copy_at_await ? " copies at the await" : "");
     ModelRunner plain(**model, **gpu, kv, DecodeGraphMode::kOn), ahead(**model, **gpu, kv, DecodeGraphMode::kOn);
     Sequence s;
     for (int j = 0; j < 21; ++j) s.tokens.push_back((31 * j + 5) % 1024);
@@ -662,6 +664,7 @@ TEST(CudaDecodeGraph, OpsAheadEqualPlain) {
       cuda::Tuning().linear_ahead = o;
       cuda::Tuning().ahead_await_early_trigger = early;
       cuda::Tuning().ahead_go_from_moe = from_moe;
+      cuda::Tuning().ahead_copy_at_await = copy_at_await;
       Tensor la = LogitsToHost(**gpu, ahead.Execute({&c, 1}, false));
       const bool same = std::memcmp(lp.ptr<float>(), la.ptr<float>(), vocab * sizeof(float)) == 0;
       EXPECT_TRUE(same) << name << " step " << step << ": max |diff| of the logits "

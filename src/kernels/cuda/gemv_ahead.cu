@@ -39,9 +39,10 @@ namespace corolla::cuda {
 // stored, and the last one re-arms `count` and raises `done`, which the await kernel waits for
 // before it re-arms `go` and `done` and exits.
 // `moe_arrivals` counts the CTAs of the MoE's down kernel where that raises go instead
-// (Tuning().ahead_go_from_moe).
+// (Tuning().ahead_go_from_moe). `copy` (Tuning().ahead_copy_at_await): raised by the await kernel
+// as it enters, which the op's CTAs wait for before they issue their copies.
 struct AheadSignals {
-  unsigned go, count, done, moe_arrivals;
+  unsigned go, count, done, moe_arrivals, copy;
 };
 
 namespace {
@@ -56,6 +57,7 @@ struct AheadParams {
   StagedGemvParams g;  // the staged NormLinear's (norm.y null: sum as it is; CTA 0 writes x)
   AheadSignals* signals;
   int global_warps;  // the split's last warps whose rows are read from global memory
+  bool copy_at_await;  // the copies wait for signals->copy
 };
 
 // StageNormedX<true> with kWarps * 32 threads: chunk c of x by thread c % (kWarps * 32), the
@@ -109,6 +111,10 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) GemvAheadKernel(cons
   const int first_global = kStagedWarps - ap.global_warps;
   bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kStagedHeader);
   bf16_t* staged = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes);
+  if (ap.copy_at_await) {  // resident now, streaming once the await enters
+    if (threadIdx.x == 0) wgmma::SpinUntil(&ap.signals->copy, 1u);
+    __syncthreads();
+  }
   if (lane == 0) {
     for (int v = warp; v < kStagedWarps; v += kWarps) {
       const StagedWarpRows r = SplitStagedRows(cta_rows, v);
@@ -166,9 +172,16 @@ __global__ void __launch_bounds__(kWarps * 32, 32 / kWarps) GemvAheadKernel(cons
 // it; they then hold room beside the ahead CTAs, which by then have all been placed unless the
 // kernels before the await kept SMs from them (the next kernel's CTAs take a few SMs' room).
 // raise_go false: a kernel before this one raised go (the MoE's down kernel).
+// raise_copy (Tuning().ahead_copy_at_await): the op's copies start as this kernel enters, i.e.
+// once the kernel before it has triggered its dependents (the decode attention after its
+// passes, attention_decode_trigger 2), not at the op's issue, in front of the chain's loads.
+// (A write before the dependency wait, which pdl.cuh's contract rules out for the step's data:
+// the flag is read only by the op's CTAs, and the last await to re-arm it completed before the
+// op's launch on the side stream, forked after it.)
 __global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, uint64_t* timeline,
-                                                       bool early_trigger, bool raise_go) {
+                                                       bool early_trigger, bool raise_go, bool raise_copy) {
   TimelineScope tl(timeline);
+  if (raise_copy && threadIdx.x == 0) wgmma::StoreRelease(&signals->copy, 1u);
   GridDependencyWait();  // every kernel before this one (the sum's last writer) has completed
   tl.Waited();
   if (threadIdx.x != 0) return;
@@ -178,6 +191,7 @@ __global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, ui
   // Re-armed for the next op: its kernel starts after this one has completed.
   signals->go = 0;
   signals->done = 0;
+  signals->copy = 0;
 }
 
 std::atomic<int64_t> ahead_launches{0};  // AheadLaunches
@@ -240,7 +254,7 @@ void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
     p.timeline = TimelineRecordBeside(std::string(p.norm.sum ? "NormLinear ahead " : "Linear ahead ") +
                                           std::to_string(p.k) + "->" + std::to_string(p.n),
                                       ctas, side);
-  const AheadParams ap{p, signals, plan.global_warps};
+  const AheadParams ap{p, signals, plan.global_warps, Tuning().ahead_copy_at_await};
   // The carveout (Tuning().ahead_carveout, else): qkv's, the least that holds its CTA (its shared
   // memory and the 1 KB the SM reserves a CTA), so that the rest is L1 and room for the MoE's
   // CTAs; o_proj's, all of it. At the least carveout o_proj's op trapped in the bench's first
@@ -315,7 +329,7 @@ unsigned* AheadMoeArrivals(AheadSignals* signals) { return &signals->moe_arrival
 void AwaitAhead(AheadSignals* signals, cudaStream_t s, bool go_raised) {
   uint64_t* timeline = TimelineOn() ? TimelineRecord("Await ahead", 1, s) : nullptr;
   LaunchPdl(AwaitAheadKernel, dim3(1), dim3(32), 0, s, 1, signals, timeline, Tuning().ahead_await_early_trigger,
-            !go_raised);
+            !go_raised, Tuning().ahead_copy_at_await);
 }
 
 }  // namespace corolla::cuda

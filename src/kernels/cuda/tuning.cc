@@ -80,6 +80,7 @@ KernelTuning& Tuning() {
     Env("COROLLA_LINEAR_AHEAD", t.linear_ahead);
     Env("COROLLA_AHEAD_AWAIT_EARLY_TRIGGER", t.ahead_await_early_trigger);
     Env("COROLLA_AHEAD_GO_FROM_MOE", t.ahead_go_from_moe);
+    Env("COROLLA_AHEAD_COPY_AT_AWAIT", t.ahead_copy_at_await);
     Env("COROLLA_AHEAD_GLOBAL_WARPS", t.ahead_global_warps);
     if (const char* v = std::getenv("COROLLA_AHEAD_WARPS")) t.ahead_warps = std::atoi(v) == 8 ? 8 : 4;
     Env("COROLLA_AHEAD_CARVEOUT", t.ahead_carveout);

@@ -367,6 +367,11 @@ struct KernelTuning {
   // the CTA from ~160 to ~152 KB, room for more of the MoE's CTAs beside it.
   // COROLLA_AHEAD_GLOBAL_WARPS.
   int ahead_global_warps = 1;
+  // An ahead op's CTAs hold their copies until the await kernel enters (released by the kernel
+  // before it: the decode attention triggers after its passes), instead of issuing them at once,
+  // where they land in front of the chain's own loads (the norm-router's; the attention's, as
+  // session 14's attention region saw). COROLLA_AHEAD_COPY_AT_AWAIT=1.
+  bool ahead_copy_at_await = false;
   // Warps of an ahead CTA: 4 (8K registers resident beside the kernels it waits through) or 8
   // (16K; the multiply after go, 39 rows a CTA at qkv, on twice the warps). COROLLA_AHEAD_WARPS.
   int ahead_warps = 4;
