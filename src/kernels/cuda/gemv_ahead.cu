@@ -1,21 +1,24 @@
-// Backend::NormLinearAhead / AwaitAhead: a batch-1 decode step's next qkv projection (the next
-// layer's input norm folded in) issued right after the attention block, so that its weights
-// stream into shared memory while the router and the MoE run, instead of after them.
+// Backend::NormLinearAhead / LinearAhead / AwaitAhead: a batch-1 decode step's next qkv
+// projection (the next layer's input norm folded in) issued right after the attention block, so
+// that its weights stream into shared memory while the router and the MoE run, and o_proj issued
+// before the attention, its weights staged beside it (Tuning().norm_linear_ahead, linear_ahead).
 //
 // The issue launches GemvAheadKernel on a side stream forked from the main one: one 4- or 8-warp
-// CTA an SM bulk-copies its slice of W at once (the staged GEMV's slice and split, so the same bits;
-// the split's last Tuning().ahead_global_warps warps' rows are only prefetched into
-// L2 and read from global memory, so that the CTA leaves room on its SM for the MoE's CTAs), then
-// waits for `go`. The await is one CTA on the main stream
-// (programmatic dependent launch): once the kernels before it have completed (the MoE has added
-// its output into the sum) it raises `go`, waits for `done` (the op's last CTA raises it once every
-// output is stored), re-arms both and exits, so that the kernels after it read the output through
-// the main stream's order. Both run inside the decode graphs only (ops.h says why). The side chain
-// is joined into the main stream at the capture's end (CudaBackend::CaptureGraph): a join right
-// after an op would put the op in front of its own await as a full dependency.
+// CTA an SM bulk-copies its slice of W (the staged GEMV's slice and split, so the same bits; the
+// split's last Tuning().ahead_global_warps warps' rows are only prefetched into L2 and read from
+// global memory, so that the CTA leaves room on its SM for the CTAs beside it) at once, or once
+// the await enters (Tuning().ahead_copy_at_await), then waits for `go`. The await is one CTA on
+// the main stream (programmatic dependent launch): once the kernels before it have completed
+// (the MoE has added its output into the sum; the attention has written x) it raises `go`, waits
+// for `done` (the op's last CTA raises it once every output is stored), re-arms the flags and
+// exits, so that the kernels after it read the output through the main stream's order. Both run
+// inside the decode graphs only (ops.h says why). The side chain is joined into the main stream
+// at the capture's end (CudaBackend::EndCapture): a join right after an op would put the op in
+// front of its own await as a full dependency.
 //
 // Liveness: nothing the main stream runs before an await waits for the ahead CTAs, so those
-// kernels complete and leave the SMs to the ahead CTAs that did not fit beside them; by default
+// kernels complete and leave the SMs to the ahead CTAs that did not fit beside them, provided
+// they can be placed beside the ahead CTAs at all (o_proj's carveout, LaunchAhead); by default
 // the await does not release the kernel after it early (that kernel's CTAs, waiting on the
 // await, could take room the last ahead CTAs need; opt-in COROLLA_AHEAD_AWAIT_EARLY_TRIGGER=1
 // releases it once go is raised). A lost flag traps after 10 s (SpinUntil).
