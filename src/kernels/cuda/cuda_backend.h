@@ -168,8 +168,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Fp8Linear> side_fp8_linear_;
   bool on_side_ = false;       // inside RunOnSideStream's fn()
   bool side_unjoined_ = false;  // RunOnSideStream ran; JoinSideStream has not
-  // NormLinearAhead's stream (forked after the ops before each issue; joined at a capture's
-  // end), its events and flags; made by the first eager NormLinearAhead (a capture's warm-up).
+  // The ops issued ahead's stream (forked after the ops before each issue; joined at a capture's
+  // end, EndCapture), its events and flags; made by the first eager issue (a capture's warm-up).
   cudaStream_t ahead_stream_ = nullptr;
   cudaEvent_t ahead_fork_ = nullptr, ahead_join_ = nullptr;
   AheadSignals* ahead_signals_ = nullptr;

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(32) AwaitAheadKernel(AheadSignals* signals, ui
 std::atomic<int64_t> ahead_launches{0};  // AheadLaunches
 
 struct AheadPlan {
-  int sms = 0;
+  int sms = 0, sm_smem = 0;  // the device's SMs and shared memory an SM
   int64_t rows_per_cta = 0, x_bytes = 0, smem = 0;
   int global_warps = 0;
 };
@@ -212,6 +212,7 @@ AheadPlan PlanAhead(int64_t n, int64_t k) {
   int device = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&plan.sms, cudaDevAttrMultiProcessorCount, device));
+  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&plan.sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   plan.rows_per_cta = (n + plan.sms - 1) / plan.sms;
   plan.x_bytes = (2 * k + 127) / 128 * 128;
   plan.global_warps = std::clamp(Tuning().ahead_global_warps, 0, kStagedWarps - 1);
@@ -267,12 +268,8 @@ void LaunchAhead(StagedGemvParams p, AheadSignals* signals, cudaStream_t side) {
   const bool norm = p.norm.sum != nullptr;
   int carveout = Tuning().ahead_carveout;
   if (carveout < 0 && !norm) carveout = 100;
-  if (carveout < 0) {
-    int device = 0, sm_smem = 0;
-    COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-    COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-    carveout = static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, sm_smem)));
-  }
+  if (carveout < 0)
+    carveout = static_cast<int>(std::min<int64_t>(100, CeilDiv((plan.smem + 1024) * 100, plan.sm_smem)));
   const bool eight = Tuning().ahead_warps == 8;
   if (norm && eight) LaunchAheadKernel<8, true>(ap, ctas, plan.smem, carveout, side);
   else if (norm) LaunchAheadKernel<4, true>(ap, ctas, plan.smem, carveout, side);

@@ -58,8 +58,9 @@ bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, cons
                 const TensorView& out, cudaStream_t s);
 // gemv_ahead.cu: Backend::NormLinearAhead / LinearAhead. The staged NormLinear / Linear kernel
 // launched on `side` (forked from the main stream after the ops before the issue), its CTAs
-// staging their slices of w at once and released by a flag: AwaitAhead on the main stream raises
-// it once the kernels before the await have completed and waits for the op's last CTA. Only
+// staging their slices of w at once (or once the await enters: Tuning().ahead_copy_at_await)
+// and released by a flag: AwaitAhead on the main stream raises it once the kernels before the
+// await have completed and waits for the op's last CTA. Only
 // inside a capture (the decode graphs): in an eager step the host's allocations between issue
 // and await would serialise the two streams (CUDA's implicit synchronisation) while the ahead
 // kernel waits for the await. The *Fits say whether the shapes fit (else the op runs at the await).
