@@ -118,6 +118,16 @@ __device__ __forceinline__ void MergeWeights(DecodeSmem<kRowBlocks>& sm, int row
   }
 }
 
+// A merged item into the output: dims 4 c4 .. 4 c4 + 3 of the group's row r, scaled by inv (1 / l).
+__device__ __forceinline__ void StoreMergedItem(const DecodeParams& p, int q0, int kvh, int r, int c4, float4 v,
+                                                float inv) {
+  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
+      p.out + static_cast<int64_t>(q0) * p.out_token_stride + static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride +
+      4 * c4);
+  dst[0] = __floats2bfloat162_rn(v.x * inv, v.y * inv);
+  dst[1] = __floats2bfloat162_rn(v.z * inv, v.w * inv);
+}
+
 // The last CTA of (sequence b, KV head kvh) to arrive merges the splits' partials of the group's
 // rows into out (as SplitKvMergeKernel), then re-arms the counter. Called by every thread once
 // its partials are written.
@@ -193,11 +203,7 @@ __device__ void ArriveAndMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlock
       if (idx >= items) continue;
       const int r = idx / (kD / 4), c4 = idx % (kD / 4);
       const float inv = sm.inv_l[r];
-      __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
-          p.out + static_cast<int64_t>(q0) * p.out_token_stride +
-          static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride + 4 * c4);
-      dst[0] = __floats2bfloat162_rn(acc[j].x * inv, acc[j].y * inv);
-      dst[1] = __floats2bfloat162_rn(acc[j].z * inv, acc[j].w * inv);
+      StoreMergedItem(p, q0, kvh, r, c4, acc[j], inv);
     }
   }
 }
@@ -261,11 +267,7 @@ __device__ void WideMergeDecode(const DecodeParams& p, DecodeSmem<kRowBlocks>& s
         v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
       }
       const float inv = sm.inv_l[r - r_first];
-      __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
-          p.out + static_cast<int64_t>(q0) * p.out_token_stride +
-          static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride + 4 * c4);
-      dst[0] = __floats2bfloat162_rn(v.x * inv, v.y * inv);
-      dst[1] = __floats2bfloat162_rn(v.z * inv, v.w * inv);
+      StoreMergedItem(p, q0, kvh, r, c4, v, inv);
     }
   }
   tl.Mark(4);
@@ -322,13 +324,7 @@ __device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, Clu
       AddWeighted(acc, wt, wt != 0.f, ov[sp]);
     }
     const float inv = sm.inv_l[r];
-    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(
-        p.out + static_cast<int64_t>(q0) * p.out_token_stride + static_cast<int64_t>(kvh * p.group + r) * p.out_head_stride +
-        4 * c4);
-    if (!dry) {
-      dst[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-      dst[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
-    }
+    if (!dry) StoreMergedItem(p, q0, kvh, r, c4, acc, inv);
   }
   if (!dry) tl.Mark(4);
   // Peers may still read this CTA's partials. Only their reads must be over before it exits, and
@@ -342,6 +338,100 @@ __device__ void ClusterMergeDecode(const DecodeParams& p, DecodeSmem<1>& sm, Clu
     cluster.sync();
   }
   if (!dry) tl.Mark(5);
+}
+
+// The push merge (kCluster == kClusterPush, Tuning().attention_decode_push_merge): each split
+// stores its partials straight into the shared memory of the peers that merge them, so that one
+// cluster barrier stands between the passes and the local merge, and nothing is read remotely.
+// The (row, 4 dims) items are dealt out in runs of `per` (split s merges items [s per, s per +
+// per)); the inbox holds, for each item this CTA merges, one float4 from every split, and every
+// split's (m, l) of every row.
+template <int kD>
+struct ClusterInbox {
+  float4 o[8 * kD / 4 + kMaxClusterSplits];  // [split][per]: splits x per <= items + splits - 1
+  float2 ml[8 * kMaxClusterSplits];          // [row][split]
+};
+constexpr int kClusterPull = 1, kClusterPush = 2;  // the kernel's kCluster
+
+// Items a split merges in the push merge.
+template <int kD>
+__device__ __forceinline__ int PushPer(int rows, int splits) {
+  return (rows * (kD / 4) + splits - 1) / splits;
+}
+
+// The push merge, in the passes' epilogue: this lane's kN dims of `row` from dim0 (within one
+// float4 when kN is 2) into the inbox of the split that merges each of their items.
+template <int kD, int kN>
+__device__ __forceinline__ void PushPartials(ClusterInbox<kD>& in, int per, int split, int row, int dim0,
+                                             const float (&f)[kN]) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kN / 4; ++j) {
+      const int idx = row * (kD / 4) + dim0 / 4 + j, owner = idx / per;
+      *cluster.map_shared_rank(&in.o[split * per + idx - owner * per], owner) =
+          make_float4(f[4 * j], f[4 * j + 1], f[4 * j + 2], f[4 * j + 3]);
+    }
+  } else {
+    static_assert(kN == 2);
+    const int idx = row * (kD / 4) + dim0 / 4, owner = idx / per;
+    float* dst = reinterpret_cast<float*>(&in.o[split * per + idx - owner * per]) + dim0 % 4;
+    *reinterpret_cast<float2*>(cluster.map_shared_rank(dst, owner)) = make_float2(f[0], f[1]);
+  }
+}
+
+// The push merge's start: every CTA of the cluster must be running before a peer stores into its
+// shared memory. Arrived at the kernel's entry and waited on after the passes, long after every
+// peer has arrived (every thread of the CTA, both).
+__device__ __forceinline__ void ClusterArriveAtEntry() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWaitForEntries() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// The push merge after this split's pushes: one cluster barrier (release the pushes, acquire the
+// peers'), then the merge of this CTA's items from its own inbox. L lanes an item (a power of
+// two, at most 16, so that an item's lanes share a warp) each weigh and sum every L-th split,
+// then sum across the L lanes by shuffles; every lane forms the row's maximum from the inbox's
+// (m, l). No barrier after it: no peer reads this CTA's shared memory. Timeline marks: 1 pushed,
+// 2 past the barrier, 4 merged.
+template <int kD>
+__device__ void ClusterMergePushed(const DecodeParams& p, ClusterInbox<kD>& in, int split, int kvh, int q0,
+                                   const TimelineScopeLocal& tl) {
+  tl.Mark(1);
+  cg::this_cluster().sync();
+  tl.Mark(2);
+  const int splits = p.num_splits, items = p.group * (kD / 4), per = PushPer<kD>(p.group, splits);
+  const int mine = min(per, items - split * per);
+  int lanes = 1;
+  while (lanes < 16 && 2 * lanes * per <= kThreads) lanes *= 2;
+  const int sub = threadIdx.x % lanes, stride = kThreads / lanes;
+  for (int base = 0; base < per; base += stride) {  // the same trips in every thread (the shuffles)
+    const int i = base + threadIdx.x / lanes;
+    const bool valid = i < mine;
+    const int idx = split * per + (valid ? i : 0), r = valid ? idx / (kD / 4) : 0, c4 = idx % (kD / 4);
+    const float2* rml = in.ml + r * splits;
+    float mx = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, rml[sp].x);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float l = 0.f;
+    for (int sp = sub; sp < splits; sp += lanes) {
+      const float2 ml = rml[sp];
+      const float wt = ml.x == -INFINITY ? 0.f : exp2f(ml.x - mx);
+      AddWeighted(acc, wt, wt != 0.f, in.o[sp * per + (valid ? i : 0)]);
+      l += wt * ml.y;
+    }
+    for (int off = lanes / 2; off > 0; off >>= 1) {
+      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off);
+      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
+      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off);
+      acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off);
+      l += __shfl_xor_sync(0xffffffffu, l, off);
+    }
+    if (valid && sub == 0) StoreMergedItem(p, q0, kvh, r, c4, acc, 1.f / l);
+  }
+  tl.Mark(4);
 }
 
 // kOutProj, before the dependency wait (weights only): thread 0 starts the bulk copy of the
