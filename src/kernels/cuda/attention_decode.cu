@@ -33,7 +33,6 @@
 // the step's key writes that key's k and v to the cache itself).
 #include <algorithm>
 #include <atomic>
-#include <type_traits>
 
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/attention_prologue.cuh"
@@ -107,20 +106,16 @@ struct PassRegs {
 
 // kRowBlocks: 1 for groups <= 8 (query rows = the n of P V), 2 up to 16. kPrologue: the prologue
 // folded in (p.prologue; q holds the raw projection). kCluster: the splits of a (sequence, KV
-// head) form a thread block cluster and merge through shared memory: kClusterPull reads the
-// peers' partials (ClusterMergeDecode), kClusterPush stores them into the peers that merge them
-// (ClusterMergePushed).
-// Timeline marks (timeline.h): 0 every pass multiplied; with the pull cluster 1 after its first
+// head) form a thread block cluster and merge through shared memory (ClusterMergeDecode).
+// Timeline marks (timeline.h): 0 every pass multiplied; with the cluster 1 after its first
 // barrier, 2 the peers' (m, l) read, 3 the merge weights formed, 4 merged, 5 after the last
-// barrier; with the push cluster 1 pushed, 2 past the barrier, 4 merged; else 1 partials
-// written, 2 arrived (counted in), 3 the merging CTA's weights formed, 4 merged.
+// barrier; else 1 partials written, 2 arrived (counted in), 3 the merging CTA's weights formed,
+// 4 merged.
 // kOutProj: the o projection folded in (DecodeOutProj: the CTAs with blockIdx.y >= kv_heads only
 // project; one sequence).
-template <int kD, int kRowBlocks, bool kPrologue, int kCluster = 0, bool kOutProj = false>
+template <int kD, int kRowBlocks, bool kPrologue, bool kCluster = false, bool kOutProj = false>
 __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_constant__ DecodeParams p) {
   static_assert(!kCluster || kRowBlocks == 1, "the cluster merge keeps 8 rows a split");
-  static_assert(kCluster != kClusterPush || !kOutProj, "the push merge: the attention alone");
-  constexpr bool kPush = kCluster == kClusterPush;
   static_assert(!kOutProj || (kPrologue && kRowBlocks == 1), "the folded projection: one row block, the prologue");
   using Regs = PassRegs<kD>;
   constexpr int kQChunks = Regs::kQChunks, kVWords = Regs::kVWords;
@@ -129,10 +124,8 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   // Passes loaded before the dependency wait: where registers allow (else 16-80 bytes spill).
   constexpr bool kEarly = kPrefetch && kRowBlocks == 1;
   __shared__ DecodeSmem<kRowBlocks> sm;
-  __shared__ __align__(16)
-      std::conditional_t<kPush, ClusterInbox<kD>, ClusterPartials<kCluster ? kD : 4>> cl;  // kCluster only
+  __shared__ __align__(16) ClusterPartials<kCluster ? kD : 4> cl;  // kCluster only
   TimelineScopeLocal tl(p.timeline);
-  if constexpr (kPush) ClusterArriveAtEntry();
 
   if (p.trigger_at == 0) TriggerDependents();  // safe: pdl.cuh
   extern __shared__ __align__(128) unsigned char proj_smem[];  // kOutProj only
@@ -214,7 +207,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
   // H200. Its SASS does the index arithmetic on the uniform datapath (UIMAD / UMOV / UISETP),
   // 5480 instructions against 5656, and the merge's steps run ~1.2 us faster (notes/
   // decode_sessions.md, Session 12; Tuning().attention_decode_warm_merge).
-  for (bool dry = kCluster == kClusterPull && p.warm_merge;; dry = false) {
+  for (bool dry = kCluster && p.warm_merge;; dry = false) {
     if (!dry) {
       // The first passes of cached keys, before the wait (p.prefetch); the step's key patched in after.
       Regs r0, r1;
@@ -246,14 +239,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
         // only when the sequence has fewer kChunkAlign tiles than the plan has splits
         // (SplitKeyRange, split_keys.h).
         if (p.trigger_at == 2) TriggerDependents();
-        if constexpr (kPush) {
-          ClusterWaitForEntries();
-          cg::cluster_group cluster = cg::this_cluster();
-          for (int i = threadIdx.x; i < p.group * p.num_splits; i += kThreads)
-            *cluster.map_shared_rank(&cl.ml[(i / p.num_splits) * p.num_splits + split], i % p.num_splits) =
-                make_float2(-INFINITY, 0.f);
-          ClusterMergePushed<kD>(p, cl, split, kvh, q0, tl);
-        } else if constexpr (kCluster) {
+        if constexpr (kCluster) {
           for (int r = threadIdx.x; r < p.group; r += kThreads) cl.ml[r] = make_float2(-INFINITY, 0.f);
           ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl);
         } else if (p.num_splits > 1) {
@@ -457,11 +443,6 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
 
       tl.Mark(0);  // every pass multiplied
       if (p.trigger_at == 2) TriggerDependents();  // (empty splits: above; no query: at exit)
-      int per = 0;  // kPush: items a split merges
-      if constexpr (kPush) {
-        ClusterWaitForEntries();
-        per = PushPer<kD>(p.group, p.num_splits);
-      }
       // Rows 2c, 2c+1 (+ 8 rb) of this lane's accumulators: their max and sum from lanes 8c, 8c + 4.
     #pragma unroll
       for (int rb = 0; rb < kRowBlocks; ++rb) {
@@ -482,13 +463,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
           }
           const int dim0 = warp * (kD / 4) + g * kLaneDims;
           const int head = kvh * p.group + row;
-          if constexpr (kPush) {
-            PushPartials<kD>(cl, per, split, row, dim0, f);
-            if (warp == 0)
-              for (int sp = g; sp < p.num_splits; sp += 8)
-                *cg::this_cluster().map_shared_rank(&cl.ml[row * p.num_splits + split], sp) =
-                    make_float2(row_m, row_l);
-          } else if constexpr (kCluster) {
+          if constexpr (kCluster) {
             StoreF32(cl.o + row * kD + dim0, f);
             if (warp == 0 && g == 0) cl.ml[row] = make_float2(row_m, row_l);
           } else if (p.num_splits > 1) {
@@ -503,9 +478,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
         }
       }
     }
-    if constexpr (kPush) {
-      ClusterMergePushed<kD>(p, cl, split, kvh, q0, tl);
-    } else if constexpr (kCluster) {
+    if constexpr (kCluster) {
       ClusterMergeDecode<kD>(p, sm, cl, kvh, q0, tl, dry);
     } else {
       tl.Mark(1);  // partials (or the output) written
@@ -521,7 +494,6 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
 std::atomic<int64_t> cluster_launches{0};     // AttentionDecodeClusterLaunches
 std::atomic<int64_t> wide_merge_launches{0};  // AttentionDecodeWideMergeLaunches
 std::atomic<int64_t> cluster_cuts{0};         // AttentionDecodeClusterCuts
-std::atomic<int64_t> push_launches{0};        // AttentionDecodePushLaunches
 
 // Launches the decode kernel; with `cluster` (Tuning().attention_decode_cluster_merge_seqs) the splits
 // of each (sequence, KV head) as one cluster where the plan and the device allow it. True when
@@ -530,12 +502,7 @@ template <int kD, int kRowBlocks>
 bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cudaStream_t s) {
   const char* name = prologue ? "AttentionDecode+prologue" : "AttentionDecode";
   if constexpr (kRowBlocks == 1) {
-    // (Tuning().attention_decode_push_merge: the partials stored into the merging peers.)
-    const bool push = Tuning().attention_decode_push_merge;
-    const auto kernel = push ? (prologue ? AttentionDecodeKernel<kD, 1, true, kClusterPush>
-                                         : AttentionDecodeKernel<kD, 1, false, kClusterPush>)
-                             : (prologue ? AttentionDecodeKernel<kD, 1, true, kClusterPull>
-                                         : AttentionDecodeKernel<kD, 1, false, kClusterPull>);
+    const auto kernel = prologue ? AttentionDecodeKernel<kD, 1, true, true> : AttentionDecodeKernel<kD, 1, false, true>;
     SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
     if (cluster && p.num_splits > 1 && p.num_splits <= kMaxClusterSplits &&
         ClusterFits(reinterpret_cast<const void*>(kernel), p.num_splits, kThreads, 0)) {
@@ -552,7 +519,6 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
       p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
       LaunchPdl(kernel, grid, dim3(kThreads), 0, s, p.num_splits, p);
       cluster_launches.fetch_add(1, std::memory_order_relaxed);
-      if (push) push_launches.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
   }
@@ -581,7 +547,7 @@ std::atomic<int64_t> region_launches{0};  // AttentionRegionLaunches
 template <int kD>
 bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
   const auto kernel =
-      cluster ? AttentionDecodeKernel<kD, 1, true, kClusterPull, true> : AttentionDecodeKernel<kD, 1, true, 0, true>;
+      cluster ? AttentionDecodeKernel<kD, 1, true, true, true> : AttentionDecodeKernel<kD, 1, true, false, true>;
   const int splits = p.num_splits;
   if (cluster ? splits < 2 || splits > kMaxClusterSplits : splits > 1 && p.counters == nullptr) return false;
   int device = 0, sms = 0, max_smem = 0;
@@ -625,7 +591,6 @@ bool LaunchDecodeOutProj(DecodeParams p, bool cluster, cudaStream_t s) {
 int64_t AttentionDecodeClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
 int64_t AttentionDecodeWideMergeLaunches() { return wide_merge_launches.load(std::memory_order_relaxed); }
 int64_t AttentionDecodeClusterCuts() { return cluster_cuts.load(std::memory_order_relaxed); }
-int64_t AttentionDecodePushLaunches() { return push_launches.load(std::memory_order_relaxed); }
 int64_t AttentionRegionLaunches() { return region_launches.load(std::memory_order_relaxed); }
 
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len) {

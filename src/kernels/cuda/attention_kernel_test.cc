@@ -52,7 +52,6 @@ struct AttnVariant {
   int decode_merge_floats = 65536;  // Tuning().attention_decode_merge_floats
   bool decode_cluster = false;      // Tuning().attention_decode_cluster_merge_seqs: all
   bool decode_warm_merge = false;   // Tuning().attention_decode_warm_merge
-  bool decode_push = false;         // Tuning().attention_decode_push_merge
   bool decode_wide = false;         // Tuning().attention_decode_wide_merge
   int Kernel() const { return decode ? 3 : !mma ? 0 : wgmma ? 1 : 2; }  // index of the per-kernel worst error
   std::string Name() const {
@@ -60,7 +59,6 @@ struct AttnVariant {
            (decode && decode_split_keys != 64 ? " splitkeys" + std::to_string(decode_split_keys) : "") +
            (decode && decode_merge_floats != 65536 ? " mergefloats" + std::to_string(decode_merge_floats) : "") +
            (decode && decode_cluster ? " clustermerge" : "") + (decode && decode_warm_merge ? " warm" : "") +
-           (decode && decode_push ? " push" : "") +
            (decode && decode_wide ? " wide" : "") +
            (split_min_ctas == 0 ? " nosplit" : split_min_ctas == (1 << 20) ? " widesplit" : " split") +
            (loose_hints ? " loosehints" : "") + (fused_merge ? "" : " sepmerge") +
@@ -126,9 +124,6 @@ std::vector<AttnVariant> DecodeVariants() {
     a.decode_cluster = true;
     v.push_back(a);
     a.decode_warm_merge = true;  // the merge run dry first: the same output
-    v.push_back(a);
-    a.decode_warm_merge = false;
-    a.decode_push = true;  // the partials stored into the merging peers
     v.push_back(a);
   }
   // The wide merge with 16-key splits and more merge floats: as many splits as its loads allow.
@@ -279,7 +274,6 @@ void RunAttention(Backend& gpu, const AttnCase& c) {
     cuda::Tuning().attention_decode_cluster_merge_seqs = var.decode_cluster ? 1 << 20 : 0;
     cuda::Tuning().attention_decode_wide_merge = var.decode_wide;
     cuda::Tuning().attention_decode_warm_merge = var.decode_warm_merge;
-    cuda::Tuning().attention_decode_push_merge = var.decode_push;
     // Loose hints: a bigger max_q_len (more row tiles, maybe the other tile shape) and a context
     // bound past every sequence (more splits than the lengths need, some of them empty).
     AttentionBatch gb{gqs,
@@ -589,7 +583,6 @@ TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   const int64_t cluster_launches = cuda::AttentionDecodeClusterLaunches();
   const int64_t wide_launches = cuda::AttentionDecodeWideMergeLaunches();
   const int64_t cluster_cuts = cuda::AttentionDecodeClusterCuts();
-  const int64_t push_launches = cuda::AttentionDecodePushLaunches();
   for (int group : {1, 4, 8, 16})
     for (int bs : {1, 5, 16, 64}) {
       RunAttention(gpu(), {128, group, {1, 1, 1}, {0, 6, 99}, 0, 2, false, bs, true, true});
@@ -612,7 +605,6 @@ TEST_F(CudaKernelTest, AttentionDecodeKernel) {
   RunAttention(gpu(), {128, 8, {1}, {8191}, 0, 4, false, 16, true, true, true});
   RunAttention(gpu(), {64, 16, {1, 1, 1}, {0, 500, 77}, 0, 2, false, 5, true, true, true});
   EXPECT_GT(cuda::AttentionDecodeClusterLaunches(), cluster_launches) << "the cluster merge never ran";
-  EXPECT_GT(cuda::AttentionDecodePushLaunches(), push_launches) << "the push merge never ran";
   EXPECT_GT(cuda::AttentionDecodeWideMergeLaunches(), wide_launches) << "the wide merge never ran";
   // Batch 8 x 4 KV heads at 1024 keys planned for 264 CTAs is 32 clusters of 8 splits, more than
   // an H100 or H200 holds at once (30): the one-wave rule must cut it (to 7 splits there).

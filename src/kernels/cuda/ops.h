@@ -158,9 +158,6 @@ int64_t AttentionDecodeClusterLaunches();
 // attention_decode.cu: how many cluster launches so far planned fewer splits than the plan's so
 // that their clusters fit the device at once (Tuning().attention_decode_one_wave).
 int64_t AttentionDecodeClusterCuts();
-// attention_decode.cu: how many of the cluster launches pushed their partials into the merging
-// peers (Tuning().attention_decode_push_merge).
-int64_t AttentionDecodePushLaunches();
 // attention_decode.cu: how many decode launches so far merged their splits wide (WideMergeDecode).
 int64_t AttentionDecodeWideMergeLaunches();
 // attention_decode.cu: how many launches so far folded the o projection in (QkNormRopeAttentionProj).

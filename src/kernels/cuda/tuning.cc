@@ -97,7 +97,6 @@ KernelTuning& Tuning() {
     Env("COROLLA_ATTN_DECODE_CLUSTER_MAX_KEYS", t.attention_decode_cluster_max_keys);
     Env("COROLLA_ATTN_DECODE_WARM_MERGE", t.attention_decode_warm_merge);
     Env("COROLLA_ATTN_DECODE_RELAXED_EXIT", t.attention_decode_relaxed_exit);
-    Env("COROLLA_ATTN_DECODE_PUSH_MERGE", t.attention_decode_push_merge);
     Env("COROLLA_ATTN_DECODE_WIDE_MERGE", t.attention_decode_wide_merge);
     Env("COROLLA_ATTN_DECODE_PREFETCH", t.attention_decode_prefetch);
     Env("COROLLA_ATTN_FUSED_PROLOGUE", t.attention_fused_prologue);

@@ -449,13 +449,6 @@ struct KernelTuning {
   // (release / acquire).
   // COROLLA_ATTN_DECODE_RELAXED_EXIT.
   bool attention_decode_relaxed_exit = true;
-  // The cluster merge by pushes (attention_decode.cuh, ClusterMergePushed): after its passes each
-  // split stores its (m, l) into every peer and each float4 of its partial output into the peer
-  // that merges that item (remote stores, no round trip), then one cluster barrier, then each CTA
-  // merges its items from its own shared memory and exits. The pull merge (off) reads the peers'
-  // (m, l), then their partials, between two barriers: ~4 us after the passes at ctx 1024 on an
-  // H100 (session 50's graph timeline). COROLLA_ATTN_DECODE_PUSH_MERGE.
-  bool attention_decode_push_merge = false;
   // The counter merge of the split-KV partials (more splits than a cluster, or batches past
   // attention_decode_cluster_merge_seqs) done by every split instead of the last to arrive:
   // each counts itself in, waits for all (a spin: only where the whole grid fits the device at
