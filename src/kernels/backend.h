@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "base/check.h"
 #include "base/status.h"
 #include "kernels/sampling.h"
 #include "tensor/tensor.h"
@@ -399,41 +398,6 @@ class Backend {
   // it; the CUDA backend sizes the MoE grouped GEMM's tiles by whether one prompt chunk holds most
   // of the step's tokens (their routing is uneven: tokens of one context share experts).
   virtual void PlanStep(const AttentionBatch& /*batch*/, int64_t /*tokens*/) {}
-  // --- an op issued ahead of its place (new virtuals go at the end) ---------------------------
-  // Whether models issue an op early for `tokens` rows (the default: never; CUDA for one token
-  // with Tuning().norm_linear_ahead / linear_ahead): the next layer's input norm and qkv
-  // projection (NormLinearAhead: issued after the attention block, before the MoE that folds its
-  // output into the sum) and the attention's output projection (LinearAhead: issued before the
-  // attention that writes its x). A model calls the issue right after the ops before the ones
-  // that complete the op's inputs and AwaitAhead where the op belongs. The op is NormLinear /
-  // Linear as it would run at the await: it reads its inputs there and writes x (NormLinear) and
-  // out then; only w may be read from the issue on (a backend streams the weights early).
-  // Between the two calls nothing may read what the op writes, nor write w or out; one op is
-  // outstanding at a time. The default runs the op at the await.
-  enum class AheadOp { kNormLinear, kLinear };
-  virtual bool issues_ahead(AheadOp op, int64_t tokens) const {
-    (void)op;
-    (void)tokens;
-    return false;
-  }
-  virtual void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                               const TensorView& w, const TensorView& out) {
-    COROLLA_CHECK(!ahead_) << "NormLinearAhead: the last op issued ahead is not awaited yet";
-    ahead_ = [this, norm_w, eps, sum, x, w, out] { NormLinear(norm_w, eps, sum, x, w, out); };
-  }
-  virtual void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out) {
-    COROLLA_CHECK(!ahead_) << "LinearAhead: the last op issued ahead is not awaited yet";
-    ahead_ = [this, x, w, out] { Linear(x, w, out); };
-  }
-  virtual void AwaitAhead() {
-    COROLLA_CHECK(ahead_) << "AwaitAhead without an op issued ahead";
-    const std::function<void()> op = std::move(ahead_);
-    ahead_ = nullptr;
-    op();
-  }
-
- private:
-  std::function<void()> ahead_;  // the default NormLinearAhead's op, run by AwaitAhead
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

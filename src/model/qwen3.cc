@@ -69,17 +69,9 @@ class Qwen3Model final : public Model {
   // The layer's attention of stream.x() into stream.y(); with input_norm, stream.Add(*input_norm)
   // first, as one backend op with the qkv projection (RmsNormLinear, which a backend may fuse),
   // or, where the MLP block before folded its output into the sum already (`added`), the norm
-  // alone with it (NormLinear). qkv_ahead: that norm and projection, issued ahead (QkvAhead):
-  // awaited here instead.
+  // alone with it (NormLinear).
   void AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm, bool added,
-                      const ForwardBatch& batch, const KvCacheView& cache, Tensor* qkv_ahead);
-  // The layer's input norm and qkv projection (NormLinear of the sum) issued ahead
-  // (Backend::NormLinearAhead), before the MoE block before it folds its output into the sum.
-  Tensor QkvAhead(int layer, ResidualStream& stream);
-  // Whether MlpBlock(layer) on `tokens` rows folds its output into the sum when `fold` asks.
-  bool FoldsMoeResidual(int layer, int64_t tokens) const;
-  // This rank's qkv projection's width: q (and the output gate) | k | v.
-  int64_t QkvWidth() const;
+                      const ForwardBatch& batch, const KvCacheView& cache);
   // The layer's MLP (dense or MoE) after its post-attention norm: stream.Add(norm) and the MLP of
   // stream.x() into stream.y(); a MoE layer's norm and router are one backend op
   // (RmsNormMoeRouter), which a backend may fuse. With `fold` (the next block norms the sum with
@@ -260,7 +252,7 @@ Result<Tensor> Qwen3Model::LoadNorm(WeightLoader& w, const std::string& name, in
 }
 
 void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor* input_norm, bool added,
-                                const ForwardBatch& batch, const KvCacheView& cache, Tensor* qkv_ahead) {
+                                const ForwardBatch& batch, const KvCacheView& cache) {
   const ModelConfig& c = config_;
   const TensorView& x = stream.x();
   const TensorView& out = stream.y();
@@ -269,20 +261,14 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   const DType act = backend_.activation_dtype();
 
   // With the output gate, q_proj yields [q (D) | gate (D)] per head.
-  const int64_t q_cols = hq * d * (c.attention_output_gate ? 2 : 1), width = QkvWidth();
-  Tensor qkv;  // [T, q | k | v]
-  if (qkv_ahead != nullptr) {
-    backend_.AwaitAhead();  // QkvAhead's NormLinear
-    qkv = std::move(*qkv_ahead);
-  } else {
-    qkv = backend_.Empty(act, {tokens, width});
-    if (input_norm != nullptr && added)
-      backend_.NormLinear(*input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
-    else if (input_norm != nullptr)
-      backend_.RmsNormLinear(out, *input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
-    else
-      backend_.Linear(x, w.qkv, qkv);
-  }
+  const int64_t q_cols = hq * d * (c.attention_output_gate ? 2 : 1), width = q_cols + 2 * hk * d;
+  Tensor qkv = backend_.Empty(act, {tokens, width});  // [T, q | k | v]
+  if (input_norm != nullptr && added)
+    backend_.NormLinear(*input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
+  else if (input_norm != nullptr)
+    backend_.RmsNormLinear(out, *input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
+  else
+    backend_.Linear(x, w.qkv, qkv);
   // Strided views into qkv: q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], gate [T, Hq, D].
   auto heads = [&](int64_t first_col, int64_t num_heads, int64_t head_stride) {
     TensorView v = qkv.view();
@@ -296,15 +282,6 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   Tensor attn = backend_.Empty(act, {tokens, hq, d});  // [T, Hq, D]
   const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(d));
   const RopeParams rope{c.rotary_dim(), static_cast<float>(c.rope.theta)};
-  if (!c.attention_output_gate && backend_.issues_ahead(Backend::AheadOp::kLinear, tokens)) {
-    // o_proj issued ahead of the attention that writes its x (Backend::LinearAhead).
-    backend_.LinearAhead(attn.view().Reshape({tokens, hq * d}), w.o, out);
-    backend_.QkNormRopeAttention(q, k, v, w.q_norm, w.k_norm, eps, batch.positions, rope, cache, batch.attention, scale,
-                                 attn);
-    backend_.AwaitAhead();
-    AllReduce(shard_.tp, out);
-    return;
-  }
   if (!c.attention_output_gate) {  // the attention and o_proj: one op the backend may fuse
     backend_.QkNormRopeAttentionProj(q, k, v, w.q_norm, w.k_norm, eps, batch.positions, rope, cache, batch.attention,
                                      scale, attn, w.o, out);  // out: [T, H], this rank's partial sum
@@ -319,23 +296,6 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   backend_.SigmoidMul(attn2d, gate.view().Reshape({tokens, hq * d}));
   backend_.Linear(attn2d, w.o, out);  // [T, H], this rank's partial sum
   AllReduce(shard_.tp, out);
-}
-
-int64_t Qwen3Model::QkvWidth() const {
-  const int64_t d = config_.head_dim;
-  return num_q_heads_ * d * (config_.attention_output_gate ? 2 : 1) + 2 * num_kv_heads_ * d;
-}
-
-Tensor Qwen3Model::QkvAhead(int layer, ResidualStream& stream) {
-  Tensor qkv = backend_.Empty(backend_.activation_dtype(), {stream.x().dim(0), QkvWidth()});
-  backend_.NormLinearAhead(layers_[layer].input_norm, stream.eps(), stream.sum(), stream.x(), layers_[layer].attn.qkv,
-                           qkv);
-  return qkv;
-}
-
-bool Qwen3Model::FoldsMoeResidual(int layer, int64_t tokens) const {
-  return layers_[layer].is_moe && shard_.tp_size == 1 && shard_.ep_size == 1 && !ep_exchange_ &&
-         !layers_[layer].moe.shared_gate.defined() && backend_.folds_moe_residual(tokens);
 }
 
 bool Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm, bool fold) {
@@ -367,7 +327,8 @@ bool Qwen3Model::MlpBlock(int layer, ResidualStream& stream, const Tensor& norm,
     shared = backend_.Empty(act, {tokens, c.hidden_size});
     backend_.RunOnSideStream([&] { SharedExpert(lw.moe, x, shared); });
   }
-  if (fold && FoldsMoeResidual(layer, tokens)) {
+  if (fold && shard_.tp_size == 1 && shard_.ep_size == 1 && !ep_exchange_ && !lw.moe.shared_gate.defined() &&
+      backend_.folds_moe_residual(tokens)) {
     backend_.MoeExpertsResidual(x, topk_ids, topk_weights, lw.moe.gate_up, lw.moe.down, out, stream.sum());
     return true;
   }
@@ -476,21 +437,15 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
   // stream's constructor has normed the first layer's input.
   const Tensor* input_norm = nullptr;
   bool added = false;  // the MLP block before folded its output into the sum (MlpBlock)
-  Tensor qkv_ahead;    // the next layer's qkv projection, issued ahead of that fold (QkvAhead)
-  const int64_t tokens = batch.token_ids.dim(0);
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = layers_[l];
     if (lw.is_linear) {
       GatedDeltaNetForward(backend_, c, lw.linear, stream.x(), batch, batch.linear_states[lw.cache_idx], stream.y());
       AllReduce(shard_.tp, stream.y());  // out_proj is row-parallel over the value heads
     } else {
-      AttentionBlock(l, stream, input_norm, added, batch, kv_caches[lw.cache_idx],
-                     qkv_ahead.defined() ? &qkv_ahead : nullptr);
-      qkv_ahead = Tensor();
+      AttentionBlock(l, stream, input_norm, added, batch, kv_caches[lw.cache_idx]);
     }
     const bool next_attention = l + 1 < c.num_layers && !layers_[l + 1].is_linear;
-    if (next_attention && FoldsMoeResidual(l, tokens) && backend_.issues_ahead(Backend::AheadOp::kNormLinear, tokens))
-      qkv_ahead = QkvAhead(l + 1, stream);
     added = MlpBlock(l, stream, lw.post_attention_norm, next_attention);
     input_norm = next_attention ? &layers_[l + 1].input_norm : nullptr;
     if (!next_attention) stream.Add(l + 1 < c.num_layers ? layers_[l + 1].input_norm : final_norm_);

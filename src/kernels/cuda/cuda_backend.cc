@@ -28,17 +28,6 @@ bool PoisonEmpty() {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> CudaBackend::Create(int device_idx) {
-  if (Tuning().norm_linear_ahead || Tuning().linear_ahead) {
-    // An ahead kernel waits for the await kernel; a kernel whose code loads lazily, at its first
-    // launch, may wait for the device to drain first (session 48 trapped so on an H100). Asked
-    // for before the first CUDA call of the process (it reads the variable once); a user's own
-    // setting stands.
-    setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
-    if (std::strcmp(std::getenv("CUDA_MODULE_LOADING"), "EAGER") != 0) {
-      LOG(WARNING) << "ops issued ahead (COROLLA_NORM_LINEAR_AHEAD / COROLLA_LINEAR_AHEAD) with CUDA_MODULE_LOADING="
-                   << std::getenv("CUDA_MODULE_LOADING") << ": a lazily loaded kernel may deadlock against them";
-    }
-  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -69,13 +58,6 @@ CudaBackend::~CudaBackend() {
   fp8_linear_.reset();
   side_linear_.reset();
   side_fp8_linear_.reset();
-  if (ahead_stream_ != nullptr) {
-    cudaStreamSynchronize(ahead_stream_);
-    cudaEventDestroy(ahead_fork_);
-    cudaEventDestroy(ahead_join_);
-    cudaStreamDestroy(ahead_stream_);
-    cudaFree(ahead_signals_);
-  }
   if (side_stream_ != nullptr) {
     cudaEventDestroy(fork_event_);
     cudaEventDestroy(join_event_);
@@ -116,53 +98,6 @@ void CudaBackend::JoinSideStream() {
   COROLLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
   alloc_->DeferFrees(false);  // any later use of those blocks is ordered after both streams' work
   side_unjoined_ = false;
-}
-
-bool CudaBackend::issues_ahead(AheadOp op, int64_t tokens) const {
-  return tokens == 1 && (op == AheadOp::kNormLinear ? Tuning().norm_linear_ahead : Tuning().linear_ahead);
-}
-
-bool CudaBackend::ForkAhead() {
-  COROLLA_CHECK(!ahead_launched_) << "an op issued ahead: the last one is not awaited yet";
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  if (ahead_stream_ == nullptr && capture == cudaStreamCaptureStatusNone) {
-    COROLLA_CUDA_CHECK(cudaStreamCreateWithFlags(&ahead_stream_, cudaStreamNonBlocking));
-    COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&ahead_fork_, cudaEventDisableTiming));
-    COROLLA_CUDA_CHECK(cudaEventCreateWithFlags(&ahead_join_, cudaEventDisableTiming));
-    ahead_signals_ = cuda::NewAheadSignals();
-  }
-  // In a capture only (ops.h: an eager step's allocations would serialise the streams), with
-  // the stream and flags made before it (a capture's eager warm-up run makes them).
-  if (capture != cudaStreamCaptureStatusActive || ahead_stream_ == nullptr || on_side_) return false;
-  COROLLA_CUDA_CHECK(cudaEventRecord(ahead_fork_, stream_));
-  COROLLA_CUDA_CHECK(cudaStreamWaitEvent(ahead_stream_, ahead_fork_, 0));
-  return true;
-}
-
-void CudaBackend::AheadLaunched() {
-  COROLLA_CUDA_CHECK(cudaEventRecord(ahead_join_, ahead_stream_));
-  ahead_launched_ = ahead_unjoined_ = true;
-}
-
-void CudaBackend::NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                                  const TensorView& w, const TensorView& out) {
-  if (!cuda::NormLinearAheadFits(norm_w, eps, sum, x, w, out) || !ForkAhead())
-    return Backend::NormLinearAhead(norm_w, eps, sum, x, w, out);
-  cuda::NormLinearAhead(norm_w, eps, sum, x, w, out, ahead_signals_, ahead_stream_);
-  AheadLaunched();
-}
-
-void CudaBackend::LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out) {
-  if (!cuda::LinearAheadFits(x, w, out) || !ForkAhead()) return Backend::LinearAhead(x, w, out);
-  cuda::LinearAhead(x, w, out, ahead_signals_, ahead_stream_);
-  AheadLaunched();
-}
-
-void CudaBackend::AwaitAhead() {
-  if (!ahead_launched_) return Backend::AwaitAhead();
-  cuda::AwaitAhead(ahead_signals_, stream_, ahead_go_raised_);
-  ahead_launched_ = ahead_go_raised_ = false;
 }
 
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {
@@ -250,13 +185,7 @@ class CudaGraph final : public Backend::Graph {
 
 }  // namespace
 
-cudaError_t CudaBackend::EndCapture(cudaGraph_t* graph) {
-  if (ahead_unjoined_) {  // every ahead op has completed before its await: a free join
-    COROLLA_CUDA_CHECK(cudaStreamWaitEvent(stream_, ahead_join_, 0));
-    ahead_unjoined_ = false;
-  }
-  return cudaStreamEndCapture(stream_, graph);
-}
+cudaError_t CudaBackend::EndCapture(cudaGraph_t* graph) { return cudaStreamEndCapture(stream_, graph); }
 
 Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::function<void()>& fn) {
   alloc_->SetGraphPool(true);
@@ -414,11 +343,7 @@ bool CudaBackend::folds_moe_residual(int64_t tokens) const { return cuda::Tuning
 void CudaBackend::MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                                      const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                                      const TensorView& sum) {
-  // An op issued ahead (the next qkv projection) may take its go from the down kernel.
-  cuda::AheadSignals* ahead = ahead_launched_ && Tuning().ahead_go_from_moe ? ahead_signals_ : nullptr;
-  if (cuda::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum, *alloc_, stream_, ahead))
-    ahead_go_raised_ = ahead != nullptr;
-  else
+  if (!cuda::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum, *alloc_, stream_))
     Backend::MoeExpertsResidual(x, topk_ids, topk_weights, w_gate_up, w_down, out, sum);
 }
 void CudaBackend::NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,

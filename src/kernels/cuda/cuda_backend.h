@@ -18,8 +18,6 @@
 
 namespace corolla::cuda {
 
-struct AheadSignals;  // gemv_ahead.cu (ops.h)
-
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<Backend>> Create(int device_idx);
@@ -134,18 +132,9 @@ class CudaBackend final : public Backend {
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
 
-  // One token with Tuning().norm_linear_ahead / linear_ahead: the op's kernel on a side stream,
-  // released by an await kernel (gemv_ahead.cu), inside graph captures; eagerly (and where the
-  // shapes do not fit) the op runs at the await, as the default does.
-  bool issues_ahead(AheadOp op, int64_t tokens) const override;
-  void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                       const TensorView& w, const TensorView& out) override;
-  void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out) override;
-  void AwaitAhead() override;
-
   cudaStream_t stream() const { return stream_; }
-  // Ends a capture begun on stream(): joins the ops issued ahead inside it (their side stream)
-  // first, as CUDA requires of a capture's forked streams. Every capture of stream() ends here.
+  // Ends a capture begun on stream(). Every capture of stream() ends here (CaptureGraph and
+  // StreamGraph::Capture), the one place to join a stream the capture forked before it ends.
   cudaError_t EndCapture(cudaGraph_t* graph);
   Fp8Linear& fp8_linear() { return *fp8_linear_; }
   const CachingAllocator& allocator() const { return *alloc_; }
@@ -168,19 +157,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Fp8Linear> side_fp8_linear_;
   bool on_side_ = false;       // inside RunOnSideStream's fn()
   bool side_unjoined_ = false;  // RunOnSideStream ran; JoinSideStream has not
-  // The ops issued ahead's stream (forked after the ops before each issue; joined at a capture's
-  // end, EndCapture), its events and flags; made by the first eager issue (a capture's warm-up).
-  cudaStream_t ahead_stream_ = nullptr;
-  cudaEvent_t ahead_fork_ = nullptr, ahead_join_ = nullptr;
-  AheadSignals* ahead_signals_ = nullptr;
-  bool ahead_launched_ = false;  // the outstanding op runs on the device: AwaitAhead launches the await
-  bool ahead_unjoined_ = false;  // ahead_stream_ holds captured work the main stream has not joined
-  bool ahead_go_raised_ = false;  // MoeExpertsResidual raises the outstanding op's go (ahead_go_from_moe)
-  // Whether an op issued now runs on the device (capturing, the stream and flags made: the first
-  // eager issue makes them) and, if so, forks ahead_stream_ from the main one.
-  bool ForkAhead();
-  // Records the launch on ahead_stream_ for the capture's join and AwaitAhead.
-  void AheadLaunched();
   // RopeParams' fields (all of them: what RopeInvFreq reads is a subset) -> RopeInvFreq on the
   // device, so a forward looks frequencies up without recomputing them each layer.
   using RopeKey = std::tuple<int, float, bool, float, int, float, float, float>;

@@ -371,7 +371,8 @@ TEST_F(CudaKernelTest, Copy) {
 
 int main(int argc, char** argv) {
   // Every kernel loaded with the module, before any runs: a kernel loaded at its first launch may
-  // wait for the device to drain, which an op issued ahead (gemv_ahead.cu) never lets happen.
+  // wait for the device to drain, which a kernel spinning until another stream's kernel raises
+  // its flag (handover_probe.cu's copier grid) never lets happen.
   setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   ::testing::InitGoogleTest(&argc, argv);
   int rc = RUN_ALL_TESTS();

@@ -1,8 +1,7 @@
 // The staged GEMV of one row (GemvStagedKernel, gemv.cu's Linear, RmsNormLinear and NormLinear):
 // one CTA an SM stages its whole slice of W [N, K] in shared memory by bulk copies issued before
-// its dependency wait, then multiplies it with x. Its split of the rows, x's norm and the
-// multiply are shared with gemv_ahead.cu's kernel (NormLinearAhead), which must give the same
-// bits. Internal to those translation units (an anonymous namespace: each holds its own copy).
+// its dependency wait, then multiplies it with x. Internal to gemv.cu, which includes it (an
+// anonymous namespace).
 #pragma once
 
 #include <type_traits>
@@ -24,7 +23,7 @@ constexpr int64_t kStagedMaxSmem = 200 * 1024;
 
 // The split of a CTA's cta_rows rows over its kStagedWarps warps (rows fall with the warp index):
 // warp w's first row and its rows. The bits of a row's dot depend on its warp's row count (the
-// groups StagedDot takes), so every kernel that must give the staged GEMV's bits splits so.
+// groups StagedDot takes).
 struct StagedWarpRows {
   int row0, rows;
 };
@@ -103,12 +102,11 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   }
 }
 
-// A warp's `rows` rows of W from row0 on (at ws: shared memory once barrier `bar` has landed,
-// or global memory without `staged`) times x (xs, shared), stored to p.out: groups of 4, then
-// the last 1-3.
+// A warp's `rows` rows of W from row0 on (at ws: shared memory once barrier `bar` has landed)
+// times x (xs, shared), stored to p.out: groups of 4, then the last 1-3.
 __device__ __forceinline__ void MultiplyStaged(const StagedGemvParams& p, const bf16_t* ws, const bf16_t* xs, int row0,
-                                               int rows, bool staged, uint32_t bar, int lane) {
-  if (staged) wgmma::MbarWait(bar, 0);
+                                               int rows, uint32_t bar, int lane) {
+  wgmma::MbarWait(bar, 0);
   if (p.trace && threadIdx.x == 0) {
     p.trace[blockIdx.x * 6 + 2] = wgmma::GlobalTimerNs();
     p.trace[blockIdx.x * 6 + 4] = clock64();
@@ -191,7 +189,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
     __syncthreads();
   }
   if (rows == 0) return;
-  MultiplyStaged(p, ws, xs, cta_row0 + row0, rows, /*staged=*/true, bar, lane);
+  MultiplyStaged(p, ws, xs, cta_row0 + row0, rows, bar, lane);
 }
 
 // The staged GEMV with a norm folded in takes one row of K <= 8 x its threads, a contiguous

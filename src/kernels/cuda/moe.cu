@@ -311,7 +311,7 @@ void CheckMoeExperts(const TensorView& x, const TensorView& topk_ids, const Tens
 
 bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s, AheadSignals* ahead) {
+                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s) {
   CheckMoeExperts(x, topk_ids, topk_weights, w_gate_up, w_down, out);
   COROLLA_CHECK(sum.dtype == DType::kBF16 && sum.shape == out.shape && sum.strides[1] == 1)
       << "moe residual " << sum.ToString() << " out " << out.ToString();
@@ -319,7 +319,7 @@ bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const T
   if (!Tuning().moe_residual_fold || tokens == 0 || pairs > Tuning().moe_pair_gemv_max_pairs ||
       !Tuning().moe_pair_down_slots)
     return false;
-  MoeExpertsPairGemv(x, topk_ids, topk_weights, w_gate_up, w_down, out, alloc, s, &sum, ahead);
+  MoeExpertsPairGemv(x, topk_ids, topk_weights, w_gate_up, w_down, out, alloc, s, &sum);
   return true;
 }
 

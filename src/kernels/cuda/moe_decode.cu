@@ -11,7 +11,6 @@
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/timeline.h"
-#include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -45,10 +44,6 @@ struct PairGemvParams {
   uint64_t* timeline = nullptr;  // timeline.h (set per launch)
   bf16_t* residual = nullptr;    // PairDownSlotsKernel: residual += out (MoeExpertsResidual)
   int64_t residual_stride = 0;
-  // PairDownSlotsKernel: the last CTA to store raises an op issued ahead's go (gemv_ahead.cu),
-  // counting the CTAs on `ahead_arrivals` (zero between launches).
-  unsigned* ahead_go = nullptr;
-  unsigned* ahead_arrivals = nullptr;
 };
 
 // kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
@@ -289,24 +284,13 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
     p.out[t * p.out_stride + h0 + threadIdx.x] = y;
     if (adds) *res = __float2bfloat16(__bfloat162float(y) + res_old);
   }
-  if (p.ahead_go != nullptr) {
-    __syncthreads();  // this CTA's rows stored
-    if (threadIdx.x == 0) {
-      __threadfence();
-      if (atomicAdd(p.ahead_arrivals, 1u) == gridDim.x * gridDim.y - 1) {  // every CTA's rows stored
-        *p.ahead_arrivals = 0;
-        wgmma::StoreRelease(p.ahead_go, 1u);
-      }
-    }
-  }
 }
 
 }  // namespace
 
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                        CachingAllocator& alloc, cudaStream_t s, const TensorView* residual,
-                        AheadSignals* ahead) {
+                        CachingAllocator& alloc, cudaStream_t s, const TensorView* residual) {
   COROLLA_CHECK(residual == nullptr || Tuning().moe_pair_down_slots) << "the residual add needs the slots kernel";
   const int64_t tokens = x.dim(0);
   const int k = static_cast<int>(topk_ids.dim(1));
@@ -333,11 +317,6 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
   if (residual != nullptr) {
     p.residual = residual->ptr<bf16_t>();
     p.residual_stride = tokens > 1 ? residual->strides[0] : hidden;
-  }
-  if (ahead != nullptr) {
-    COROLLA_CHECK(Tuning().moe_pair_down_slots) << "an ahead op's go needs the slots kernel";
-    p.ahead_go = AheadGoFlag(ahead);
-    p.ahead_arrivals = AheadMoeArrivals(ahead);
   }
   const dim3 down_grid(tokens, CeilDiv(hidden, down_rows));
   if (Tuning().moe_pair_down_slots && TimelineOn())

@@ -9,8 +9,6 @@
 
 namespace corolla::cuda {
 
-struct AheadSignals;  // gemv_ahead.cu (ops.h)
-
 // Same contract as MoeExperts (ops.h), tensors already validated by it. Two launches:
 //   1. gate_up: one CTA per (token-expert pair, slice of I): act[p] = silu(gate x) * up x (f32);
 //   2. down + combine: one CTA per (token, slice of H): out[t] = sum_k w[t,k] W_down[e] act[p].
@@ -18,11 +16,9 @@ struct AheadSignals;  // gemv_ahead.cu (ops.h)
 // twice: worth it only while pairs are few (no count/scan/permute launches, no y round trip).
 // With `residual` (the slot-wise down kernel only: Tuning().moe_pair_down_slots) the down
 // kernel also adds its output into it: residual = bf16(residual + out), RmsNorm's rounding.
-// With `ahead` (the same kernel) its last CTA to store raises that op issued ahead's go.
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                        CachingAllocator& alloc, cudaStream_t s, const TensorView* residual = nullptr,
-                        AheadSignals* ahead = nullptr);
+                        CachingAllocator& alloc, cudaStream_t s, const TensorView* residual = nullptr);
 
 // The same two launches over block-scaled e4m3 weights (Backend::MoeExpertsFp8, weight-only
 // regime): 16-byte loads of 16 e4m3 weights, converted in registers, times x (bf16) or act

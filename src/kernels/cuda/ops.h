@@ -56,29 +56,6 @@ bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, con
 // stages x; CTA 0 writes x) where the shapes fit; false (nothing launched) otherwise.
 bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
                 const TensorView& out, cudaStream_t s);
-// gemv_ahead.cu: Backend::NormLinearAhead / LinearAhead. The staged NormLinear / Linear kernel
-// launched on `side` (forked from the main stream after the ops before the issue), its CTAs
-// staging their slices of w at once (or once the await enters: Tuning().ahead_copy_at_await)
-// and released by a flag: AwaitAhead on the main stream raises it once the kernels before the
-// await have completed and waits for the op's last CTA. Only
-// inside a capture (the decode graphs): in an eager step the host's allocations between issue
-// and await would serialise the two streams (CUDA's implicit synchronisation) while the ahead
-// kernel waits for the await. The *Fits say whether the shapes fit (else the op runs at the await).
-struct AheadSignals;
-AheadSignals* NewAheadSignals();  // zeroed device memory; cudaFree releases it
-bool NormLinearAheadFits(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                         const TensorView& w, const TensorView& out);
-void NormLinearAhead(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                     const TensorView& w, const TensorView& out, AheadSignals* signals, cudaStream_t side);
-bool LinearAheadFits(const TensorView& x, const TensorView& w, const TensorView& out);
-void LinearAhead(const TensorView& x, const TensorView& w, const TensorView& out, AheadSignals* signals,
-                 cudaStream_t side);
-// go_raised: a kernel before the await raised go already (MoeExpertsResidual's): the await only
-// waits for done.
-void AwaitAhead(AheadSignals* signals, cudaStream_t s, bool go_raised = false);
-unsigned* AheadGoFlag(AheadSignals* signals);       // the flag's device address
-unsigned* AheadMoeArrivals(AheadSignals* signals);  // a counter for the kernel that raises go
-int64_t AheadLaunches();  // tests: ahead kernels launched (or captured)
 
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);
@@ -200,13 +177,10 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
                 CachingAllocator& alloc, cudaStream_t s, bool prompt = false);
 // Backend::MoeExpertsResidual where the few-token pair path with the slot-wise down kernel takes
 // the batch (Tuning().moe_residual_fold): its CTAs also add their output rows into sum (RmsNorm's
-// rounding); false (nothing launched) otherwise. With `ahead`, its down kernel's last CTA to
-// store raises that op issued ahead's go (Tuning().ahead_go_from_moe: the op's multiply starts
-// at the sum's last store, not after the await's dependency wait).
+// rounding); false (nothing launched) otherwise.
 bool MoeExpertsResidual(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
-                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s,
-                        AheadSignals* ahead = nullptr);
+                        const TensorView& sum, CachingAllocator& alloc, cudaStream_t s);
 
 // moe.cu: out[t] = sum_k topk_weights[t, k] * y[slot_row[t * K + k]] (rows < 0 skipped), f32
 // sums rounded to bf16 once; y [rows, H] f32 or bf16 (y_dtype), out [T, H] bf16. The last step of

@@ -76,14 +76,6 @@ KernelTuning& Tuning() {
     Env("COROLLA_MOE_PAIR_DOWN_ROWS", t.moe_pair_down_rows);
     Env("COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE", t.moe_pair_gate_up_one_wave);
     Env("COROLLA_MOE_RESIDUAL_FOLD", t.moe_residual_fold);
-    Env("COROLLA_NORM_LINEAR_AHEAD", t.norm_linear_ahead);
-    Env("COROLLA_LINEAR_AHEAD", t.linear_ahead);
-    Env("COROLLA_AHEAD_AWAIT_EARLY_TRIGGER", t.ahead_await_early_trigger);
-    Env("COROLLA_AHEAD_GO_FROM_MOE", t.ahead_go_from_moe);
-    Env("COROLLA_AHEAD_COPY_AT_AWAIT", t.ahead_copy_at_await);
-    Env("COROLLA_AHEAD_GLOBAL_WARPS", t.ahead_global_warps);
-    if (const char* v = std::getenv("COROLLA_AHEAD_WARPS")) t.ahead_warps = std::atoi(v) == 8 ? 8 : 4;
-    Env("COROLLA_AHEAD_CARVEOUT", t.ahead_carveout);
     Env("COROLLA_STAGED_ROUTER", t.staged_router);
     Env("COROLLA_STAGED_ROUTER_NORM", t.staged_router_norm);
     Env("COROLLA_CLUSTER_NORM_ROUTER", t.cluster_norm_router);

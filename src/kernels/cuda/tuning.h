@@ -344,50 +344,6 @@ struct KernelTuning {
   // 2.898-2.902 vs 2.929-2.932 and 2.900-2.905 vs 2.943-2.947 at 8192.
   // COROLLA_MOE_RESIDUAL_FOLD=0 turns it off.
   bool moe_residual_fold = true;
-  // Backend::NormLinearAhead at batch 1 (gemv_ahead.cu, in the decode graphs): the next layer's
-  // input norm and qkv projection issued after the attention block, its weights staged in shared
-  // memory while the router and the MoE run; released by the await where NormLinear ran.
-  // Sessions 47-48 wrote it first on a branch that was lost; two liveness bugs it met on an H100
-  // shaped this one: CUDA's lazy module loading (a kernel's first launch may wait for the device
-  // to drain: CudaBackend::Create asks for eager loading when this is on) and eager steps (host
-  // allocations serialise the streams: the op runs in graphs only). Off: slower on an H100
-  // (Qwen3-30B-A3B, ctx 1024, graph, session 50, same call) 3.326 ms a step (3.245 with no warp
-  // reading from global memory) against 2.847: the copies land in front of the norm-router's
-  // loads (its run 8.3 against 4.1 us), the resident CTAs keep the MoE's down kernel from room
-  // (its release 7.9 against 1.4 us), and the 4 warps' multiply after go takes ~7 us
-  // (ahead_warps). COROLLA_NORM_LINEAR_AHEAD=1.
-  bool norm_linear_ahead = false;
-  // Backend::LinearAhead at batch 1 the same way: the attention's o_proj issued before the
-  // attention, its weights staged while the prologue and the attention run (the HBM is nearly
-  // idle there). Opt-in, not yet measured: at the least carveout it trapped (ahead_carveout).
-  // COROLLA_LINEAR_AHEAD=1.
-  bool linear_ahead = false;
-  // Warps (of the staged GEMV's 16) of an ahead CTA whose rows are read from global memory (after
-  // an L2 prefetch) instead of staged: at Qwen3-30B-A3B's qkv (39 rows a CTA on 132 SMs) 1 takes
-  // the CTA from ~160 to ~152 KB, room for more of the MoE's CTAs beside it.
-  // COROLLA_AHEAD_GLOBAL_WARPS.
-  int ahead_global_warps = 1;
-  // An ahead op's CTAs hold their copies until the await kernel enters (released by the kernel
-  // before it: the decode attention triggers after its passes), instead of issuing them at once,
-  // where they land in front of the chain's own loads (the norm-router's; the attention's, as
-  // session 14's attention region saw). COROLLA_AHEAD_COPY_AT_AWAIT=1.
-  bool ahead_copy_at_await = false;
-  // Warps of an ahead CTA: 4 (8K registers resident beside the kernels it waits through) or 8
-  // (16K; the multiply after go, 39 rows a CTA at qkv, on twice the warps). COROLLA_AHEAD_WARPS.
-  int ahead_warps = 4;
-  // The ahead kernel's carveout (percent; < 0: qkv's op the least that holds its CTA, o_proj's
-  // 100, room for the attention's clusters beside it: gemv_ahead.cu, LaunchAhead).
-  // COROLLA_AHEAD_CARVEOUT.
-  int ahead_carveout = -1;
-  // The await kernel releases the kernel after it (programmatic dependent launch) once it has
-  // raised go, instead of at its completion: that kernel's launch then overlaps the op's multiply
-  // (its CTAs wait beside the ahead CTAs). COROLLA_AHEAD_AWAIT_EARLY_TRIGGER=1.
-  bool ahead_await_early_trigger = false;
-  // The MoE's down kernel (PairDownSlots with the residual fold) raises the qkv op's go from its
-  // last CTA to store, so that the op's multiply starts at the sum's last store instead of after
-  // the await's dependency wait (a PDL release after the down kernel's completion); the await
-  // then only waits for done. COROLLA_AHEAD_GO_FROM_MOE=1.
-  bool ahead_go_from_moe = false;
   int moe_pair_down_rows = 8;
   // Decode attention (every sequence one query token, Dk = Dv in {64, 128, 256}, separate K/V,
   // GQA group <= 16) runs on the small-batch decode kernel (attention_decode.cu: all of a CTA's

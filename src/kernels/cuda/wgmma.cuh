@@ -350,12 +350,6 @@ __device__ __forceinline__ void ArriveRelease(unsigned* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
 }
 
-// Stores v to *p after every write that happens before it is visible at GPU scope (a flag that
-// SpinUntil waits for).
-__device__ __forceinline__ void StoreRelease(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // ---- proxies, TMA -----------------------------------------------------------------------------
 // Orders this thread's generic-proxy shared-memory accesses (st.shared, completed cp.async)
 // before later async-proxy ones (wgmma operand reads, TMA).
