@@ -29,6 +29,8 @@
 #                (default AB_ARGS). Always --clock-control none:
 #                ncu's default locks the clocks to base while it profiles, and these machines'
 #                clocks are not ours to change.
+#   AB_NCU_SOURCE=1  also keep that profile as $OUT/ncu.ncu-rep and print its per-instruction
+#                page (SASS with each instruction's stall samples) into $OUT/ncu_source.csv
 # Two builds and the test binary exceed the 64 MiB a call carries: bundle and pack them here with
 # `COROLLA_PACK=1 COROLLA_BASE=<previous corolla> scripts/build_gpu.sh` and carry ["mgpu-bundle"];
 # this script unpacks that into gpu-bundle/ first.
@@ -99,10 +101,16 @@ if [ -n "${AB_NCU:-}" ]; then
   timeout 400 env "${ncu_env[@]}" /usr/local/cuda/bin/ncu --clock-control none --kernel-name "regex:$AB_NCU" \
     --launch-skip 3 --launch-count 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
     --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
+    --section MemoryWorkloadAnalysis_Tables --section SourceCounters ${AB_NCU_SOURCE:+-o "$OUT/ncu"} \
     "$bin" bench "$kind" --config "$config" --random-weights --device cuda --steps 1 ${AB_NCU_ARGS:-$args} \
     >"$OUT/ncu.log" 2>&1
   echo "=== ncu $AB_NCU ($bin, ${v%%:*}): exit $?, $OUT/ncu.log"
+  if [ -n "${AB_NCU_SOURCE:-}" ]; then  # (with -o the sections print only from the report)
+    /usr/local/cuda/bin/ncu --import "$OUT/ncu.ncu-rep" --page details >>"$OUT/ncu.log" 2>&1
+    /usr/local/cuda/bin/ncu --import "$OUT/ncu.ncu-rep" --page source --print-source sass --csv \
+      >"$OUT/ncu_source.csv" 2>&1
+    echo "=== ncu source page: exit $?, $OUT/ncu_source.csv ($(wc -l <"$OUT/ncu_source.csv") lines)"
+  fi
   grep -E "Duration|Throughput|Issued Warp|Executed Instructions |Registers Per|Achieved Occupancy" "$OUT/ncu.log" | head -20
 fi
 case "${AB_TIMELINE:-0}" in
