@@ -185,8 +185,6 @@ class CudaGraph final : public Backend::Graph {
 
 }  // namespace
 
-cudaError_t CudaBackend::EndCapture(cudaGraph_t* graph) { return cudaStreamEndCapture(stream_, graph); }
-
 Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::function<void()>& fn) {
   alloc_->SetGraphPool(true);
   fn();  // eager: per-shape caches (GEMM heuristics, rope tables) fill outside the capture
@@ -196,7 +194,7 @@ Result<std::unique_ptr<Backend::Graph>> CudaBackend::CaptureGraph(const std::fun
   cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
   if (err == cudaSuccess) {
     fn();
-    err = EndCapture(&graph);
+    err = cudaStreamEndCapture(stream_, &graph);
   }
   alloc_->SetGraphPool(false);
   if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);

@@ -133,9 +133,6 @@ class CudaBackend final : public Backend {
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
 
   cudaStream_t stream() const { return stream_; }
-  // Ends a capture begun on stream(). Every capture of stream() ends here (CaptureGraph and
-  // StreamGraph::Capture), the one place to join a stream the capture forked before it ends.
-  cudaError_t EndCapture(cudaGraph_t* graph);
   Fp8Linear& fp8_linear() { return *fp8_linear_; }
   const CachingAllocator& allocator() const { return *alloc_; }
 

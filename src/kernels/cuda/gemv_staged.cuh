@@ -21,17 +21,6 @@ constexpr int kStagedHeader = 8 * kStagedWarps;  // the warps' mbarriers
 // kernel before it (the decode attention takes <= 12 KB) on a 228 KB carveout.
 constexpr int64_t kStagedMaxSmem = 200 * 1024;
 
-// The split of a CTA's cta_rows rows over its kStagedWarps warps (rows fall with the warp index):
-// warp w's first row and its rows. The bits of a row's dot depend on its warp's row count (the
-// groups StagedDot takes).
-struct StagedWarpRows {
-  int row0, rows;
-};
-__host__ __device__ __forceinline__ StagedWarpRows SplitStagedRows(int cta_rows, int w) {
-  const int per_warp = cta_rows / kStagedWarps, extra = cta_rows % kStagedWarps;
-  return {w * per_warp + (w < extra ? w : extra), per_warp + (w < extra ? 1 : 0)};
-}
-
 struct StagedGemvParams {
   const bf16_t* x;  // (with the norm: unused)
   const bf16_t* w;
@@ -152,7 +141,8 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int cta_row0 = blockIdx.x * p.rows_per_cta;
   const int cta_rows = min(p.rows_per_cta, p.n - cta_row0);
-  const auto [row0, rows] = SplitStagedRows(cta_rows, warp);
+  const int per_warp = cta_rows / kStagedWarps, extra = cta_rows % kStagedWarps;
+  const int row0 = warp * per_warp + min(warp, extra), rows = per_warp + (warp < extra ? 1 : 0);
   bf16_t* xs = reinterpret_cast<bf16_t*>(smem + kStagedHeader);
   bf16_t* ws = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes) + static_cast<int64_t>(row0) * p.k;
   const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);

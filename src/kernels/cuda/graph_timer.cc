@@ -135,7 +135,7 @@ std::unique_ptr<StreamGraph> StreamGraph::Capture(Backend& backend, const std::f
   cudaError_t err = cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeRelaxed);
   if (err == cudaSuccess) {
     fn();
-    err = cuda->EndCapture(&impl->graph);
+    err = cudaStreamEndCapture(impl->stream, &impl->graph);
   }
   if (err == cudaSuccess) err = cudaGraphInstantiate(&impl->exec, impl->graph, 0);
   if (err == cudaSuccess) TimelineGraphCaptured(impl->exec);

@@ -18,7 +18,6 @@ constexpr int64_t kMaxCtas = 4096;
 struct Launch {
   std::string name;
   int64_t ctas;
-  bool beside;  // TimelineRecordBeside: off the chain
 };
 
 struct Timeline {
@@ -110,32 +109,8 @@ void Print(Timeline& t, cudaStream_t s) {
     double mark[kTimelineMarks] = {};  // the latest CTA's mark after the last wait
   };
   std::map<std::string, Sum> sums;
-  // Launches beside the chain, against the chain launch issued before them (us after its exit):
-  // their last CTA's entry (placed), last return from the wait (released), marks, last exit.
-  struct Beside {
-    int n = 0;
-    double placed = 0, released = 0, exit = 0;
-    int marked[kTimelineMarks] = {};
-    double mark[kTimelineMarks] = {};
-  };
-  std::map<std::string, Beside> besides;
-  size_t chain_prev = 0;  // the last chain launch so far
   for (size_t i = 1; i < spans.size(); ++i) {
-    const double prev = spans[chain_prev].exit_max;
-    if (t.launches[i].beside) {
-      Beside& b = besides[t.launches[i].name];
-      ++b.n;
-      b.placed += spans[i].entry_max - prev;
-      b.released += spans[i].waited_max - prev;
-      b.exit += spans[i].exit_max - prev;
-      for (int m = 0; m < kTimelineMarks; ++m)
-        if (spans[i].mark_max[m] > 0) {
-          ++b.marked[m];
-          b.mark[m] += spans[i].mark_max[m] - prev;
-        }
-      continue;
-    }
-    chain_prev = i;
+    const double prev = spans[i - 1].exit_max;
     Sum& s2 = sums[t.launches[i].name];
     ++s2.n;
     s2.early += prev - spans[i].entry_min;
@@ -154,15 +129,6 @@ void Print(Timeline& t, cudaStream_t s) {
   for (const auto& [name, s2] : sums)
     std::printf("  %-28s %6d %8.2f %8.2f %8.2f %8.2f %10.1f\n", name.c_str(), s2.n, s2.early / s2.n, s2.release / s2.n,
                 s2.run / s2.n, s2.path / s2.n, s2.path);
-  if (!besides.empty())
-    std::printf("  beside the chain (means, us after the exit of the chain launch issued before):\n");
-  for (const auto& [name, b] : besides) {
-    std::printf("  %-28s %6d placed %8.2f released %8.2f exit %8.2f", name.c_str(), b.n, b.placed / b.n,
-                b.released / b.n, b.exit / b.n);
-    for (int m = 0; m < kTimelineMarks; ++m)
-      if (b.marked[m] > 0) std::printf("  mark%d %8.2f", m, b.mark[m] / b.marked[m]);
-    std::printf("\n");
-  }
   for (size_t i = 0; i < std::min<size_t>(spans.size(), 24); ++i)
     std::printf("  #%-3zu %-28s ctas %5lld entry %9.2f..%9.2f waited %9.2f exit %9.2f\n", i, t.launches[i].name.c_str(),
                 static_cast<long long>(t.launches[i].ctas), spans[i].entry_min, spans[i].entry_max, spans[i].waited_max,
@@ -205,9 +171,7 @@ void Print(Timeline& t, cudaStream_t s) {
 
 bool TimelineOn() { return Get().start >= 0; }
 
-namespace {
-
-uint64_t* Record(std::string_view name, int64_t ctas, cudaStream_t s, bool beside) {
+uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) {
   Timeline& t = Get();
   if (t.start < 0 || t.printed) return nullptr;
   if (!t.only.empty() && name.find(t.only) == std::string_view::npos) return nullptr;
@@ -236,17 +200,9 @@ uint64_t* Record(std::string_view name, int64_t ctas, cudaStream_t s, bool besid
     COROLLA_CUDA_CHECK(cudaStreamSynchronize(zero));
     COROLLA_CUDA_CHECK(cudaStreamDestroy(zero));
   }
-  t.launches.push_back({std::string(name), ctas, beside});
+  t.launches.push_back({std::string(name), ctas});
   if (ctas > kMaxCtas) return nullptr;  // listed with zeros
   return t.records + static_cast<size_t>(index) * kMaxCtas * kTimelineFields;
-}
-
-}  // namespace
-
-uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s) { return Record(name, ctas, s, false); }
-
-uint64_t* TimelineRecordBeside(std::string_view name, int64_t ctas, cudaStream_t s) {
-  return Record(name, ctas, s, true);
 }
 
 void TimelineGraphCaptured(cudaGraphExec_t exec) {

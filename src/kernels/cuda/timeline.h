@@ -42,12 +42,6 @@ bool TimelineOn();
 // The record of this launch ([ctas][kTimelineFields] u64, zeroed) or null: off, outside the
 // window, inside a capture (outside one with COROLLA_TIMELINE_GRAPH), or more than 4096 CTAs.
 uint64_t* TimelineRecord(std::string_view name, int64_t ctas, cudaStream_t s);
-// The same for a launch beside the chain (e.g. a kernel on a side stream that waits for a flag):
-// it counts in the window but not in the chain's early / release / run / path (the launch after
-// it is measured against the chain launch before it); reported apart, against the exit of the
-// chain launch issued before it: its last CTA's entry (placed), last return from its wait
-// (released), each mark's latest CTA and its last exit.
-uint64_t* TimelineRecordBeside(std::string_view name, int64_t ctas, cudaStream_t s);
 
 // With COROLLA_TIMELINE_GRAPH=R: a capture ended and was instantiated as exec (the window's
 // graph if the capture recorded launches of it: the window closes), and exec was launched on s
