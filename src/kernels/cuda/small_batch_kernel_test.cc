@@ -56,7 +56,10 @@ TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
   for (PairCase c : {PairCase{1, 128, 8, 2048, 768, 0}, PairCase{2, 24, 8, 2048, 768, 0},
                      PairCase{4, 24, 8, 2048, 768, 1}, PairCase{1, 8, 2, 128, 64, 0}, PairCase{3, 16, 4, 136, 72, 0},
                      PairCase{1, 512, 10, 512, 128, 0}, PairCase{2, 24, 8, 2048, 768, 2},
-                     PairCase{5, 8, 2, 256, 200, 1}, PairCase{1, 4, 1, 8, 8, 0}, PairCase{7, 16, 2, 1000, 1032, 2}}) {
+                     PairCase{5, 8, 2, 256, 200, 1}, PairCase{1, 4, 1, 8, 8, 0}, PairCase{7, 16, 2, 1000, 1032, 2},
+                     // the default's largest batches (Tuning().moe_pair_gemv_max_pairs 176): experts shared by
+                     // many tokens
+                     PairCase{16, 24, 8, 2048, 768, 1}, PairCase{22, 40, 8, 1024, 768, 0}}) {
     const int64_t t = c.tokens, h = c.hidden, inter = c.inter;
     auto x = RandomBf16(t * h);
     auto wgu = RandomBf16(int64_t{c.experts} * 2 * inter * h, 1.f / std::sqrt(float(h)));
@@ -131,7 +134,8 @@ TEST_F(CudaKernelTest, MoeExpertsResidual) {
 }
 
 // Qwen3-30B-A3B experts (E 128, k 8, H 2048, I 768) at decode batch sizes: the pair path
-// against the permute + grouped GEMV path; bandwidth counts the distinct experts' weights.
+// against the permuted one (permute + GEMV up to Tuning().moe_decode_max_pairs, the grouped
+// GEMMs past it); bandwidth counts the distinct experts' weights.
 TEST(CudaPerf, MoeDecodePairVsPermute) {
   Backend* gpu = Gpu();
   if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
@@ -147,8 +151,8 @@ TEST(CudaPerf, MoeDecodePairVsPermute) {
   Tensor wd = Upload(*gpu, tiled(experts * h * inter), {experts, h, inter}, DType::kBF16);
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
   const cuda::KernelTuning defaults = cuda::Tuning();
-  std::printf("moe decode path: tokens | distinct experts | pair us (TB/s) | pair, down by rows | permute+gemv\n");
-  for (int64_t t : {1, 2, 4, 8}) {
+  std::printf("moe decode path: tokens | distinct experts | pair us (TB/s) | pair, down by rows | permuted\n");
+  for (int64_t t : {1, 2, 4, 8, 16, 22}) {
     std::vector<int32_t> ids;
     std::vector<float> w;
     RandomRouting({t, experts, k, h, inter, 0}, &ids, &w);

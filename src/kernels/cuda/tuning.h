@@ -13,9 +13,10 @@ namespace corolla::cuda {
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
   // mma GEMMs (grouped_gemm.cu) above it (at most moe_pair_gemv_max_pairs take the pair GEMVs
-  // first). 64: on an H200 (Qwen3-30B-A3B decode, ctx 1024) the grouped GEMMs' small tiles beat
-  // the GEMV at 128 and 256 pairs: batch 16 13.69 vs 14.95 ms a step, batch 32 17.36 vs 21.44.
-  // COROLLA_MOE_DECODE_MAX_PAIRS sets it.
+  // first, so at the defaults this path does not run). 64: on an H200 (Qwen3-30B-A3B decode,
+  // ctx 1024) the grouped GEMMs' small tiles beat the GEMV at 128 and 256 pairs: batch 16 13.69
+  // vs 14.95 ms a step, batch 32 17.36 vs 21.44; on an H100 (session 52) batch 16 16.18-16.22
+  // vs 16.06-16.09. COROLLA_MOE_DECODE_MAX_PAIRS sets it.
   int64_t moe_decode_max_pairs = 64;
   // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
   // forces one (tests and benchmarks sweep them). COROLLA_MOE_GEMM_TILE_ROWS sets it.
@@ -60,10 +61,20 @@ struct KernelTuning {
   // 30.30-30.40 / 141.7-142.1 with y in f32; decode batch 64 / 256 at ctx 1k 18.68-18.69 /
   // 24.46-24.47 against 18.85-18.87 / 24.65-24.67. COROLLA_MOE_Y_BF16=0 keeps f32.
   bool moe_y_bf16 = true;
-  // MoeExperts skips the permutation and runs one GEMV per (token, expert) pair, the down
-  // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. 64: on an
-  // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV.
-  int64_t moe_pair_gemv_max_pairs = 64;
+  // MoeExperts (bf16) skips the permutation and runs one GEMV per (token, expert) pair, the down
+  // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. At 64 on an
+  // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV. 176:
+  // on an H100 (Qwen3-30B-A3B decode, ctx 1k, session 52) the pair GEMVs beat the grouped GEMMs
+  // up to 22 tokens, an expert read once a pair that routes to it: batch 12 / 16 / 20 / 22
+  // 12.840 / 15.149-15.192 / 17.635 / 18.502 ms against 14.249 / 16.061-16.089 / 18.251 /
+  // 18.805 (80.4 -> 89.4% of the copy bandwidth at 12), batch 16 at ctx 8k 18.785 vs 19.628;
+  // batch 24 (192 pairs) 19.594 vs 19.505, 32 23.167 vs 21.448. COROLLA_MOE_PAIR_GEMV_MAX_PAIRS
+  // sets it.
+  int64_t moe_pair_gemv_max_pairs = 176;
+  // MoeExpertsFp8's bound for its weight-only pair GEMVs (moe_fp8.cu), the same rule for FP8
+  // experts; kept at the 64 the bf16 path had, where it was chosen (session 52 measured bf16
+  // only). COROLLA_MOE_FP8_PAIR_GEMV_MAX_PAIRS sets it.
+  int64_t moe_fp8_pair_gemv_max_pairs = 64;
   // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else the stream
   // below. 1: at 2 rows the GEMV ran o_proj at 1.60 TB/s (10.5 us, H100); the tensor-core stream
   // took batch-2 decode from 4.486-4.495 to 4.229 ms on an H100 (ctx 1k, 70.9 -> 75.2% of the
