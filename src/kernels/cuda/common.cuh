@@ -251,6 +251,7 @@ inline bool Vectorisable(const TensorView& t, int64_t row_len) {
 }
 
 inline int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 // log2 of a power-of-two KV block size (the kernels shift), else -1 (they divide).
 inline int BlockShift(int block_size) {
   if (block_size <= 0 || (block_size & (block_size - 1)) != 0) return -1;

@@ -763,6 +763,8 @@ TEST(CudaPerf, HbmCopyAndMoeDecodeLayer) {
     auto att = [&] { gpu.Attention(heads(0, hq), cache, ab, 0.088f, attn); };
     const double distinct = e * (1.0 - std::pow(1.0 - double(k) / e, double(batch)));
     const double moe_bytes = distinct * 2.0 * 3 * inter * h, kv_bytes = batch * 2.0 * 2 * ctx * hk * d;
+    cuda::Tuning().moe_pair_gemv_max_pairs = 0;  // the permuted paths: grouped GEMMs, then GEMVs
+    cuda::Tuning().moe_skinny_max_pairs = 0;
     cuda::Tuning().moe_decode_max_pairs = 0;
     const double moe_tiled = time_us(moe, 20);
     cuda::Tuning().moe_decode_max_pairs = int64_t{1} << 40;

@@ -4,16 +4,11 @@
 // and cannot start before the kernel ahead of it ends, and the SIMT GEMV (gemv.cu) spends an
 // FMA on every weight and row, which past 2 rows costs more than its bytes.
 //
-// A warp owns 16 rows of W [N, K] and a range of K. Lane (g = lane / 4, c = lane % 4) loads 16
-// bytes of rows g and g + 8 at columns 8c..8c+7 of each 32-column block, and 16 bytes of x's row g
-// (and g + 8 past 8 rows) at the same columns; those registers are the operands of two mma.sync
-// m16n8k16 as they are: physical columns 8c..8c+3 play the mma's k 2c, 2c+1, 2c+8, 2c+9 of the
-// first, 8c+4..8c+7 those of the second, the same for W and x, which a dot product does not see.
-// So no shared memory or ldmatrix for the operands, and every byte of W is loaded once, 64
-// contiguous bytes a row a load. The first block of W is loaded before the dependency wait
-// (programmatic dependent launch: it overlaps the previous kernel's tail), the next block while
-// the current one is multiplied. The warps of a row tile split K and sum their tiles through
-// shared memory in warp order (deterministic, no atomics). Rows of x past M multiply zeros.
+// A warp owns 16 rows of W [N, K] and a range of K, streamed into mma.sync as skinny_stream.cuh
+// describes. The first block of W is loaded before the dependency wait (programmatic dependent
+// launch: it overlaps the previous kernel's tail). The warps of a row tile split K and sum their
+// tiles through shared memory in warp order (deterministic, no atomics). Rows of x past M
+// multiply zeros.
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -22,6 +17,7 @@
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/skinny_stream.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/timeline.h"
 #include "kernels/cuda/tuning.h"
@@ -29,9 +25,8 @@
 namespace corolla::cuda {
 namespace {
 
-constexpr int kSkinnyWarps = 8;
-constexpr int kSkinnyBlocks = 4;  // 32-column blocks a lane loads at once (2 x 16 bytes of W each)
-constexpr int kSkinnyStep = 32 * kSkinnyBlocks;
+constexpr int kSkinnyWarps = skinny::kWarps;
+constexpr int kSkinnyStep = skinny::kStep;
 // Warps wanted on the grid (~16 an SM on 132 SMs) before K is split further: enough 16-byte
 // loads in flight to keep HBM busy.
 constexpr int kSkinnyTargetWarps = 132 * 16;
@@ -66,73 +61,22 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, 2)
   // Rows past N load row N - 1 (their outputs are dropped).
   const bf16_t* w_lo = p.w + static_cast<int64_t>(min(n0 + g, p.n - 1)) * p.k + 8 * c;
   const bf16_t* w_hi = p.w + static_cast<int64_t>(min(n0 + g + 8, p.n - 1)) * p.k + 8 * c;
-  auto load_w = [&](int k0, uint4(&lo)[kSkinnyBlocks], uint4(&hi)[kSkinnyBlocks]) {
-#pragma unroll
-    for (int b = 0; b < kSkinnyBlocks; ++b) {
-      const int col = k0 + 32 * b;
-      if (active && col + 8 * c < k_end) {
-        lo[b] = __ldcs(
-            reinterpret_cast<const uint4*>(w_lo + col));  // read once: stream past the caches
-        hi[b] = __ldcs(reinterpret_cast<const uint4*>(w_hi + col));
-      } else {
-        lo[b] = hi[b] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  uint4 w_lo_v[kSkinnyBlocks], w_hi_v[kSkinnyBlocks];
-  load_w(k_begin, w_lo_v, w_hi_v);
+  skinny::WBlocks w;
+  skinny::LoadW(w_lo, w_hi, active, k_begin, k_end, w);
   GridDependencyWait();  // x is the previous kernel's output
   tl.Waited();
   TriggerDependents();
+  auto has_row = [&](int t) { return g + 8 * t < p.m; };
+  auto x_row = [&](int t) { return p.x + (g + 8 * t) * p.x_stride + 8 * c; };
   float acc[kRowTiles][4] = {};
-  for (int k0 = k_begin; active && k0 < k_end; k0 += kSkinnyStep) {
-    uint4 xv[kSkinnyBlocks][kRowTiles];
-#pragma unroll
-    for (int b = 0; b < kSkinnyBlocks; ++b) {
-      const int col = k0 + 32 * b + 8 * c;
-#pragma unroll
-      for (int t = 0; t < kRowTiles; ++t) {
-        const int row = g + 8 * t;
-        xv[b][t] = col < k_end && row < p.m
-                       ? *reinterpret_cast<const uint4*>(p.x + row * p.x_stride + col)
-                       : make_uint4(0, 0, 0, 0);
-      }
-    }
-    uint4 next_lo[kSkinnyBlocks], next_hi[kSkinnyBlocks];
-    if (k0 + kSkinnyStep < k_end) load_w(k0 + kSkinnyStep, next_lo, next_hi);
-#pragma unroll
-    for (int b = 0; b < kSkinnyBlocks; ++b) {
-      const uint32_t a0[4] = {w_lo_v[b].x, w_hi_v[b].x, w_lo_v[b].y, w_hi_v[b].y};
-      const uint32_t a1[4] = {w_lo_v[b].z, w_hi_v[b].z, w_lo_v[b].w, w_hi_v[b].w};
-#pragma unroll
-      for (int t = 0; t < kRowTiles; ++t) {
-        mma::Mma16816(acc[t], a0, xv[b][t].x, xv[b][t].y);
-        mma::Mma16816(acc[t], a1, xv[b][t].z, xv[b][t].w);
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kSkinnyBlocks; ++b) {
-      w_lo_v[b] = next_lo[b];
-      w_hi_v[b] = next_hi[b];
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kRowTiles; ++t)
-    partial[warp][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
-  __syncthreads();
-  // The first warp of each row tile sums its tile's parts in warp order and writes them out;
-  // acc[t] = {(W row g, x row 8t + 2c), (g, 8t + 2c + 1), (g + 8, 8t + 2c), (g + 8, 8t + 2c + 1)}.
+  skinny::Stream<kRowTiles>(w, w_lo, w_hi, active, has_row, x_row, k_begin, k_end, acc);
+  skinny::StoreParts<kRowTiles>(partial, acc);
+  // The first warp of each row tile writes the sums out.
   if (!active || warp % p.k_parts != 0) return;
 #pragma unroll
   for (int t = 0; t < kRowTiles; ++t) {
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int q = 0; q < p.k_parts; ++q) {
-      const float4 v = partial[warp + q][t][lane];
-      s[0] += v.x;
-      s[1] += v.y;
-      s[2] += v.z;
-      s[3] += v.w;
-    }
+    const float4 v = skinny::PartsSum<kRowTiles>(partial, t, p.k_parts);
+    const float s[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = 8 * t + 2 * c + (i & 1), col = n0 + g + (i >= 2 ? 8 : 0);

@@ -355,7 +355,6 @@ void LaunchFor(int tile_rows, const GemmParams& p, int64_t rows, cudaStream_t s)
                        << " rows (32, 64, 128)";
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

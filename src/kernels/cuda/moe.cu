@@ -8,12 +8,15 @@
 //   combine back to token order.
 // Steps 4-5 are grouped_gemm.cu's mma.sync GEMMs: a persistent grid schedules its tiles from
 // the device-side row offsets (no host read of the counts).
-// Small batches (TK <= Tuning().moe_decode_max_pairs) take steps 4-5 as memory-bound GEMVs
-// instead (DecodeGemvKernel): one CTA per (active expert, output slice), 16-byte weight loads.
+// Decode batches take steps 4-5 as weight streams instead (moe_skinny.cu, TK <=
+// Tuning().moe_skinny_max_pairs) or as memory-bound GEMVs (DecodeGemvKernel, TK <=
+// Tuning().moe_decode_max_pairs): one CTA per (active expert, output slice). The fewest pairs
+// skip the permutation (moe_decode.cu, TK <= Tuning().moe_pair_gemv_max_pairs).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/moe_permute.h"
+#include "kernels/cuda/moe_skinny.h"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -359,14 +362,21 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
   const size_t dec_smem_gu = smem_rows * hidden * 2, dec_smem_down = smem_rows * inter * 2;
   const bool decode = pairs <= Tuning().moe_decode_max_pairs && dec_smem_gu <= 200 * 1024 &&
                       dec_smem_down <= 200 * 1024;
-  if (decode) {
+  const int slots = static_cast<int>(std::min<int64_t>(pairs, experts));
+  // The weight streams (moe_skinny.cu) for decode rows; a prompt's rows crowd onto fewer experts,
+  // whose further passes over their weights the grouped GEMMs' tall tiles avoid.
+  if (pairs <= Tuning().moe_skinny_max_pairs && !prompt) {
+    const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);
+    const TensorView y_view(y, y_dtype, {pairs, hidden}, Device::kCuda, x.device_idx);
+    SkinnyExpertsGateUp(x, st.perm_token, st.offsets, st.active, slots, w_gate_up, act_view, s);
+    SkinnyExpertsDown(act_view, st.offsets, st.active, slots, w_down, y_view, s);
+  } else if (decode) {
     static bool attrs_set = false;
     if (!attrs_set) {
       COROLLA_CUDA_CHECK(cudaFuncSetAttribute(DecodeGemvKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
       COROLLA_CUDA_CHECK(cudaFuncSetAttribute(DecodeGemvKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
       attrs_set = true;
     }
-    const int slots = static_cast<int>(std::min<int64_t>(pairs, experts));
     DecodeGemvParams d1{x.ptr<bf16_t>(),
                         x.strides[0],
                         st.perm_token,

@@ -415,7 +415,6 @@ void LaunchFor(int tile_rows, const Fp8GemmParams& p, int64_t rows, cudaStream_t
   COROLLA_CHECK(false) << "grouped fp8 gemm: no tile configuration of " << tile_rows << " rows (32, 64, 128)";
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 int64_t Round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace

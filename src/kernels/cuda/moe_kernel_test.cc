@@ -115,6 +115,7 @@ struct MoePath {
   bool prompt = false;          // PlanStep says the tokens are one prompt chunk's
   bool y_bf16 = false;          // the down GEMM's y in bf16 (Tuning().moe_y_bf16)
   bool snake = true;            // Tuning().moe_gemm_snake
+  bool skinny = false;          // the weight streams (moe_skinny.cu)
 };
 const MoePath kMoePaths[] = {
     {"mma tile 32", false, false, 32},
@@ -142,6 +143,9 @@ const MoePath kMoePaths[] = {
      .y_bf16 = true},
     {.name = "gemv y bf16", .gemv = true, .y_bf16 = true},
     {.name = "wgmma tile 128 straight order", .tile_rows = 128, .wgmma = true, .snake = false},
+    {.name = "skinny", .skinny = true},
+    {.name = "skinny y bf16", .y_bf16 = true, .skinny = true},
+    {.name = "skinny chunked permute", .one_cta_permute = false, .skinny = true},
 };
 void Apply(const MoePath& path) {
   cuda::KernelTuning& t = cuda::Tuning();
@@ -150,6 +154,7 @@ void Apply(const MoePath& path) {
   if (path.dispatch) return;
   t.moe_pair_gemv_max_pairs = 0;
   t.moe_decode_max_pairs = path.gemv ? int64_t{1} << 40 : 0;
+  t.moe_skinny_max_pairs = path.skinny ? int64_t{1} << 40 : 0;
   t.moe_gemm_tile_rows = path.tile_rows;
   if (!path.one_cta_permute) t.moe_permute_one_cta_max_pairs = 0;
   t.moe_gemm_wgmma = path.wgmma;

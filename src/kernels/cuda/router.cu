@@ -294,7 +294,6 @@ RouteParams CheckedRoute(const TensorView& x, const TensorView& w, const MoeRout
                      routing.num_groups, routing.topk_groups};
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // One token on the staged router (norm: folded in, else null); false where it does not apply
 // (nothing launched; the caller goes on).

@@ -71,6 +71,18 @@ struct KernelTuning {
   // batch 24 (192 pairs) 19.594 vs 19.505, 32 23.167 vs 21.448. COROLLA_MOE_PAIR_GEMV_MAX_PAIRS
   // sets it.
   int64_t moe_pair_gemv_max_pairs = 176;
+  // MoeExperts (bf16) past the pair GEMVs and up to this many pairs, unless the step is mostly
+  // one prompt's (Backend::PlanStep): the permutation, then the experts as weight streams (moe_skinny.cu: each chosen expert read once, straight into
+  // mma.sync, against its 1-16 rows a pass) instead of the grouped mma GEMMs. 1024: on an H100
+  // (Qwen3-30B-A3B decode, ctx 1k, session 52, two rounds) batch 24 / 32 / 48 / 64 / 128
+  // 19.299-19.316 / 21.083-21.093 / 23.092-23.093 / 23.876-23.880 / 26.628-26.650 ms against
+  // 19.522 / 21.427-21.435 / 23.421-23.436 / 24.375-24.390 / 27.180-27.207 on the grouped GEMMs
+  // (88.8 -> 90.9% of the copy bandwidth at 64); alone (CudaPerf.MoeDecodePairVsPermute) the two
+  // read ~2.8-2.9 TB/s from 24 tokens on, so the step's gain is mostly the streams' programmatic
+  // launch. Below the pair bound the pairs win (batch 12 / 16 / 22 13.817 / 15.777 / 18.862 as
+  // streams vs 12.847 / 15.164 / 18.524). Past 1024 pairs (batch 256: ~16 rows an expert, more
+  // passes) not measured. COROLLA_MOE_SKINNY_MAX_PAIRS sets it.
+  int64_t moe_skinny_max_pairs = 1024;
   // MoeExpertsFp8's bound for its weight-only pair GEMVs (moe_fp8.cu), the same rule for FP8
   // experts; kept at the 64 the bf16 path had, where it was chosen (session 52 measured bf16
   // only). COROLLA_MOE_FP8_PAIR_GEMV_MAX_PAIRS sets it.
