@@ -1,5 +1,5 @@
 // Backend::MoeExpertsFp8 on the GPU: routed experts with block-scaled e4m3 weights.
-//   few pairs (tokens x k <= Tuning().moe_fp8_pair_gemv_max_pairs): the pair GEMVs of moe_decode.cu
+//   few pairs (tokens x k <= Tuning().moe_pair_gemv_max_pairs): the pair GEMVs of moe_decode.cu
 //     over e4m3 weights (weight-only: x bf16, act f32);
 //   more: permute (MoePermute), x quantised per token and 128-column group, grouped FP8 GEMM
 //     gate_up with the SiLU-mul epilogue (act bf16), act quantised likewise, grouped FP8 GEMM
@@ -496,7 +496,7 @@ void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const Tensor
       << " out " << out.ToString();
   if (tokens == 0) return;
   const int64_t pairs = tokens * k;
-  if (pairs <= Tuning().moe_fp8_pair_gemv_max_pairs) {  // weight-only regime (moe_decode.cu)
+  if (pairs <= Tuning().moe_pair_gemv_max_pairs) {  // weight-only regime (moe_decode.cu)
     MoeExpertsPairGemvFp8(x, topk_ids, topk_weights, w_gate_up, gu_scale, w_down, d_scale, out, alloc, s);
     return;
   }

@@ -16,7 +16,7 @@ namespace corolla::cuda {
 bool MoeFp8Supports(int64_t hidden, int64_t inter);
 
 // Backend::MoeExpertsFp8 (semantics and layouts: kernels/backend.h). Weight-only regime when
-// tokens * k <= Tuning().moe_fp8_pair_gemv_max_pairs, else the quantised one.
+// tokens * k <= Tuning().moe_pair_gemv_max_pairs, else the quantised one.
 void MoeExpertsFp8(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                    const TensorView& w_gate_up, const TensorView& gu_scale, const TensorView& w_down,
                    const TensorView& d_scale, const TensorView& out, CachingAllocator& alloc, cudaStream_t s);

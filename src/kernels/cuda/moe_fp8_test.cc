@@ -147,7 +147,7 @@ void RunCase(Backend& gpu, const Fp8Experts& w, const Fp8Case& c) {
     if (path.pairs && t > 300) continue;
     cuda::KernelTuning& tuning = cuda::Tuning();
     tuning = DefaultTuning();
-    tuning.moe_fp8_pair_gemv_max_pairs = path.pairs ? int64_t{1} << 40 : 0;
+    tuning.moe_pair_gemv_max_pairs = path.pairs ? int64_t{1} << 40 : 0;
     tuning.moe_gemm_tile_rows = path.tile_rows;
     tuning.moe_pair_down_slots = path.down_slots;
     tuning.moe_fp8_wgmma = path.wgmma;
@@ -251,7 +251,7 @@ TEST_F(CudaKernelTest, MoeExpertsFp8NothingRouted) {
   Tensor gw = Upload(gpu(), std::vector<float>(t * k, 0.5f), {t, k}, DType::kF32);
   for (bool pairs : {true, false}) {
     cuda::Tuning() = DefaultTuning();
-    cuda::Tuning().moe_fp8_pair_gemv_max_pairs = pairs ? int64_t{1} << 40 : 0;
+    cuda::Tuning().moe_pair_gemv_max_pairs = pairs ? int64_t{1} << 40 : 0;
     Tensor gout = gpu().Empty(DType::kBF16, {t, 256});
     Poison(gpu(), gout);
     gpu().MoeExpertsFp8(gx, gids, gw, w.dev_gu, w.dev_gus, w.dev_d, w.dev_ds, gout);
@@ -315,7 +315,7 @@ TEST(CudaPerf, MoeFp8) {
       bool wgmma = DefaultTuning().moe_fp8_wgmma;
       int tile_n = DefaultTuning().moe_fp8_wgmma_tile_n;
     };
-    std::vector<Variant> variants = {{"default", DefaultTuning().moe_fp8_pair_gemv_max_pairs}};
+    std::vector<Variant> variants = {{"default", DefaultTuning().moe_pair_gemv_max_pairs}};
     if (tokens <= 128) variants.push_back({"pair gemv", int64_t{1} << 40}), variants.push_back({"grouped", 0});
     if (tokens >= 1024) {
       variants.push_back({"wgmma 128 n128", 0, 128, true, 128});
@@ -325,7 +325,7 @@ TEST(CudaPerf, MoeFp8) {
     double wgmma_us = 0, mma_us = 0;
     for (const Variant& v : variants) {
       cuda::Tuning() = DefaultTuning();
-      cuda::Tuning().moe_fp8_pair_gemv_max_pairs = v.max_pairs;
+      cuda::Tuning().moe_pair_gemv_max_pairs = v.max_pairs;
       cuda::Tuning().moe_gemm_tile_rows = v.tile_rows;
       cuda::Tuning().moe_fp8_wgmma = v.wgmma;
       cuda::Tuning().moe_fp8_wgmma_tile_n = v.tile_n;

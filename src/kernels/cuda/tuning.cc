@@ -27,7 +27,6 @@ KernelTuning& Tuning() {
     KernelTuning t;
     Env("COROLLA_MOE_DECODE_MAX_PAIRS", t.moe_decode_max_pairs);
     Env("COROLLA_MOE_PAIR_GEMV_MAX_PAIRS", t.moe_pair_gemv_max_pairs);
-    Env("COROLLA_MOE_FP8_PAIR_GEMV_MAX_PAIRS", t.moe_fp8_pair_gemv_max_pairs);
     Env("COROLLA_MOE_SKINNY_MAX_PAIRS", t.moe_skinny_max_pairs);
     Env("COROLLA_LINEAR_GEMV_MAX_ROWS", t.linear_gemv_max_rows);
     Env("COROLLA_LINEAR_MMA_MAX_ROWS", t.linear_mma_max_rows);

@@ -13,10 +13,11 @@ namespace corolla::cuda {
 struct KernelTuning {
   // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
   // mma GEMMs (grouped_gemm.cu) above it (at most moe_pair_gemv_max_pairs take the pair GEMVs
-  // first, so at the defaults this path does not run). 64: on an H200 (Qwen3-30B-A3B decode,
-  // ctx 1024) the grouped GEMMs' small tiles beat the GEMV at 128 and 256 pairs: batch 16 13.69
-  // vs 14.95 ms a step, batch 32 17.36 vs 21.44; on an H100 (session 52) batch 16 16.18-16.22
-  // vs 16.06-16.09. COROLLA_MOE_DECODE_MAX_PAIRS sets it.
+  // and moe_skinny_max_pairs the weight streams first, so at the defaults this path does not
+  // run). 64: on an H200 (Qwen3-30B-A3B decode, ctx 1024) the grouped GEMMs' small tiles beat
+  // the GEMV at 128 and 256 pairs: batch 16 13.69 vs 14.95 ms a step, batch 32 17.36 vs 21.44;
+  // on an H100 (session 52) batch 16 16.18-16.22 vs 16.06-16.09. COROLLA_MOE_DECODE_MAX_PAIRS
+  // sets it.
   int64_t moe_decode_max_pairs = 64;
   // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
   // forces one (tests and benchmarks sweep them). COROLLA_MOE_GEMM_TILE_ROWS sets it.
@@ -61,32 +62,31 @@ struct KernelTuning {
   // 30.30-30.40 / 141.7-142.1 with y in f32; decode batch 64 / 256 at ctx 1k 18.68-18.69 /
   // 24.46-24.47 against 18.85-18.87 / 24.65-24.67. COROLLA_MOE_Y_BF16=0 keeps f32.
   bool moe_y_bf16 = true;
-  // MoeExperts (bf16) skips the permutation and runs one GEMV per (token, expert) pair, the down
-  // projection combining in registers (moe_decode.cu), when tokens * top_k <= this. At 64 on an
-  // H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against permute + GEMV. 176:
-  // on an H100 (Qwen3-30B-A3B decode, ctx 1k, session 52) the pair GEMVs beat the grouped GEMMs
-  // up to 22 tokens, an expert read once a pair that routes to it: batch 12 / 16 / 20 / 22
-  // 12.840 / 15.149-15.192 / 17.635 / 18.502 ms against 14.249 / 16.061-16.089 / 18.251 /
-  // 18.805 (80.4 -> 89.4% of the copy bandwidth at 12), batch 16 at ctx 8k 18.785 vs 19.628;
-  // batch 24 (192 pairs) 19.594 vs 19.505, 32 23.167 vs 21.448. COROLLA_MOE_PAIR_GEMV_MAX_PAIRS
-  // sets it.
-  int64_t moe_pair_gemv_max_pairs = 176;
+  // MoeExperts skips the permutation and runs one GEMV per (token, expert) pair, the down
+  // projection combining in registers (moe_decode.cu), when tokens * top_k <= this (bf16 and
+  // FP8 experts). 64: on an H200 (E 128, k 8) 26 vs 55 us at 1 token, 129 vs 176 us at 8 against
+  // permute + GEMV. Not higher, though on an H100 (Qwen3-30B-A3B decode, ctx 1k, random
+  // weights, session 52) the pairs were ahead up to 22 tokens: batch 12 / 16 / 22 12.847 /
+  // 15.164 / 18.524 ms against 13.817 / 15.777 / 18.862 for the weight streams below (one call),
+  // and 192 pairs lost (batch 24 19.594 vs 19.505 on the grouped GEMMs). A pair reads its expert
+  // once a pair, so rows that crowd onto few experts cost a multiple of their bytes: prompts of
+  // 12 / 20 tokens took 8.017 / 12.079 ms with the pairs up to 176 against 6.035 / 6.781 with 64
+  // (the same call), and a decode batch of samples of one prompt would route alike. The streams read
+  // an expert once a pass of 16 rows. COROLLA_MOE_PAIR_GEMV_MAX_PAIRS sets it.
+  int64_t moe_pair_gemv_max_pairs = 64;
   // MoeExperts (bf16) past the pair GEMVs and up to this many pairs, unless the step is mostly
-  // one prompt's (Backend::PlanStep): the permutation, then the experts as weight streams (moe_skinny.cu: each chosen expert read once, straight into
-  // mma.sync, against its 1-16 rows a pass) instead of the grouped mma GEMMs. 1024: on an H100
-  // (Qwen3-30B-A3B decode, ctx 1k, session 52, two rounds) batch 24 / 32 / 48 / 64 / 128
-  // 19.299-19.316 / 21.083-21.093 / 23.092-23.093 / 23.876-23.880 / 26.628-26.650 ms against
-  // 19.522 / 21.427-21.435 / 23.421-23.436 / 24.375-24.390 / 27.180-27.207 on the grouped GEMMs
-  // (88.8 -> 90.9% of the copy bandwidth at 64); alone (CudaPerf.MoeDecodePairVsPermute) the two
-  // read ~2.8-2.9 TB/s from 24 tokens on, so the step's gain is mostly the streams' programmatic
-  // launch. Below the pair bound the pairs win (batch 12 / 16 / 22 13.817 / 15.777 / 18.862 as
-  // streams vs 12.847 / 15.164 / 18.524). Past 1024 pairs (batch 256: ~16 rows an expert, more
-  // passes) not measured. COROLLA_MOE_SKINNY_MAX_PAIRS sets it.
+  // one prompt's (Backend::PlanStep): the permutation, then the experts as weight streams
+  // (moe_skinny.cu: each chosen expert read once, straight into mma.sync, against its 1-16 rows a
+  // pass) instead of the grouped mma GEMMs. 1024: on an H100 (Qwen3-30B-A3B decode, ctx 1k,
+  // session 52, two rounds) batch 24 / 32 / 48 / 64 / 128 19.299-19.316 / 21.083-21.093 /
+  // 23.092-23.093 / 23.876-23.880 / 26.628-26.650 ms against 19.522 / 21.427-21.435 /
+  // 23.421-23.436 / 24.375-24.390 / 27.180-27.207 on the grouped GEMMs (88.8 -> 90.9% of the copy
+  // bandwidth at 64); batch 12 / 16 13.817 / 15.777 (another call; the grouped GEMMs took 14.249 /
+  // 16.061-16.089 on a machine as fast). Alone (CudaPerf.MoeDecodePairVsPermute) the two read
+  // ~2.8-2.9 TB/s from 24 tokens on, so the step's gain is mostly the streams' programmatic
+  // launch. Batch 256 (2048 pairs, ~16 rows an expert, ctx 512) lost: 35.658 vs 28.222 ms.
+  // COROLLA_MOE_SKINNY_MAX_PAIRS sets it.
   int64_t moe_skinny_max_pairs = 1024;
-  // MoeExpertsFp8's bound for its weight-only pair GEMVs (moe_fp8.cu), the same rule for FP8
-  // experts; kept at the 64 the bf16 path had, where it was chosen (session 52 measured bf16
-  // only). COROLLA_MOE_FP8_PAIR_GEMV_MAX_PAIRS sets it.
-  int64_t moe_fp8_pair_gemv_max_pairs = 64;
   // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else the stream
   // below. 1: at 2 rows the GEMV ran o_proj at 1.60 TB/s (10.5 us, H100); the tensor-core stream
   // took batch-2 decode from 4.486-4.495 to 4.229 ms on an H100 (ctx 1k, 70.9 -> 75.2% of the
