@@ -21,15 +21,15 @@
 namespace corolla::cuda {
 namespace {
 
-constexpr int kRowTiles = 2;                      // 16 of an expert's rows a pass
-constexpr int kTargetWarps = 132 * 16;            // warps wanted before K is split (gemm_skinny.cu)
+constexpr int kRowTiles = 2;            // 16 of an expert's rows a pass
+constexpr int kTargetWarps = 132 * 16;  // warps wanted before K is split (gemm_skinny.cu)
 
 struct SkinnyExpertsParams {
-  const bf16_t* a;            // GateUp: x [T, K] through perm_token; Down: act [TK, K]
+  const bf16_t* a;  // GateUp: x [T, K] through perm_token; Down: act [TK, K]
   int64_t a_stride;
   const int32_t* perm_token;  // GateUp only
-  const bf16_t* w;            // [E, N_w, K]: GateUp N_w = 2 N (gate rows, then up rows); Down N_w = N
-  void* out;                  // GateUp: act [TK, N] bf16; Down: y [TK, N]
+  const bf16_t* w;  // [E, N_w, K]: GateUp N_w = 2 N (gate rows, then up rows); Down N_w = N
+  void* out;        // GateUp: act [TK, N] bf16; Down: y [TK, N]
   bool out_f32;
   const int32_t* offsets;
   const int32_t* active;  // [E + 1], MoePermutation's
@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(skinny::kWarps * 32, 2)
   const bf16_t* w_lo = w + static_cast<int64_t>(lo) * p.k + 8 * c;
   const bf16_t* w_hi = w + static_cast<int64_t>(hi) * p.k + 8 * c;
   for (int r0 = 0; r0 < count; r0 += 8 * kRowTiles) {  // the same count in every thread
-    int src[kRowTiles];  // the lane's row of each row tile in a (x: the token), -1 past the expert's
+    int src[kRowTiles];  // the lane's row of each row tile in a (x: the token), -1 past the
+                         // expert's
 #pragma unroll
     for (int t = 0; t < kRowTiles; ++t) {
       const int r = r0 + g + 8 * t;
@@ -85,7 +86,8 @@ __global__ void __launch_bounds__(skinny::kWarps * 32, 2)
 #pragma unroll
       for (int t = 0; t < kRowTiles; ++t) {
         const float4 v = skinny::PartsSum<kRowTiles>(partial, t, p.k_parts);
-        const float s[4] = {v.x, v.y, v.z, v.w};  // {(lo, 2c), (lo, 2c + 1), (hi, 2c), (hi, 2c + 1)}
+        const float s[4] = {v.x, v.y, v.z,
+                            v.w};  // {(lo, 2c), (lo, 2c + 1), (hi, 2c), (hi, 2c + 1)}
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const int r = r0 + 8 * t + 2 * c + q;
@@ -95,7 +97,8 @@ __global__ void __launch_bounds__(skinny::kWarps * 32, 2)
             const int j = tile * 8 + g;
             const float gate = s[q], up = s[2 + q];
             if (j < p.n)
-              static_cast<bf16_t*>(p.out)[row * p.n + j] = __float2bfloat16(gate / (1.f + expf(-gate)) * up);
+              static_cast<bf16_t*>(p.out)[row * p.n + j] =
+                  __float2bfloat16(gate / (1.f + expf(-gate)) * up);
           } else {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -119,14 +122,17 @@ __global__ void __launch_bounds__(skinny::kWarps * 32, 2)
 // warps, while a warp keeps at least one step of columns.
 int KParts(int64_t tiles, int64_t k) {
   int parts = 1;
-  while (parts < skinny::kWarps && tiles * parts < kTargetWarps && k > int64_t{parts} * skinny::kStep) parts *= 2;
+  while (parts < skinny::kWarps && tiles * parts < kTargetWarps &&
+         k > int64_t{parts} * skinny::kStep)
+    parts *= 2;
   return parts;
 }
 
 template <bool kGateUp>
 void Launch(SkinnyExpertsParams p, int slots, const char* name, cudaStream_t s) {
   p.k_parts = KParts(int64_t{p.tiles} * slots, p.k);
-  p.k_part = static_cast<int>(CeilDiv(CeilDiv(int64_t{p.k}, p.k_parts), skinny::kStep) * skinny::kStep);
+  p.k_part =
+      static_cast<int>(CeilDiv(CeilDiv(int64_t{p.k}, p.k_parts), skinny::kStep) * skinny::kStep);
   const dim3 grid(static_cast<unsigned>(CeilDiv(int64_t{p.tiles}, skinny::kWarps / p.k_parts)),
                   static_cast<unsigned>(slots));
   if (TimelineOn()) p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y, s);
@@ -136,34 +142,59 @@ void Launch(SkinnyExpertsParams p, int slots, const char* name, cudaStream_t s) 
 }  // namespace
 
 void SkinnyExpertsGateUp(const TensorView& x, const int32_t* perm_token, const int32_t* offsets,
-                         const int32_t* active, int slots, const TensorView& w_gate_up, const TensorView& act,
-                         cudaStream_t s) {
+                         const int32_t* active, int slots, const TensorView& w_gate_up,
+                         const TensorView& act, cudaStream_t s) {
   const int64_t inter = act.dim(1), hidden = x.dim(1);
   const int64_t x_stride = x.dim(0) > 1 ? x.strides[0] : hidden;
-  COROLLA_CHECK(x.dtype == DType::kBF16 && w_gate_up.dtype == DType::kBF16 && act.dtype == DType::kBF16 &&
-                x.rank() == 2 && x.strides[1] == 1 && x_stride % 8 == 0 && Aligned16(x.data) &&
-                w_gate_up.rank() == 3 && w_gate_up.is_contiguous() && Aligned16(w_gate_up.data) &&
-                w_gate_up.dim(1) == 2 * inter && w_gate_up.dim(2) == hidden && act.is_contiguous() &&
-                hidden % 8 == 0 && slots > 0)
+  COROLLA_CHECK(x.dtype == DType::kBF16 && w_gate_up.dtype == DType::kBF16 &&
+                act.dtype == DType::kBF16 && x.rank() == 2 && x.strides[1] == 1 &&
+                x_stride % 8 == 0 && Aligned16(x.data) && w_gate_up.rank() == 3 &&
+                w_gate_up.is_contiguous() && Aligned16(w_gate_up.data) &&
+                w_gate_up.dim(1) == 2 * inter && w_gate_up.dim(2) == hidden &&
+                act.is_contiguous() && hidden % 8 == 0 && slots > 0)
       << "skinny experts gate_up: x " << x.ToString() << " w " << w_gate_up.ToString() << " act "
       << act.ToString();
-  SkinnyExpertsParams p{x.ptr<bf16_t>(), x_stride, perm_token, w_gate_up.ptr<bf16_t>(), act.data, false,
-                        offsets, active, static_cast<int>(w_gate_up.dim(0)), static_cast<int>(inter),
-                        static_cast<int>(hidden), static_cast<int>(CeilDiv(inter, 8)), 1, 0};
+  SkinnyExpertsParams p{x.ptr<bf16_t>(),
+                        x_stride,
+                        perm_token,
+                        w_gate_up.ptr<bf16_t>(),
+                        act.data,
+                        false,
+                        offsets,
+                        active,
+                        static_cast<int>(w_gate_up.dim(0)),
+                        static_cast<int>(inter),
+                        static_cast<int>(hidden),
+                        static_cast<int>(CeilDiv(inter, 8)),
+                        1,
+                        0};
   Launch<true>(p, slots, "SkinnyExpertsGateUp", s);
 }
 
-void SkinnyExpertsDown(const TensorView& act, const int32_t* offsets, const int32_t* active, int slots,
-                       const TensorView& w_down, const TensorView& y, cudaStream_t s) {
+void SkinnyExpertsDown(const TensorView& act, const int32_t* offsets, const int32_t* active,
+                       int slots, const TensorView& w_down, const TensorView& y, cudaStream_t s) {
   const int64_t inter = act.dim(1), hidden = w_down.dim(1);
-  COROLLA_CHECK(act.dtype == DType::kBF16 && act.rank() == 2 && act.is_contiguous() && Aligned16(act.data) &&
-                inter % 8 == 0 && w_down.dtype == DType::kBF16 && w_down.rank() == 3 && w_down.is_contiguous() &&
-                Aligned16(w_down.data) && w_down.dim(2) == inter && (y.dtype == DType::kF32 || y.dtype == DType::kBF16) &&
+  COROLLA_CHECK(act.dtype == DType::kBF16 && act.rank() == 2 && act.is_contiguous() &&
+                Aligned16(act.data) && inter % 8 == 0 && w_down.dtype == DType::kBF16 &&
+                w_down.rank() == 3 && w_down.is_contiguous() && Aligned16(w_down.data) &&
+                w_down.dim(2) == inter && (y.dtype == DType::kF32 || y.dtype == DType::kBF16) &&
                 y.is_contiguous() && y.dim(1) == hidden && slots > 0)
-      << "skinny experts down: act " << act.ToString() << " w " << w_down.ToString() << " y " << y.ToString();
-  SkinnyExpertsParams p{act.ptr<bf16_t>(), inter, nullptr, w_down.ptr<bf16_t>(), y.data, y.dtype == DType::kF32,
-                        offsets, active, static_cast<int>(w_down.dim(0)), static_cast<int>(hidden),
-                        static_cast<int>(inter), static_cast<int>(CeilDiv(hidden, 16)), 1, 0};
+      << "skinny experts down: act " << act.ToString() << " w " << w_down.ToString() << " y "
+      << y.ToString();
+  SkinnyExpertsParams p{act.ptr<bf16_t>(),
+                        inter,
+                        nullptr,
+                        w_down.ptr<bf16_t>(),
+                        y.data,
+                        y.dtype == DType::kF32,
+                        offsets,
+                        active,
+                        static_cast<int>(w_down.dim(0)),
+                        static_cast<int>(hidden),
+                        static_cast<int>(inter),
+                        static_cast<int>(CeilDiv(hidden, 16)),
+                        1,
+                        0};
   Launch<false>(p, slots, "SkinnyExpertsDown", s);
 }
 

@@ -21,12 +21,12 @@ namespace corolla::cuda {
 // first), act [TK, I] bf16 contiguous; slots: the grid's expert slots (>= the active experts,
 // e.g. min(TK, E)).
 void SkinnyExpertsGateUp(const TensorView& x, const int32_t* perm_token, const int32_t* offsets,
-                         const int32_t* active, int slots, const TensorView& w_gate_up, const TensorView& act,
-                         cudaStream_t s);
+                         const int32_t* active, int slots, const TensorView& w_gate_up,
+                         const TensorView& act, cudaStream_t s);
 
 // y[r] = act[r] W_down[e]^T for each row r of each active expert e. act [TK, I] bf16
 // contiguous, w_down [E, H, I] bf16 contiguous, y [TK, H] f32 or bf16 contiguous.
-void SkinnyExpertsDown(const TensorView& act, const int32_t* offsets, const int32_t* active, int slots,
-                       const TensorView& w_down, const TensorView& y, cudaStream_t s);
+void SkinnyExpertsDown(const TensorView& act, const int32_t* offsets, const int32_t* active,
+                       int slots, const TensorView& w_down, const TensorView& y, cudaStream_t s);
 
 }  // namespace corolla::cuda

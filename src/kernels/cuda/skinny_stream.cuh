@@ -29,14 +29,14 @@ struct WBlocks {
 
 // The lane's W bytes of columns [k0, k0 + kStep) of rows w_lo / w_hi (already offset by 8c),
 // zeros past k_end or where the warp has no tile (`active` false).
-__device__ __forceinline__ void LoadW(const bf16_t* w_lo, const bf16_t* w_hi, bool active, int k0, int k_end,
-                                      WBlocks& w) {
+__device__ __forceinline__ void LoadW(const bf16_t* w_lo, const bf16_t* w_hi, bool active, int k0,
+                                      int k_end, WBlocks& w) {
   const int c = threadIdx.x % 4;
 #pragma unroll
   for (int b = 0; b < kBlocks; ++b) {
     const int col = k0 + 32 * b;
-    if (active && col + 8 * c < k_end) {
-      w.lo[b] = __ldcs(reinterpret_cast<const uint4*>(w_lo + col));  // read once: stream past the caches
+    if (active && col + 8 * c < k_end) {  // read once: stream past the caches
+      w.lo[b] = __ldcs(reinterpret_cast<const uint4*>(w_lo + col));
       w.hi[b] = __ldcs(reinterpret_cast<const uint4*>(w_hi + col));
     } else {
       w.lo[b] = w.hi[b] = make_uint4(0, 0, 0, 0);
@@ -50,9 +50,9 @@ __device__ __forceinline__ void LoadW(const bf16_t* w_lo, const bf16_t* w_hi, bo
 // step, so that the caller's kernel may form them from its parameters instead of holding them
 // in registers (LinearSkinny's 2-tile kernel spilled otherwise).
 template <int kRowTiles, class HasRow, class XRow>
-__device__ __forceinline__ void Stream(WBlocks& w, const bf16_t* w_lo, const bf16_t* w_hi, bool active,
-                                       const HasRow& has_row, const XRow& x_row, int k_begin, int k_end,
-                                       float (&acc)[kRowTiles][4]) {
+__device__ __forceinline__ void Stream(WBlocks& w, const bf16_t* w_lo, const bf16_t* w_hi,
+                                       bool active, const HasRow& has_row, const XRow& x_row,
+                                       int k_begin, int k_end, float (&acc)[kRowTiles][4]) {
   const int c = threadIdx.x % 4;
   for (int k0 = k_begin; active && k0 < k_end; k0 += kStep) {
     uint4 xv[kBlocks][kRowTiles];
@@ -61,8 +61,9 @@ __device__ __forceinline__ void Stream(WBlocks& w, const bf16_t* w_lo, const bf1
       const int col = k0 + 32 * b;
 #pragma unroll
       for (int t = 0; t < kRowTiles; ++t)
-        xv[b][t] = col + 8 * c < k_end && has_row(t) ? *reinterpret_cast<const uint4*>(x_row(t) + col)
-                                                     : make_uint4(0, 0, 0, 0);
+        xv[b][t] = col + 8 * c < k_end && has_row(t)
+                       ? *reinterpret_cast<const uint4*>(x_row(t) + col)
+                       : make_uint4(0, 0, 0, 0);
     }
     WBlocks next;
     if (k0 + kStep < k_end) LoadW(w_lo, w_hi, active, k0 + kStep, k_end, next);
@@ -85,14 +86,17 @@ __device__ __forceinline__ void Stream(WBlocks& w, const bf16_t* w_lo, const bf1
 // stores its parts (a CTA barrier), then the first warp of each row tile (warp % k_parts == 0)
 // reads row tile t's sum with PartsSum.
 template <int kRowTiles>
-__device__ __forceinline__ void StoreParts(float4 (&partial)[kWarps][kRowTiles][32], const float (&acc)[kRowTiles][4]) {
+__device__ __forceinline__ void StoreParts(float4 (&partial)[kWarps][kRowTiles][32],
+                                           const float (&acc)[kRowTiles][4]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int t = 0; t < kRowTiles; ++t) partial[warp][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+  for (int t = 0; t < kRowTiles; ++t)
+    partial[warp][t][lane] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
   __syncthreads();
 }
 template <int kRowTiles>
-__device__ __forceinline__ float4 PartsSum(const float4 (&partial)[kWarps][kRowTiles][32], int t, int k_parts) {
+__device__ __forceinline__ float4 PartsSum(const float4 (&partial)[kWarps][kRowTiles][32], int t,
+                                           int k_parts) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int q = 0; q < k_parts; ++q) {

@@ -71,8 +71,8 @@ struct KernelTuning {
   // and 192 pairs lost (batch 24 19.594 vs 19.505 on the grouped GEMMs). A pair reads its expert
   // once a pair, so rows that crowd onto few experts cost a multiple of their bytes: prompts of
   // 12 / 20 tokens took 8.017 / 12.079 ms with the pairs up to 176 against 6.035 / 6.781 with 64
-  // (the same call), and a decode batch of samples of one prompt would route alike. The streams read
-  // an expert once a pass of 16 rows. COROLLA_MOE_PAIR_GEMV_MAX_PAIRS sets it.
+  // (the same call), and a decode batch of samples of one prompt would route alike. The streams
+  // read an expert once a pass of 16 rows. COROLLA_MOE_PAIR_GEMV_MAX_PAIRS sets it.
   int64_t moe_pair_gemv_max_pairs = 64;
   // MoeExperts (bf16) past the pair GEMVs and up to this many pairs, unless the step is mostly
   // one prompt's (Backend::PlanStep): the permutation, then the experts as weight streams
