@@ -9,8 +9,7 @@
 // Steps 4-5 are grouped_gemm.cu's mma.sync GEMMs: a persistent grid schedules its tiles from
 // the device-side row offsets (no host read of the counts).
 // Decode batches take steps 4-5 as weight streams instead (moe_skinny.cu, TK <=
-// Tuning().moe_skinny_max_pairs) or as memory-bound GEMVs (DecodeGemvKernel, TK <=
-// Tuning().moe_decode_max_pairs): one CTA per (active expert, output slice). The fewest pairs
+// Tuning().moe_skinny_max_pairs): each chosen expert read once into mma.sync. The fewest pairs
 // skip the permutation (moe_decode.cu, TK <= Tuning().moe_pair_gemv_max_pairs).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm.h"
@@ -41,121 +40,6 @@ __global__ void MoeRouteKernel(const __grid_constant__ RouteParams p) {
   if (t >= p.tokens) return;
   float* probs = route_smem + warp * (2 * p.experts + p.num_groups);
   RouteToken(p, t, p.logits + t * p.logits_stride, probs, probs + p.experts, probs + 2 * p.experts, lane);
-}
-
-// ---- memory-bound expert GEMV (decode) ----------------------------------------------------
-// For few tokens per expert the weights are the bytes that matter: one CTA per (active expert,
-// slice of output rows) streams each weight row once with 16-byte loads and multiplies it
-// with up to kDecTok of the expert's token rows held in shared memory (more tokens: further
-// passes, which re-read the slice from L2). GateUp: a warp takes kDecN outputs n, i.e. the gate
-// rows n and the up rows I + n, and writes silu(g) * u; Down: a warp takes kDecN rows h of
-// W_down and writes y (f32). CTAs past the number of active experts exit at once.
-constexpr int kDecWarps = 4;
-constexpr int kDecTok = 8;   // token rows per pass
-constexpr int kDecRows = 4;  // weight rows per warp in flight
-
-struct DecodeGemvParams {
-  const bf16_t* a;  // GateUp: x [T, K] read through perm_token; Down: act [TK, K]
-  int64_t a_stride;
-  const int32_t* perm_token;
-  const bf16_t* w;  // [E, N_w, K]: GateUp N_w = 2 N (gate rows, then up rows); Down N_w = N
-  bf16_t* act_out;  // GateUp output [TK, N]
-  void* y_out;      // Down output [TK, N]: f32, or bf16 (y_bf16)
-  const int32_t* offsets;
-  const int32_t* active;  // [E + 1], see MoePermutation
-  int experts, n, k;
-  bool y_bf16;
-};
-
-// acc[r][t] += dot(w row r, token row t) over this lane's share of K (16-byte vectors).
-template <int kT>
-__device__ __forceinline__ void DotRows(const bf16_t* const (&wrow)[kDecRows], const bf16_t* sx, int k,
-                                        float (&acc)[kDecRows][kDecTok]) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll 2
-  for (int c = lane * 8; c < k; c += 32 * 8) {
-    Bf16x8 wv[kDecRows];
-#pragma unroll
-    for (int r = 0; r < kDecRows; ++r) wv[r] = *reinterpret_cast<const Bf16x8*>(wrow[r] + c);
-    float wf[kDecRows][8];
-#pragma unroll
-    for (int r = 0; r < kDecRows; ++r) Unpack8(wv[r], wf[r]);
-#pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      float xf[8];
-      Unpack8(*reinterpret_cast<const Bf16x8*>(sx + t * k + c), xf);
-#pragma unroll
-      for (int r = 0; r < kDecRows; ++r)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[r][i], xf[i], acc[r][t]);
-    }
-  }
-}
-
-template <bool kGateUp>
-__global__ void __launch_bounds__(kDecWarps * 32) DecodeGemvKernel(const __grid_constant__ DecodeGemvParams p) {
-  extern __shared__ __align__(16) unsigned char dec_smem[];
-  bf16_t* sx = reinterpret_cast<bf16_t*>(dec_smem);  // [kDecTok][K]
-  if (static_cast<int>(blockIdx.x) >= p.active[p.experts]) return;
-  constexpr int kNPerWarp = kGateUp ? kDecRows / 2 : kDecRows;
-  const int e = p.active[blockIdx.x];
-  const int row_begin = p.offsets[e], count = p.offsets[e + 1] - row_begin;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = (blockIdx.y * kDecWarps + warp) * kNPerWarp;
-  const bf16_t* w = p.w + static_cast<int64_t>(e) * (kGateUp ? 2 : 1) * p.n * p.k;
-  // Weight rows of this warp; rows past N repeat a valid row (their results are dropped).
-  const bf16_t* wrow[kDecRows];
-#pragma unroll
-  for (int i = 0; i < kNPerWarp; ++i) {
-    const int n = min(n0 + i, p.n - 1);
-    if constexpr (kGateUp) {
-      wrow[2 * i] = w + static_cast<int64_t>(n) * p.k;
-      wrow[2 * i + 1] = w + static_cast<int64_t>(p.n + n) * p.k;
-    } else {
-      wrow[i] = w + static_cast<int64_t>(n) * p.k;
-    }
-  }
-  const int vecs_per_row = p.k / 8;
-  for (int t0 = 0; t0 < count; t0 += kDecTok) {
-    const int nt = min(kDecTok, count - t0);
-    __syncthreads();  // the previous pass is done with sx
-    for (int idx = threadIdx.x; idx < nt * vecs_per_row; idx += blockDim.x) {
-      const int t = idx / vecs_per_row, c = (idx % vecs_per_row) * 8;
-      const int64_t src = kGateUp ? p.perm_token[row_begin + t0 + t] : row_begin + t0 + t;
-      *reinterpret_cast<uint4*>(sx + t * p.k + c) =
-          *reinterpret_cast<const uint4*>(p.a + src * p.a_stride + c);
-    }
-    __syncthreads();
-    if (n0 >= p.n) continue;
-    float acc[kDecRows][kDecTok] = {};
-    if (nt == 1) DotRows<1>(wrow, sx, p.k, acc);
-    else if (nt == 2) DotRows<2>(wrow, sx, p.k, acc);
-    else if (nt <= 4) DotRows<4>(wrow, sx, p.k, acc);  // rows nt..3 of sx are stale: dropped below
-    else DotRows<8>(wrow, sx, p.k, acc);
-#pragma unroll
-    for (int t = 0; t < kDecTok; ++t)
-      if (t < nt)  // warp-uniform
-#pragma unroll
-        for (int r = 0; r < kDecRows; ++r) acc[r][t] = WarpSum(acc[r][t]);
-    // Lane t writes token t's outputs.
-#pragma unroll
-    for (int t = 0; t < kDecTok; ++t) {
-      if (lane != t || t >= nt) continue;
-      const int64_t out_row = static_cast<int64_t>(row_begin + t0 + t) * p.n;
-#pragma unroll
-      for (int i = 0; i < kNPerWarp; ++i) {
-        if (n0 + i >= p.n) break;
-        if constexpr (kGateUp) {
-          const float g = acc[2 * i][t], u = acc[2 * i + 1][t];
-          p.act_out[out_row + n0 + i] = __float2bfloat16(g / (1.f + expf(-g)) * u);
-        } else if (p.y_bf16) {
-          static_cast<bf16_t*>(p.y_out)[out_row + n0 + i] = __float2bfloat16(acc[i][t]);
-        } else {
-          static_cast<float*>(p.y_out)[out_row + n0 + i] = acc[i][t];
-        }
-      }
-    }
-  }
 }
 
 // ---- combine ----------------------------------------------------------------------------
@@ -355,13 +239,6 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
   MoePermute(topk_ids.ptr<int32_t>(), topk_ids.strides[0], tokens, k, experts, st,
              meta + 2 * (experts + 1) + 2 * pairs, s);
 
-  // The memory-bound GEMV path while the token rows of a pass fit shared memory and the
-  // batch is small enough that weights, not arithmetic, bound the layer (Tuning()).
-  // DotRows reads 1, 2, 4 or kDecTok rows of the pass (the last pass may hold fewer).
-  const int64_t smem_rows = tokens <= 2 ? tokens : tokens <= 4 ? 4 : kDecTok;
-  const size_t dec_smem_gu = smem_rows * hidden * 2, dec_smem_down = smem_rows * inter * 2;
-  const bool decode = pairs <= Tuning().moe_decode_max_pairs && dec_smem_gu <= 200 * 1024 &&
-                      dec_smem_down <= 200 * 1024;
   const int slots = static_cast<int>(std::min<int64_t>(pairs, experts));
   // The weight streams (moe_skinny.cu) for decode rows; a prompt's rows crowd onto fewer experts,
   // whose further passes over their weights the grouped GEMMs' tall tiles avoid.
@@ -370,41 +247,6 @@ void MoeExperts(const TensorView& x, const TensorView& topk_ids, const TensorVie
     const TensorView y_view(y, y_dtype, {pairs, hidden}, Device::kCuda, x.device_idx);
     SkinnyExpertsGateUp(x, st.perm_token, st.offsets, st.active, slots, w_gate_up, act_view, s);
     SkinnyExpertsDown(act_view, st.offsets, st.active, slots, w_down, y_view, s);
-  } else if (decode) {
-    static bool attrs_set = false;
-    if (!attrs_set) {
-      COROLLA_CUDA_CHECK(cudaFuncSetAttribute(DecodeGemvKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-      COROLLA_CUDA_CHECK(cudaFuncSetAttribute(DecodeGemvKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-      attrs_set = true;
-    }
-    DecodeGemvParams d1{x.ptr<bf16_t>(),
-                        x.strides[0],
-                        st.perm_token,
-                        w_gate_up.ptr<bf16_t>(),
-                        act,
-                        nullptr,
-                        st.offsets,
-                        st.active,
-                        experts,
-                        static_cast<int>(inter),
-                        static_cast<int>(hidden),
-                        false};
-    DecodeGemvKernel<true><<<dim3(slots, CeilDiv(inter, kDecWarps * kDecRows / 2)), kDecWarps * 32, dec_smem_gu, s>>>(d1);
-    COROLLA_CUDA_CHECK_LAUNCH();
-    DecodeGemvParams d2{act,
-                        inter,
-                        nullptr,
-                        w_down.ptr<bf16_t>(),
-                        nullptr,
-                        y,
-                        st.offsets,
-                        st.active,
-                        experts,
-                        static_cast<int>(hidden),
-                        static_cast<int>(inter),
-                        y_bf16};
-    DecodeGemvKernel<false><<<dim3(slots, CeilDiv(hidden, kDecWarps * kDecRows)), kDecWarps * 32, dec_smem_down, s>>>(d2);
-    COROLLA_CUDA_CHECK_LAUNCH();
   } else {
     const TensorView act_view(act, DType::kBF16, {pairs, inter}, Device::kCuda, x.device_idx);
     const TensorView y_view(y, y_dtype, {pairs, hidden}, Device::kCuda, x.device_idx);

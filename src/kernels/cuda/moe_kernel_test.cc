@@ -106,7 +106,6 @@ std::vector<int32_t> RouteIds(const MoeCase& c) {
 struct MoePath {
   const char* name = "";
   bool dispatch = false;        // leave the default choice
-  bool gemv = false;            // the memory-bound decode GEMVs, else the grouped mma GEMMs
   int tile_rows = 0;            // mma: forced tile height (0: by rows per expert)
   bool one_cta_permute = true;  // MoePermute's one-CTA kernel where the pairs fit
   bool wgmma = false;           // 128-row tiles on the wgmma kernels
@@ -118,16 +117,14 @@ struct MoePath {
   bool skinny = false;          // the weight streams (moe_skinny.cu)
 };
 const MoePath kMoePaths[] = {
-    {"mma tile 32", false, false, 32},
-    {"mma tile 64", false, false, 64},
-    {"mma tile 64 scalar combine", false, false, 64, true, false, false},
-    {"mma tile 128", false, false, 128},
-    {"wgmma tile 128", false, false, 128, true, true},
-    {"wgmma tile 64", false, false, 64, true, true, true, true},
-    {"gemv", false, true, 0},
-    {"gemv chunked permute", false, true, 0, false},
-    {"default dispatch", true, false, 0},
-    {"default dispatch, prompt step", true, false, 0, true, false, true, false, true},
+    {.name = "mma tile 32", .tile_rows = 32},
+    {.name = "mma tile 64", .tile_rows = 64},
+    {.name = "mma tile 64 scalar combine", .tile_rows = 64, .combine_vec = false},
+    {.name = "mma tile 128", .tile_rows = 128},
+    {.name = "wgmma tile 128", .tile_rows = 128, .wgmma = true},
+    {.name = "wgmma tile 64", .tile_rows = 64, .wgmma = true, .wgmma_tile64 = true},
+    {.name = "default dispatch", .dispatch = true},
+    {.name = "default dispatch, prompt step", .dispatch = true, .prompt = true},
     {.name = "mma tile 32 y bf16", .tile_rows = 32, .y_bf16 = true},
     {.name = "mma tile 64 y bf16", .tile_rows = 64, .y_bf16 = true},
     {.name = "mma tile 64 y bf16 scalar combine",
@@ -141,7 +138,6 @@ const MoePath kMoePaths[] = {
      .wgmma = true,
      .wgmma_tile64 = true,
      .y_bf16 = true},
-    {.name = "gemv y bf16", .gemv = true, .y_bf16 = true},
     {.name = "wgmma tile 128 straight order", .tile_rows = 128, .wgmma = true, .snake = false},
     {.name = "skinny", .skinny = true},
     {.name = "skinny y bf16", .y_bf16 = true, .skinny = true},
@@ -153,7 +149,6 @@ void Apply(const MoePath& path) {
   t.moe_gemm_snake = path.snake;
   if (path.dispatch) return;
   t.moe_pair_gemv_max_pairs = 0;
-  t.moe_decode_max_pairs = path.gemv ? int64_t{1} << 40 : 0;
   t.moe_skinny_max_pairs = path.skinny ? int64_t{1} << 40 : 0;
   t.moe_gemm_tile_rows = path.tile_rows;
   if (!path.one_cta_permute) t.moe_permute_one_cta_max_pairs = 0;
@@ -614,7 +609,7 @@ TEST(CudaPerf, GroupedGemm) {
       Record("Perf.grouped_gemm_gate_up_us", key, gu_us, 0);
       Record("Perf.grouped_gemm_down_us", key, down_us, 0);
     }
-    // The whole op (route ids given): permute + both GEMMs (or GEMVs) + combine.
+    // The whole op (route ids given): permute + both GEMMs (or weight streams) + combine.
     const double op_flops = gu_flops + down_flops, op_wbytes = gu_wbytes + down_wbytes;
     auto op = [&](const MoePath& path) {
       Apply(path);
@@ -630,20 +625,20 @@ TEST(CudaPerf, GroupedGemm) {
     // at 512 and 2048 rows an expert the default measured 4-5% slower than the straight order in
     // three calls while the GEMMs alone ran faster in the snake order (session 33), which a
     // clock falling as the GPU heats up over the sweep would also explain.
-    op({"default", true, false, 0});
+    op({.name = "default", .dispatch = true});
     if (tpe >= 64) {
       op({.name = "straight order", .dispatch = true, .snake = false});
       op({.name = "straight order again", .dispatch = true, .snake = false});
-      op({"default again", true, false, 0});
+      op({.name = "default again", .dispatch = true});
     }
-    if (tpe >= 512) op({"mma.sync 128", false, false, 128});  // the whole op without wgmma
+    if (tpe >= 512) op({.name = "mma.sync 128", .tile_rows = 128});  // the whole op without wgmma
     if (tpe >= 16 && tpe <= 64) {  // the wgmma tiles where mma.sync's 32/64-row tiles are chosen
-      op({"wgmma 64", false, false, 64, true, true, true, true});
-      op({"wgmma 128", false, false, 128, true, true});
+      op({.name = "wgmma 64", .tile_rows = 64, .wgmma = true, .wgmma_tile64 = true});
+      op({.name = "wgmma 128", .tile_rows = 128, .wgmma = true});
     }
-    if (tpe <= 64) {  // around the GEMV threshold: both sides
-      op({"gemv", false, true, 0});
-      op({"mma", false, false, 0});
+    if (tpe <= 64) {  // the weight streams against the mma tiles chosen by rows
+      op({.name = "streams", .skinny = true});
+      op({.name = "mma", .tile_rows = 0});
     }
   }
   cuda::Tuning() = DefaultTuning();

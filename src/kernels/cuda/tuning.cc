@@ -25,7 +25,6 @@ void Env(const char* name, int64_t& field) {
 KernelTuning& Tuning() {
   static KernelTuning tuning = [] {
     KernelTuning t;
-    Env("COROLLA_MOE_DECODE_MAX_PAIRS", t.moe_decode_max_pairs);
     Env("COROLLA_MOE_PAIR_GEMV_MAX_PAIRS", t.moe_pair_gemv_max_pairs);
     Env("COROLLA_MOE_SKINNY_MAX_PAIRS", t.moe_skinny_max_pairs);
     Env("COROLLA_LINEAR_GEMV_MAX_ROWS", t.linear_gemv_max_rows);

@@ -11,14 +11,6 @@ namespace corolla::cuda {
 // variable that Tuning() (tuning.cc) reads for it. Not synchronised: set them before
 // launching work.
 struct KernelTuning {
-  // MoeExperts uses the memory-bound GEMV kernels when tokens * top_k <= this, the grouped
-  // mma GEMMs (grouped_gemm.cu) above it (at most moe_pair_gemv_max_pairs take the pair GEMVs
-  // and moe_skinny_max_pairs the weight streams first, so at the defaults this path does not
-  // run). 64: on an H200 (Qwen3-30B-A3B decode, ctx 1024) the grouped GEMMs' small tiles beat
-  // the GEMV at 128 and 256 pairs: batch 16 13.69 vs 14.95 ms a step, batch 32 17.36 vs 21.44;
-  // on an H100 (session 52) batch 16 16.18-16.22 vs 16.06-16.09. COROLLA_MOE_DECODE_MAX_PAIRS
-  // sets it.
-  int64_t moe_decode_max_pairs = 64;
   // Rows of the grouped GEMM's CTA tile: 0 chooses by the mean rows per expert; 32, 64 or 128
   // forces one (tests and benchmarks sweep them). COROLLA_MOE_GEMM_TILE_ROWS sets it.
   int moe_gemm_tile_rows = 0;
