@@ -27,9 +27,6 @@ namespace {
 
 constexpr int kSkinnyWarps = skinny::kWarps;
 constexpr int kSkinnyStep = skinny::kStep;
-// Warps wanted on the grid (~16 an SM on 132 SMs) before K is split further: enough 16-byte
-// loads in flight to keep HBM busy.
-constexpr int kSkinnyTargetWarps = 132 * 16;
 
 std::atomic<int64_t> launches{0};
 
@@ -124,12 +121,12 @@ bool LinearSkinny(const TensorView& x, const TensorView& w, const TensorView& ou
       k > (1 << 30))
     return false;
   const int64_t tiles = CeilDiv(n, 16);
-  // Split K (a warp a part, up to a CTA's warps) until the grid has kSkinnyTargetWarps, while it
+  // Split K (a warp a part, up to a CTA's warps) until the grid has skinny::kTargetWarps, while it
   // stays one wave and a warp keeps at least one step of columns: qkv at 8 rows (320 row tiles)
   // in 8 parts took two waves and ran slower than cuBLASLt (session 38).
   const int capacity = m <= 8 ? SkinnyCapacity<1>() : SkinnyCapacity<2>();
   int parts = 1;
-  while (parts < kSkinnyWarps && tiles * parts < kSkinnyTargetWarps &&
+  while (parts < kSkinnyWarps && tiles * parts < skinny::kTargetWarps &&
          k > int64_t{parts} * kSkinnyStep && CeilDiv(tiles, kSkinnyWarps / (parts * 2)) <= capacity)
     parts *= 2;
   SkinnyParams p{x.ptr<bf16_t>(),

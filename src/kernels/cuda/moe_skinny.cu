@@ -21,8 +21,7 @@
 namespace corolla::cuda {
 namespace {
 
-constexpr int kRowTiles = 2;            // 16 of an expert's rows a pass
-constexpr int kTargetWarps = 132 * 16;  // warps wanted before K is split (gemm_skinny.cu)
+constexpr int kRowTiles = 2;  // 16 of an expert's rows a pass
 
 struct SkinnyExpertsParams {
   const bf16_t* a;  // GateUp: x [T, K] through perm_token; Down: act [TK, K]
@@ -118,11 +117,11 @@ __global__ void __launch_bounds__(skinny::kWarps * 32, 2)
   }
 }
 
-// Splits K over a tile's warps (a power of two up to a CTA's) until the grid has kTargetWarps
-// warps, while a warp keeps at least one step of columns.
+// Splits K over a tile's warps (a power of two up to a CTA's) until the grid has
+// skinny::kTargetWarps warps, while a warp keeps at least one step of columns.
 int KParts(int64_t tiles, int64_t k) {
   int parts = 1;
-  while (parts < skinny::kWarps && tiles * parts < kTargetWarps &&
+  while (parts < skinny::kWarps && tiles * parts < skinny::kTargetWarps &&
          k > int64_t{parts} * skinny::kStep)
     parts *= 2;
   return parts;

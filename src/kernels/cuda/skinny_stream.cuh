@@ -21,6 +21,9 @@ namespace corolla::cuda::skinny {
 constexpr int kWarps = 8;   // a CTA's warps
 constexpr int kBlocks = 4;  // 32-column blocks a lane loads at once (2 x 16 bytes of W each)
 constexpr int kStep = 32 * kBlocks;
+// Warps wanted on the grid (~16 an SM on 132 SMs) before K is split further over a tile's
+// warps: enough 16-byte loads in flight to keep HBM busy.
+constexpr int kTargetWarps = 132 * 16;
 
 // A lane's W registers for one step of kStep columns.
 struct WBlocks {
