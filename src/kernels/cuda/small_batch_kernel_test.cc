@@ -21,7 +21,8 @@ struct PairCase {
   int64_t tokens;
   int experts, k;
   int64_t hidden, inter;
-  int mode;  // 0 random, 1 every token on expert 3, 2 some ids outside [0, E) (expert parallelism)
+  int mode;  // 0 random, 1 every token on expert 3, 2 some ids outside [0, E) (expert parallelism),
+             // 3 every token among the first 2k experts (a prompt's rows crowding onto few experts)
 };
 
 // Routing of `c`: distinct experts per token (mode 1 puts expert 3 first), weights in [0.05, 1].
@@ -31,7 +32,7 @@ void RandomRouting(const PairCase& c, std::vector<int32_t>* ids, std::vector<flo
   for (int64_t i = 0; i < c.tokens; ++i) {
     std::vector<int32_t> all(c.experts);
     std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), Rng());
+    std::shuffle(all.begin(), c.mode == 3 ? all.begin() + std::min(c.experts, 2 * c.k) : all.end(), Rng());
     if (c.mode == 1) std::swap(all[0], *std::find(all.begin(), all.end(), 3));
     for (int s = 0; s < c.k; ++s) {
       (*ids)[i * c.k + s] = all[s];
@@ -44,21 +45,22 @@ void RandomRouting(const PairCase& c, std::vector<int32_t>* ids, std::vector<flo
   }
 }
 
-// Every pair-kernel shape: down by slots (4 or 8 rows a CTA) or by rows, gate/up 2 or 4 outputs
-// a warp, the former also with x in shared memory for one wave (Tuning().moe_pair_down_rows /
-// moe_pair_gate_up_rows / moe_pair_gate_up_one_wave).
+// Every pair-kernel shape on each case (one CPU reference a case): down by slots (4 or 8 rows a
+// CTA) or by rows, gate/up 2 or 4 outputs a warp, the former also with x in shared memory for one
+// wave (Tuning().moe_pair_down_rows / moe_pair_gate_up_rows / moe_pair_gate_up_one_wave).
 TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
   const cuda::KernelTuning defaults = cuda::Tuning();
-  cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
   struct Kernels { bool slots; int down_rows, gate_up_rows; bool one_wave; };
-  for (Kernels sh : {Kernels{true, 8, 2, false}, Kernels{true, 4, 4, false}, Kernels{false, 8, 2, false},
-                     Kernels{true, 8, 2, true}})
+  const Kernels shapes[] = {{true, 8, 2, false}, {true, 4, 4, false}, {false, 8, 2, false}, {true, 8, 2, true}};
   for (PairCase c : {PairCase{1, 128, 8, 2048, 768, 0}, PairCase{2, 24, 8, 2048, 768, 0},
                      PairCase{4, 24, 8, 2048, 768, 1}, PairCase{1, 8, 2, 128, 64, 0}, PairCase{3, 16, 4, 136, 72, 0},
                      PairCase{1, 512, 10, 512, 128, 0}, PairCase{2, 24, 8, 2048, 768, 2},
                      PairCase{5, 8, 2, 256, 200, 1}, PairCase{1, 4, 1, 8, 8, 0}, PairCase{7, 16, 2, 1000, 1032, 2},
                      // 16 and 22 tokens on few experts (each expert read by many pairs)
-                     PairCase{16, 24, 8, 2048, 768, 1}, PairCase{22, 40, 8, 1024, 768, 0}}) {
+                     PairCase{16, 24, 8, 2048, 768, 1}, PairCase{22, 40, 8, 1024, 768, 0},
+                     // crowded (many pairs an expert); H 7168; foreign ids
+                     PairCase{12, 32, 8, 2048, 768, 3}, PairCase{32, 16, 8, 256, 64, 3},
+                     PairCase{3, 12, 4, 7168, 256, 3}, PairCase{9, 20, 6, 512, 136, 2}}) {
     const int64_t t = c.tokens, h = c.hidden, inter = c.inter;
     auto x = RandomBf16(t * h);
     auto wgu = RandomBf16(int64_t{c.experts} * 2 * inter * h, 1.f / std::sqrt(float(h)));
@@ -69,26 +71,34 @@ TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
     Tensor cx = HostF32(x, {t, h}), cgu = HostF32(wgu, {c.experts, 2 * inter, h}), cd = HostF32(wd, {c.experts, h, inter});
     Tensor cids = HostI32(ids, {t, c.k}), cw = HostF32(w, {t, c.k}), cout = Tensor::Empty(DType::kF32, {t, h});
     cpu::MoeExperts(cx, cids, cw, cgu, cd, cout);
+    const std::vector<float> want(cout.ptr<float>(), cout.ptr<float>() + t * h);
     Tensor gx = Upload(gpu(), x, {t, h}, DType::kBF16);
     Tensor ggu = gpu().LoadWeight(cgu), gd = gpu().LoadWeight(cd);
     Tensor gids = UploadI32(gpu(), ids, {t, c.k}), gw = Upload(gpu(), w, {t, c.k}, DType::kF32);
     Tensor gout = gpu().Empty(DType::kBF16, {t, h});
-    Poison(gpu(), gout);
-    cuda::Tuning().moe_pair_down_slots = sh.slots;
-    cuda::Tuning().moe_pair_down_rows = sh.down_rows;
-    cuda::Tuning().moe_pair_gate_up_rows = sh.gate_up_rows;
-    cuda::Tuning().moe_pair_gate_up_one_wave = sh.one_wave;
-    gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
-    const double e = RelError(Download(gpu(), gout), std::vector<float>(cout.ptr<float>(), cout.ptr<float>() + t * h));
-    const std::string shape = "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) +
-                              " H" + std::to_string(h) + " I" + std::to_string(inter) +
-                              (c.mode == 1 ? " one-expert" : c.mode == 2 ? " ep-foreign-ids" : "") +
-                              (sh.slots ? " down-slots" + std::to_string(sh.down_rows) : " down-rows") +
-                              " gate-up" + std::to_string(sh.gate_up_rows) + (sh.one_wave ? " one-wave" : "");
-    Record("MoeExperts.pair_gemv", shape, e, kBf16Tol);
-    EXPECT_LT(e, kBf16Tol) << shape;
+    for (const Kernels& sh : shapes) {
+      Poison(gpu(), gout);
+      cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
+      cuda::Tuning().moe_pair_down_slots = sh.slots;
+      cuda::Tuning().moe_pair_down_rows = sh.down_rows;
+      cuda::Tuning().moe_pair_gate_up_rows = sh.gate_up_rows;
+      cuda::Tuning().moe_pair_gate_up_one_wave = sh.one_wave;
+      gpu().MoeExperts(gx, gids, gw, ggu, gd, gout);
+      cuda::Tuning() = defaults;
+      const double e = RelError(Download(gpu(), gout), want);
+      const std::string shape =
+          "T" + std::to_string(t) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.k) + " H" +
+          std::to_string(h) + " I" + std::to_string(inter) +
+          (c.mode == 1   ? " one-expert"
+           : c.mode == 2 ? " ep-foreign-ids"
+           : c.mode == 3 ? " crowded"
+                         : "") +
+          (sh.slots ? " down-slots" + std::to_string(sh.down_rows) : " down-rows") + " gate-up" +
+          std::to_string(sh.gate_up_rows) + (sh.one_wave ? " one-wave" : "");
+      Record("MoeExperts.pair_gemv", shape, e, kBf16Tol);
+      EXPECT_LT(e, kBf16Tol) << shape;
+    }
   }
-  cuda::Tuning() = defaults;
 }
 
 // Backend::MoeExpertsResidual: with Tuning().moe_residual_fold the pair path's down kernel adds
@@ -132,9 +142,10 @@ TEST_F(CudaKernelTest, MoeExpertsResidual) {
     }
 }
 
-// Qwen3-30B-A3B experts (E 128, k 8, H 2048, I 768) at decode batch sizes: the pair path
-// against the permuted ones (the grouped GEMMs; the weight streams of moe_skinny.cu);
-// bandwidth counts the distinct experts' weights.
+// Qwen3-30B-A3B experts (E 128, k 8, H 2048, I 768) at decode batch sizes, routed at random and
+// crowded (every token among the first 16 experts, as a prompt's rows crowd): the pair path (a
+// GEMV a pair) against the permuted ones (the grouped GEMMs; the weight streams of
+// moe_skinny.cu); bandwidth counts the distinct experts' weights.
 TEST(CudaPerf, MoeDecodePairVsPermute) {
   Backend* gpu = Gpu();
   if (gpu == nullptr) GTEST_SKIP() << "no CUDA device";
@@ -150,38 +161,36 @@ TEST(CudaPerf, MoeDecodePairVsPermute) {
   Tensor wd = Upload(*gpu, tiled(experts * h * inter), {experts, h, inter}, DType::kBF16);
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
   const cuda::KernelTuning defaults = cuda::Tuning();
-  std::printf("moe decode path: tokens | distinct experts | pair us (TB/s) | pair, down by rows | grouped | streams\n");
-  for (int64_t t : {1, 2, 4, 8, 16, 22, 24, 32, 48, 64, 128}) {
-    std::vector<int32_t> ids;
-    std::vector<float> w;
-    RandomRouting({t, experts, k, h, inter, 0}, &ids, &w);
-    const double distinct = static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
-    const double bytes = distinct * 3.0 * inter * h * 2.0;
-    Tensor x = Upload(*gpu, RandomBf16(t * h), {t, h}, DType::kBF16);
-    Tensor gids = UploadI32(*gpu, ids, {t, k}), gw = Upload(*gpu, w, {t, k}, DType::kF32);
-    Tensor out = gpu->Empty(DType::kBF16, {t, h});
-    auto run = [&] { gpu->MoeExperts(x, gids, gw, wgu, wd, out); };
-    cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
-    cuda::Tuning().moe_pair_down_slots = true;
-    const double pair_us = TimeUs(stream, run, 50);
-    cuda::Tuning().moe_pair_down_slots = false;
-    const double rows_us = TimeUs(stream, run, 50);
-    cuda::Tuning().moe_pair_down_slots = defaults.moe_pair_down_slots;
-    cuda::Tuning().moe_pair_gemv_max_pairs = 0;
-    cuda::Tuning().moe_skinny_max_pairs = 0;
-    const double grouped_us = TimeUs(stream, run, 50);
-    cuda::Tuning().moe_skinny_max_pairs = int64_t{1} << 40;
-    const double skinny_us = TimeUs(stream, run, 50);
-    cuda::Tuning().moe_skinny_max_pairs = defaults.moe_skinny_max_pairs;
-    auto tbs = [&](double us) { return bytes / (us * 1e-6) / 1e12; };
-    std::printf("moe decode path: %6lld | %5.0f | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f (%.2f)\n",
-                static_cast<long long>(t), distinct, pair_us, tbs(pair_us), rows_us, tbs(rows_us), grouped_us,
-                tbs(grouped_us), skinny_us, tbs(skinny_us));
-    Record("Perf.moe_pair_us", "T" + std::to_string(t), pair_us, 0);
-    Record("Perf.moe_pair_down_rows_us", "T" + std::to_string(t), rows_us, 0);
-    Record("Perf.moe_grouped_us", "T" + std::to_string(t), grouped_us, 0);
-    Record("Perf.moe_skinny_us", "T" + std::to_string(t), skinny_us, 0);
-  }
+  std::printf("moe decode path: routing | tokens | distinct experts | pair us (TB/s) | grouped GEMMs | streams\n");
+  for (int mode : {0, 3})
+    for (int64_t t : {1, 2, 4, 8, 12, 16, 22, 24, 32, 48, 64, 128}) {
+      if (mode == 3 && t > 32) continue;
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      RandomRouting({t, experts, k, h, inter, mode}, &ids, &w);
+      const double distinct = static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
+      const double bytes = distinct * 3.0 * inter * h * 2.0;
+      Tensor x = Upload(*gpu, RandomBf16(t * h), {t, h}, DType::kBF16);
+      Tensor gids = UploadI32(*gpu, ids, {t, k}), gw = Upload(*gpu, w, {t, k}, DType::kF32);
+      Tensor out = gpu->Empty(DType::kBF16, {t, h});
+      auto run = [&] { gpu->MoeExperts(x, gids, gw, wgu, wd, out); };
+      cuda::Tuning().moe_pair_gemv_max_pairs = int64_t{1} << 40;
+      const double pair_us = TimeUs(stream, run, 50);
+      cuda::Tuning().moe_pair_gemv_max_pairs = 0;
+      cuda::Tuning().moe_skinny_max_pairs = 0;
+      const double grouped_us = TimeUs(stream, run, 50);
+      cuda::Tuning().moe_skinny_max_pairs = int64_t{1} << 40;
+      const double skinny_us = TimeUs(stream, run, 50);
+      cuda::Tuning().moe_skinny_max_pairs = defaults.moe_skinny_max_pairs;
+      auto tbs = [&](double us) { return bytes / (us * 1e-6) / 1e12; };
+      std::printf("moe decode path: %7s | %6lld | %5.0f | %8.1f (%.2f) | %8.1f (%.2f) | %8.1f (%.2f)\n",
+                  mode == 0 ? "random" : "crowded", static_cast<long long>(t), distinct, pair_us, tbs(pair_us),
+                  grouped_us, tbs(grouped_us), skinny_us, tbs(skinny_us));
+      const std::string shape = std::string(mode == 0 ? "T" : "crowded T") + std::to_string(t);
+      Record("Perf.moe_pair_us", shape, pair_us, 0);
+      Record("Perf.moe_grouped_us", shape, grouped_us, 0);
+      Record("Perf.moe_skinny_us", shape, skinny_us, 0);
+    }
   cuda::Tuning() = defaults;
 }
 
