@@ -64,7 +64,8 @@ struct KernelTuning {
   // once a pair, so rows that crowd onto few experts cost a multiple of their bytes: prompts of
   // 12 / 20 tokens took 8.017 / 12.079 ms with the pairs up to 176 against 6.035 / 6.781 with 64
   // (the same call), and a decode batch of samples of one prompt would route alike. The streams
-  // read an expert once a pass of 16 rows. COROLLA_MOE_PAIR_GEMV_MAX_PAIRS sets it.
+  // read an expert once a pass of 16 rows. Pairs of one expert grouped into one read lost both
+  // ways (session 53, notes/moe_gemm.md). COROLLA_MOE_PAIR_GEMV_MAX_PAIRS sets it.
   int64_t moe_pair_gemv_max_pairs = 64;
   // MoeExperts (bf16) past the pair GEMVs and up to this many pairs, unless the step is mostly
   // one prompt's (Backend::PlanStep): the permutation, then the experts as weight streams
