@@ -77,8 +77,8 @@ struct KernelTuning {
   // bandwidth at 64); batch 12 / 16 13.817 / 15.777 (another call; the grouped GEMMs took 14.249 /
   // 16.061-16.089 on a machine as fast). Alone (CudaPerf.MoeDecodePairVsPermute) the two read
   // ~2.8-2.9 TB/s from 24 tokens on, so the step's gain is mostly the streams' programmatic
-  // launch. Batch 256 (2048 pairs, ~16 rows an expert, ctx 512) lost: 35.658 vs 28.222 ms.
-  // COROLLA_MOE_SKINNY_MAX_PAIRS sets it.
+  // launch. Batch 256 (2048 pairs, ~16 rows an expert, ctx 512) lost: 35.658 vs 28.222 ms, and
+  // on 32-row passes too (session 53, notes/moe_gemm.md). COROLLA_MOE_SKINNY_MAX_PAIRS sets it.
   int64_t moe_skinny_max_pairs = 1024;
   // Linear with at most this many rows of x (<= 8) runs the GEMV of gemv.cu, else the stream
   // below. 1: at 2 rows the GEMV ran o_proj at 1.60 TB/s (10.5 us, H100); the tensor-core stream
