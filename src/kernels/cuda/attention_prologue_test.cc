@@ -386,3 +386,84 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
 }
 
 }  // namespace corolla::cuda_test
+
+namespace corolla::cuda_test {
+
+// One decode token's input norm, qkv projection and attention prologue in one launch
+// (NormLinearQkNormRopeKvWrite with Tuning().qkv_prologue: the staged GEMV's last warp to store a
+// head's rows writes that head) against the same GPU's NormLinear + QkNormRopeKvWrite: equal bits
+// in qkv (q and k normalised and rotated in place, v as projected), x and both caches, over head
+// counts whose heads straddle CTAs and warps (Qwen3-30B-A3B's 32 / 4 at K 2048; more rows a warp
+// at small K), norm weights in bf16 and f32, block sizes 1 / 16 / 64, the step's slot anywhere in
+// the cache or a padding token's (nothing cached); three launches in a row (the heads' counters
+// re-armed by their writers), qkv poisoned before each. Also against the CPU backend's ops.
+TEST_F(CudaKernelTest, NormLinearQkPrologue) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  struct Case { int64_t hq, hk, k; int bs; int32_t slot; DType w; };
+  for (Case c : {Case{32, 4, 2048, 16, 37, DType::kF32}, Case{32, 4, 2048, 64, 0, DType::kBF16},
+                 Case{16, 8, 1024, 1, 5, DType::kBF16}, Case{8, 2, 256, 16, 71, DType::kF32},
+                 Case{64, 4, 512, 16, -1, DType::kBF16}, Case{5, 1, 128, 64, 190, DType::kF32}}) {
+    const int64_t d = 128, width = (c.hq + 2 * c.hk) * d, k = c.k;
+    const int blocks = 4;
+    const Shape cshape{blocks, c.hk, c.bs, d};
+    const int64_t cn = int64_t{blocks} * c.hk * c.bs * d;
+    const int32_t slot = c.slot < 0 ? -1 : c.slot % (blocks * c.bs);
+    auto sum = RandomBf16(k, 2.f), norm = RandomBf16(k, 1.f), w = RandomBf16(width * k, 0.05f);
+    auto qw = RandomBf16(d, 1.f), kw = RandomBf16(d, 1.f);
+    auto kc = RandomBf16(cn), vc = RandomBf16(cn);
+    const std::vector<int32_t> pos{static_cast<int32_t>(std::uniform_int_distribution<int>(0, 40000)(Rng()))};
+    const std::vector<int32_t> slots{slot};
+    const RopeParams rope{static_cast<int>(d), 1e6f};
+    const std::string shape = "Hq" + std::to_string(c.hq) + " Hk" + std::to_string(c.hk) + " K" + std::to_string(k) +
+                              " bs" + std::to_string(c.bs) + " slot " + std::to_string(slot) +
+                              (c.w == DType::kF32 ? " w-f32" : " w-bf16");
+    Tensor gnorm = Upload(gpu(), norm, {k}, c.w), gw = Upload(gpu(), w, {width, k}, DType::kBF16);
+    Tensor gqw = Upload(gpu(), qw, {d}, c.w), gkw = Upload(gpu(), kw, {d}, c.w);
+    Tensor gpos = UploadI32(gpu(), pos, {1}), gslots = UploadI32(gpu(), slots, {1});
+    AttentionBatch gb{Tensor(), Tensor(), Tensor(), gslots, 1, 1};
+    struct Out { std::vector<float> qkv, x, k_cache, v_cache; };
+    auto run = [&](bool fused) {
+      cuda::Tuning().qkv_prologue = fused;
+      Tensor gsum = Upload(gpu(), sum, {1, k}, DType::kBF16), gx = gpu().Empty(DType::kBF16, {1, k});
+      Tensor gqkv = gpu().Empty(DType::kBF16, {1, width});
+      Tensor gkc = Upload(gpu(), kc, cshape, DType::kBF16), gvc = Upload(gpu(), vc, cshape, DType::kBF16);
+      auto [gq, gk, gv] = QkvViews(gqkv, 1, c.hq, c.hk, d, false);
+      Poison(gpu(), gx);
+      Poison(gpu(), gqkv);
+      gpu().NormLinearQkNormRopeKvWrite(gnorm, 1e-6f, gsum, gx, gw, gqkv, gq, gk, gv, gqw, gkw, 1e-6f, gpos, rope,
+                                        KvCacheView{gkc, gvc}, gb);
+      cuda::Tuning() = DefaultTuning();
+      return Out{Download(gpu(), gqkv), Download(gpu(), gx), Download(gpu(), gkc), Download(gpu(), gvc)};
+    };
+    const Out ref = run(false);
+    const int64_t launches = cuda::NormLinearQkPrologueLaunches();
+    for (int again = 0; again < 3; ++again) {
+      const Out got = run(true);
+      EXPECT_EQ(got.qkv, ref.qkv) << shape << " qkv, launch " << again;
+      EXPECT_EQ(got.x, ref.x) << shape << " x, launch " << again;
+      EXPECT_EQ(got.k_cache, ref.k_cache) << shape << " k cache, launch " << again;
+      EXPECT_EQ(got.v_cache, ref.v_cache) << shape << " v cache, launch " << again;
+    }
+    EXPECT_EQ(cuda::NormLinearQkPrologueLaunches(), launches + 3) << shape << ": the fused kernel did not run";
+    if (slot < 0) {
+      EXPECT_EQ(ref.k_cache, kc) << shape << ": a padding token cached its k";
+    }
+    // The CPU backend's NormLinear + QkNormRopeKvWrite (its default of the fused op), in f32.
+    Tensor csum = HostF32(sum, {1, k}), cx = HostF32(std::vector<float>(k), {1, k});
+    Tensor cqkv = HostF32(std::vector<float>(width), {1, width});
+    Tensor ckc = HostF32(kc, cshape), cvc = HostF32(vc, cshape);
+    Tensor cslots = HostI32(slots, {1});  // (the batch holds a view)
+    AttentionBatch cb{Tensor(), Tensor(), Tensor(), cslots, 1, 1};
+    auto [cq, ck, cv] = QkvViews(cqkv, 1, c.hq, c.hk, d, false);
+    cpu->NormLinearQkNormRopeKvWrite(HostF32(norm, {k}), 1e-6f, csum, cx, HostF32(w, {width, k}), cqkv, cq, ck, cv,
+                                     HostF32(qw, {d}), HostF32(kw, {d}), 1e-6f, HostI32(pos, {1}), rope,
+                                     KvCacheView{ckc, cvc}, cb);
+    const double e_qkv = RelError(ref.qkv, std::vector<float>(cqkv.ptr<float>(), cqkv.ptr<float>() + width));
+    const double e_k = RelError(ref.k_cache, std::vector<float>(ckc.ptr<float>(), ckc.ptr<float>() + cn));
+    Record("NormLinearQkPrologue.qkv", shape, e_qkv, kBf16Tol);
+    EXPECT_LT(e_qkv, kBf16Tol) << shape;
+    EXPECT_LT(e_k, kBf16Tol) << shape;
+  }
+}
+
+}  // namespace corolla::cuda_test

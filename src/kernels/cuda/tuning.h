@@ -337,6 +337,17 @@ struct KernelTuning {
   // ms against 16.22-16.29 / 25.83-25.89, tied at 2048 (31.18-31.47 vs 31.08-31.20) and lost at
   // 8192 (145.22-145.36 vs 144.14-144.63). COROLLA_PROLOGUE_WARP_PER_TOKEN_MIN_TOKENS sets it.
   int64_t prologue_warp_per_token_min_tokens = 2048;
+  // One decode token: the layer's input norm, its qkv projection and the attention's prologue in
+  // one launch (Backend::NormLinearQkNormRopeKvWrite): the staged GEMV's last warp to store a
+  // head's rows (a counter a head) normalises, rotates and caches that head, so that no prologue
+  // kernel (its release and its run, ~2.7 us a layer on an H100) sits between qkv and the decode
+  // attention, whose CTAs enter beside qkv's (qkv_prologue_carveout). Not yet measured: off.
+  // COROLLA_QKV_PROLOGUE.
+  bool qkv_prologue = false;
+  // That launch's carveout: 84 (196 KB) holds qkv's 161 KB staged slice and a decode attention
+  // CTA's ~13 KB side by side (gemv_staged_carveout_folded's reason); -1 leaves the driver's.
+  // COROLLA_QKV_PROLOGUE_CARVEOUT.
+  int qkv_prologue_carveout = 84;
   // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
   // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
   // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
