@@ -183,6 +183,15 @@ bool StagedGemvBesideFoldedAttention(cudaStream_t s) {
   return beside_streams.count(s) != 0;
 }
 
+// The streams whose next staged GEMV is o_proj after an attention folded into a neighbour
+// (PadNextStagedGemv); taken by that launch.
+std::set<cudaStream_t> pad_streams;  // GUARDED_BY(beside_mu)
+
+bool TakeStagedGemvPad(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(beside_mu);
+  return pad_streams.erase(s) != 0;
+}
+
 // Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
 // one CTA an SM; false leaves the call to GemvKernel.
 // With pro: the folded attention prologue (kProD 128), at Tuning().qkv_prologue_carveout.
@@ -195,8 +204,12 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t rows_per_cta = (n + sms - 1) / sms, x_bytes = (2 * k + 127) / 128 * 128;
-  const int64_t smem = kStagedHeader + x_bytes + rows_per_cta * k * 2;
+  int64_t smem = kStagedHeader + x_bytes + rows_per_cta * k * 2;
   if (smem > kStagedMaxSmem) return false;
+  // o_proj after a folded attention: asking for more shared memory than an SM at the folded
+  // carveout has left beside an attention CTA keeps its CTAs (and their copies) off those SMs.
+  if (pro == nullptr && TakeStagedGemvPad(s) && Tuning().gemv_staged_pad_after_fold_kb > 0)
+    smem = std::min<int64_t>(kStagedMaxSmem, std::max<int64_t>(smem, Tuning().gemv_staged_pad_after_fold_kb * 1024));
   // Function attributes are per device: opt in to the shared memory once on each.
   static std::atomic<uint64_t> attrs_set{0};
   const uint64_t device_bit = uint64_t{1} << (device % 64);
@@ -251,6 +264,11 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
 }  // namespace
 
 int64_t StagedGemvBesideLaunches() { return beside_launches.load(std::memory_order_relaxed); }
+
+void PadNextStagedGemv(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(beside_mu);
+  pad_streams.insert(s);
+}
 
 void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded) {
   std::lock_guard<std::mutex> lock(beside_mu);
@@ -359,6 +377,7 @@ bool NormLinearQkPrologue(const TensorView& norm_w, float eps, const TensorView&
                         counters};
   if (!LaunchStagedGemv(x, w, out, s, &norm, nullptr, &pro)) return false;
   SetStagedGemvBesideFoldedAttention(s, false);  // the attention after this one is not folded
+  PadNextStagedGemv(s);                           // o_proj, after the attention
   qkv_prologue_launches.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

@@ -47,6 +47,9 @@ int64_t LinearSkinnyLaunches();  // tests: LinearSkinny's launches so far
 // attention's CTAs fit beside the qkv GEMV's; else at gemv_staged_carveout. Every layer of a step
 // plans alike: only a step's first GEMV follows the step before.
 void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded);
+// The next staged GEMV on stream s (o_proj after an attention whose prologue went into a
+// neighbour) asks for at least Tuning().gemv_staged_pad_after_fold_kb of shared memory.
+void PadNextStagedGemv(cudaStream_t s);
 int64_t StagedGemvBesideLaunches();  // tests: launches of the staged GEMV beside a folded attention
 // gemv.cu: Backend::RmsNormLinear of one row in one launch (the staged GEMV with the norm folded
 // in) when Tuning().gemv_staged_norm is on and the shapes fit; false (nothing launched) otherwise.

@@ -348,6 +348,11 @@ struct KernelTuning {
   // CTA's ~13 KB side by side (gemv_staged_carveout_folded's reason); -1 leaves the driver's.
   // COROLLA_QKV_PROLOGUE_CARVEOUT.
   int qkv_prologue_carveout = 84;
+  // The o_proj after an attention whose prologue is folded (into the attention or into qkv)
+  // asks for at least this many KB of shared memory (0: its own), so that at the 84% carveout its
+  // CTAs take only SMs without an attention CTA (~183 KB left beside one). Session 54 experiment.
+  // COROLLA_GEMV_STAGED_PAD_AFTER_FOLD_KB.
+  int gemv_staged_pad_after_fold_kb = 0;
   // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
   // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
   // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
