@@ -199,7 +199,8 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
                       const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr,
                       const QkvPrologue* pro = nullptr) {
   const int64_t n = w.dim(0), k = w.dim(1);
-  const bool pad = pro == nullptr && TakeStagedGemvPad(s);  // (taken whether or not this launches)
+  // (taken whether or not this launches; set only with the knob on)
+  const bool pad = pro == nullptr && Tuning().gemv_staged_pad_after_fold_kb > 0 && TakeStagedGemvPad(s);
   if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
   int device = 0, sms = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
@@ -209,7 +210,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
   if (smem > kStagedMaxSmem) return false;
   // o_proj after a folded attention: asking for more shared memory than an SM at the folded
   // carveout has left beside an attention CTA keeps its CTAs (and their copies) off those SMs.
-  if (pad && Tuning().gemv_staged_pad_after_fold_kb > 0)
+  if (pad)
     smem = std::min<int64_t>(kStagedMaxSmem, std::max<int64_t>(smem, Tuning().gemv_staged_pad_after_fold_kb * 1024));
   // Function attributes are per device: opt in to the shared memory once on each.
   static std::atomic<uint64_t> attrs_set{0};
@@ -267,6 +268,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
 int64_t StagedGemvBesideLaunches() { return beside_launches.load(std::memory_order_relaxed); }
 
 void PadNextStagedGemv(cudaStream_t s) {
+  if (Tuning().gemv_staged_pad_after_fold_kb <= 0) return;
   std::lock_guard<std::mutex> lock(beside_mu);
   pad_streams.insert(s);
 }

@@ -159,6 +159,7 @@ __device__ __forceinline__ void MultiplyStaged(const StagedGemvParams& p, const 
 // lines of a layer before).
 template <int kD>
 __device__ __forceinline__ void QkvPrologueTail(const StagedGemvParams& p, int row0, int rows, int lane) {
+  static_assert(kD == 128, "the launcher folds D 128 only: 4 elements, 8 bytes a lane");
   constexpr int kPer = kD / 32;
   using Vec = BfVec<kPer>;
   const QkvPrologue& pro = p.pro;
@@ -177,14 +178,8 @@ __device__ __forceinline__ void QkvPrologueTail(const StagedGemvParams& p, int r
     if (lane == 0) pro.counters[h] = 0;  // re-armed: no other warp counts on h in this launch
     const int e0 = lane * kPer;
     Vec in;
-    if constexpr (kPer == 4) {
-      const uint2 u = __ldcg(reinterpret_cast<const uint2*>(out + h * kD + e0));
-      memcpy(&in, &u, sizeof(in));
-    } else {
-      static_assert(kPer == 2, "D 64 or 128");
-      const unsigned u = __ldcg(reinterpret_cast<const unsigned*>(out + h * kD + e0));
-      memcpy(&in, &u, sizeof(in));
-    }
+    const uint2 u = __ldcg(reinterpret_cast<const uint2*>(out + h * kD + e0));
+    memcpy(&in, &u, sizeof(in));
     const int slot = pro.slots[0];
     const bool to_cache = slot >= 0 && slot < pro.num_slots;
     auto cache_at = [&](bf16_t* cache, int kv_head) {
