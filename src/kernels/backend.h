@@ -398,26 +398,6 @@ class Backend {
   // it; the CUDA backend sizes the MoE grouped GEMM's tiles by whether one prompt chunk holds most
   // of the step's tokens (their routing is uneven: tokens of one context share experts).
   virtual void PlanStep(const AttentionBatch& /*batch*/, int64_t /*tokens*/) {}
-  // --- the attention's prologue folded into qkv (new virtuals go at the end) ------------------
-  // Whether models take NormLinearQkNormRopeKvWrite and then Attention for `tokens` rows where
-  // they would take NormLinear and then QkNormRopeAttention: where the backend runs them faster
-  // (the default: never; CUDA for one token with Tuning().qkv_prologue).
-  virtual bool folds_qkv_prologue(int64_t tokens) const {
-    (void)tokens;
-    return false;
-  }
-  // NormLinear(norm_w, eps, sum, x, w, out), then QkNormRopeKvWrite(q, k, v, ...) where q, k and
-  // v are views of out: a layer's input norm, its qkv projection and its attention's prologue.
-  // The default runs the two; CUDA folds the prologue into the staged GEMV of one row.
-  virtual void NormLinearQkNormRopeKvWrite(const TensorView& norm_w, float eps, const TensorView& sum,
-                                           const TensorView& x, const TensorView& w, const TensorView& out,
-                                           const TensorView& q, const TensorView& k, const TensorView& v,
-                                           const TensorView& q_norm_w, const TensorView& k_norm_w, float qk_eps,
-                                           const TensorView& positions, const RopeParams& rope,
-                                           const KvCacheView& cache, const AttentionBatch& batch) {
-    NormLinear(norm_w, eps, sum, x, w, out);
-    QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, qk_eps, positions, rope, cache, batch);
-  }
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

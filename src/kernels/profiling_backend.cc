@@ -119,18 +119,6 @@ void ProfilingBackend::NormLinear(const TensorView& norm_w, float eps, const Ten
     return;
   inner_->NormLinear(norm_w, eps, sum, x, w, out);
 }
-void ProfilingBackend::NormLinearQkNormRopeKvWrite(const TensorView& norm_w, float eps, const TensorView& sum,
-                                                   const TensorView& x, const TensorView& w, const TensorView& out,
-                                                   const TensorView& q, const TensorView& k, const TensorView& v,
-                                                   const TensorView& q_norm_w, const TensorView& k_norm_w,
-                                                   float qk_eps, const TensorView& positions, const RopeParams& rope,
-                                                   const KvCacheView& cache, const AttentionBatch& batch) {
-  if (!Mark("NormLinear+QkNormRopeKvWrite " + std::to_string(w.dim(1)) + "->" + std::to_string(w.dim(0)) + " " +
-            DTypeName(w.dtype)))
-    return;
-  inner_->NormLinearQkNormRopeKvWrite(norm_w, eps, sum, x, w, out, q, k, v, q_norm_w, k_norm_w, qk_eps, positions,
-                                      rope, cache, batch);
-}
 void ProfilingBackend::QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorView& v,
                                            const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
                                            const TensorView& positions, const RopeParams& rope,

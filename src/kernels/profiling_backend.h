@@ -117,14 +117,6 @@ class ProfilingBackend : public Backend {
                           const TensorView& sum) override;
   void NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
                   const TensorView& out) override;
-  bool folds_qkv_prologue(int64_t tokens) const override { return inner_->folds_qkv_prologue(tokens); }
-  // One op, "NormLinear+QkNormRopeKvWrite K->N" (the inner backend's, fused or not).
-  void NormLinearQkNormRopeKvWrite(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                                   const TensorView& w, const TensorView& out, const TensorView& q,
-                                   const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
-                                   const TensorView& k_norm_w, float qk_eps, const TensorView& positions,
-                                   const RopeParams& rope, const KvCacheView& cache,
-                                   const AttentionBatch& batch) override;
   // One op, "RmsNormMoeRouter" (the inner backend's, fused or not).
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,

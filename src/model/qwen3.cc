@@ -263,6 +263,12 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   // With the output gate, q_proj yields [q (D) | gate (D)] per head.
   const int64_t q_cols = hq * d * (c.attention_output_gate ? 2 : 1), width = q_cols + 2 * hk * d;
   Tensor qkv = backend_.Empty(act, {tokens, width});  // [T, q | k | v]
+  if (input_norm != nullptr && added)
+    backend_.NormLinear(*input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
+  else if (input_norm != nullptr)
+    backend_.RmsNormLinear(out, *input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
+  else
+    backend_.Linear(x, w.qkv, qkv);
   // Strided views into qkv: q [T, Hq, D], k [T, Hk, D], v [T, Hk, D], gate [T, Hq, D].
   auto heads = [&](int64_t first_col, int64_t num_heads, int64_t head_stride) {
     TensorView v = qkv.view();
@@ -276,21 +282,6 @@ void Qwen3Model::AttentionBlock(int layer, ResidualStream& stream, const Tensor*
   Tensor attn = backend_.Empty(act, {tokens, hq, d});  // [T, Hq, D]
   const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(d));
   const RopeParams rope{c.rotary_dim(), static_cast<float>(c.rope.theta)};
-  if (input_norm != nullptr && added && !c.attention_output_gate && backend_.folds_qkv_prologue(tokens)) {
-    // The input norm, qkv and the attention's prologue as one op, then the attention and o_proj.
-    backend_.NormLinearQkNormRopeKvWrite(*input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv, q, k, v, w.q_norm,
-                                         w.k_norm, eps, batch.positions, rope, cache, batch.attention);
-    backend_.Attention(q, cache, batch.attention, scale, attn);
-    backend_.Linear(attn.view().Reshape({tokens, hq * d}), w.o, out);  // [T, H], this rank's partial sum
-    AllReduce(shard_.tp, out);
-    return;
-  }
-  if (input_norm != nullptr && added)
-    backend_.NormLinear(*input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
-  else if (input_norm != nullptr)
-    backend_.RmsNormLinear(out, *input_norm, stream.eps(), stream.sum(), x, w.qkv, qkv);
-  else
-    backend_.Linear(x, w.qkv, qkv);
   if (!c.attention_output_gate) {  // the attention and o_proj: one op the backend may fuse
     backend_.QkNormRopeAttentionProj(q, k, v, w.q_norm, w.k_norm, eps, batch.positions, rope, cache, batch.attention,
                                      scale, attn, w.o, out);  // out: [T, H], this rank's partial sum

@@ -512,7 +512,6 @@ AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k
     r = FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
                              nullptr, nullptr, alloc, s);
   SetStagedGemvBesideFoldedAttention(s, r != AttentionResult::kNone);
-  if (r == AttentionResult::kAttention && q.dim(0) == 1) PadNextStagedGemv(s);  // o_proj, launched next
   return r;
 }
 

@@ -348,18 +348,6 @@ void CudaBackend::NormLinear(const TensorView& norm_w, float eps, const TensorVi
                              const TensorView& w, const TensorView& out) {
   if (!cuda::NormLinear(norm_w, eps, sum, x, w, out, stream_)) Backend::NormLinear(norm_w, eps, sum, x, w, out);
 }
-bool CudaBackend::folds_qkv_prologue(int64_t tokens) const { return cuda::Tuning().qkv_prologue && tokens == 1; }
-void CudaBackend::NormLinearQkNormRopeKvWrite(const TensorView& norm_w, float eps, const TensorView& sum,
-                                              const TensorView& x, const TensorView& w, const TensorView& out,
-                                              const TensorView& q, const TensorView& k, const TensorView& v,
-                                              const TensorView& q_norm_w, const TensorView& k_norm_w, float qk_eps,
-                                              const TensorView& positions, const RopeParams& rope,
-                                              const KvCacheView& cache, const AttentionBatch& batch) {
-  if (!cuda::NormLinearQkPrologue(norm_w, eps, sum, x, w, out, q, k, v, q_norm_w, k_norm_w, qk_eps, positions, rope,
-                                  RopeFreqs(rope), cache, batch, stream_))
-    Backend::NormLinearQkNormRopeKvWrite(norm_w, eps, sum, x, w, out, q, k, v, q_norm_w, k_norm_w, qk_eps, positions,
-                                         rope, cache, batch);
-}
 void CudaBackend::RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                                    const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                                    const TensorView& topk_ids, const TensorView& topk_weights) {

@@ -123,13 +123,6 @@ class CudaBackend final : public Backend {
                           const TensorView& sum) override;
   void NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
                   const TensorView& out) override;
-  bool folds_qkv_prologue(int64_t tokens) const override;
-  void NormLinearQkNormRopeKvWrite(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                                   const TensorView& w, const TensorView& out, const TensorView& q,
-                                   const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
-                                   const TensorView& k_norm_w, float qk_eps, const TensorView& positions,
-                                   const RopeParams& rope, const KvCacheView& cache,
-                                   const AttentionBatch& batch) override;
   // Notes whether one prompt chunk holds at least half the step's tokens; MoeExperts then takes
   // the prompt's tile heights (GroupedGemmTileRows).
   void PlanStep(const AttentionBatch& batch, int64_t tokens) override;

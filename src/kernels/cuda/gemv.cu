@@ -183,40 +183,23 @@ bool StagedGemvBesideFoldedAttention(cudaStream_t s) {
   return beside_streams.count(s) != 0;
 }
 
-// The streams whose next staged GEMV is o_proj after an attention folded into a neighbour
-// (PadNextStagedGemv); taken by that launch.
-std::set<cudaStream_t> pad_streams;  // GUARDED_BY(beside_mu)
-
-bool TakeStagedGemvPad(cudaStream_t s) {
-  std::lock_guard<std::mutex> lock(beside_mu);
-  return pad_streams.erase(s) != 0;
-}
-
 // Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
 // one CTA an SM; false leaves the call to GemvKernel.
-// With pro: the folded attention prologue (kProD 128), at Tuning().qkv_prologue_carveout.
 bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
-                      const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr,
-                      const QkvPrologue* pro = nullptr) {
+                      const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr) {
   const int64_t n = w.dim(0), k = w.dim(1);
-  // (taken whether or not this launches; set only with the knob on)
-  const bool pad = pro == nullptr && Tuning().gemv_staged_pad_after_fold_kb > 0 && TakeStagedGemvPad(s);
   if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
   int device = 0, sms = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t rows_per_cta = (n + sms - 1) / sms, x_bytes = (2 * k + 127) / 128 * 128;
-  int64_t smem = kStagedHeader + x_bytes + rows_per_cta * k * 2;
+  const int64_t smem = kStagedHeader + x_bytes + rows_per_cta * k * 2;
   if (smem > kStagedMaxSmem) return false;
-  // o_proj after a folded attention: asking for more shared memory than an SM at the folded
-  // carveout has left beside an attention CTA keeps its CTAs (and their copies) off those SMs.
-  if (pad)
-    smem = std::min<int64_t>(kStagedMaxSmem, std::max<int64_t>(smem, Tuning().gemv_staged_pad_after_fold_kb * 1024));
   // Function attributes are per device: opt in to the shared memory once on each.
   static std::atomic<uint64_t> attrs_set{0};
   const uint64_t device_bit = uint64_t{1} << (device % 64);
   if (!(attrs_set.load(std::memory_order_acquire) & device_bit)) {
-    for (const auto kernel : {GemvStagedKernel<false>, GemvStagedKernel<true>, GemvStagedKernel<false, 128>})
+    for (const auto kernel : {GemvStagedKernel<false>, GemvStagedKernel<true>})
       COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(kStagedMaxSmem)));
     attrs_set.fetch_or(device_bit, std::memory_order_acq_rel);
@@ -224,7 +207,6 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
   StagedGemvParams p{x.ptr<bf16_t>(), w.ptr<bf16_t>(), out.data, static_cast<int>(n), static_cast<int>(k),
                      static_cast<int>(rows_per_cta), static_cast<int>(x_bytes), out.dtype == DType::kF32, nullptr,
                      norm ? *norm : ResidualNorm{}, arrivals};
-  if (pro != nullptr) p.pro = *pro;
   p.spread_ns = Tuning().gemv_staged_spread_ns;
   p.depth = norm ? Tuning().gemv_staged_depth_norm : Tuning().gemv_staged_depth;
   const int ctas = CeilDiv(n, rows_per_cta);
@@ -246,18 +228,14 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     }
   }
   if (TimelineOn()) {
-    const char* name = pro  ? "NormLinear+prologue staged "
-                       : !norm ? "Gemv staged "
-                       : norm->y ? "RmsNormLinear staged "
-                                 : "NormLinear staged ";
+    const char* name = !norm ? "Gemv staged " : norm->y ? "RmsNormLinear staged " : "NormLinear staged ";
     p.timeline = TimelineRecord(name + std::to_string(k) + "->" + std::to_string(n), ctas, s);
   }
-  const bool beside = pro == nullptr && StagedGemvBesideFoldedAttention(s);
-  const auto kernel = pro ? GemvStagedKernel<false, 128> : beside ? GemvStagedKernel<true> : GemvStagedKernel<false>;
+  const bool beside = StagedGemvBesideFoldedAttention(s);
+  const auto kernel = beside ? GemvStagedKernel<true> : GemvStagedKernel<false>;
   if (beside) beside_launches.fetch_add(1, std::memory_order_relaxed);
-  SetCarveoutOnce(reinterpret_cast<const void*>(kernel), pro      ? Tuning().qkv_prologue_carveout
-                                                         : beside ? Tuning().gemv_staged_carveout_folded
-                                                                  : Tuning().gemv_staged_carveout);
+  SetCarveoutOnce(reinterpret_cast<const void*>(kernel),
+                  beside ? Tuning().gemv_staged_carveout_folded : Tuning().gemv_staged_carveout);
   LaunchPdl(kernel, dim3(ctas), dim3(kStagedWarps * 32), static_cast<size_t>(smem), s, 1, p);
   if (traced) TraceStaged(p, ctas, s);
   return true;
@@ -266,12 +244,6 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
 }  // namespace
 
 int64_t StagedGemvBesideLaunches() { return beside_launches.load(std::memory_order_relaxed); }
-
-void PadNextStagedGemv(cudaStream_t s) {
-  if (Tuning().gemv_staged_pad_after_fold_kb <= 0) return;
-  std::lock_guard<std::mutex> lock(beside_mu);
-  pad_streams.insert(s);
-}
 
 void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded) {
   std::lock_guard<std::mutex> lock(beside_mu);
@@ -339,52 +311,5 @@ bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, cons
   if (!StagedNormFits(x, w, out, MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))) return false;
   return LaunchStagedGemv(x, w, out, s, &norm);  // (norm.y null: StageNormedX<true>)
 }
-
-std::atomic<int64_t> qkv_prologue_launches{0};  // NormLinearQkPrologueLaunches
-
-bool NormLinearQkPrologue(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                          const TensorView& w, const TensorView& out, const TensorView& q, const TensorView& k,
-                          const TensorView& v, const TensorView& q_norm_w, const TensorView& k_norm_w, float qk_eps,
-                          const TensorView& positions, const RopeParams& rope, const float* inv_freq,
-                          const KvCacheView& cache, const AttentionBatch& batch, cudaStream_t s) {
-  if (!Tuning().qkv_prologue || x.rank() != 2 || x.dim(0) != 1 || out.dtype != DType::kBF16 || out.rank() != 2 ||
-      !QkNormRopeKvWriteServes(q, k, v, q_norm_w, k_norm_w, positions, rope, cache, batch))
-    return false;
-  // The heads must be out's whole row, q then k then v, D apart: the layout of an unsharded
-  // qkv projection with no output gate.
-  const int64_t d = q.dim(2), hq = q.dim(1), hk = k.dim(1), width = out.dim(1);
-  const auto* base = static_cast<const char*>(out.data);
-  auto at = [&](const TensorView& t, int64_t col) { return static_cast<const char*>(t.data) == base + 2 * col; };
-  if (d != 128 || width != (hq + 2 * hk) * d || q.dim(0) != 1 || q.strides[1] != d || k.strides[1] != d ||
-      v.strides[1] != d || !at(q, 0) || !at(k, hq * d) || !at(v, (hq + hk) * d) || hq + 2 * hk > 1024)
-    return false;
-  ResidualNorm norm;
-  if (!StagedNormFits(x, w, out, MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))) return false;
-  auto* counters = static_cast<unsigned*>(StreamScratch(s, StreamScratchSlot::kQkvPrologue, 4096));
-  if (counters == nullptr) return false;
-  const QkvPrologue pro{q_norm_w.data,
-                        k_norm_w.data,
-                        q_norm_w.dtype == DType::kF32,
-                        k_norm_w.dtype == DType::kF32,
-                        qk_eps,
-                        positions.ptr<int32_t>(),
-                        inv_freq,
-                        rope.attention_factor,
-                        cache.k.ptr<bf16_t>(),
-                        cache.v.ptr<bf16_t>(),
-                        batch.slot_mapping.ptr<int32_t>(),
-                        cache.k.dim(0) * cache.block_size(),
-                        static_cast<int>(cache.block_size()),
-                        static_cast<int>(hq),
-                        static_cast<int>(hk),
-                        counters};
-  if (!LaunchStagedGemv(x, w, out, s, &norm, nullptr, &pro)) return false;
-  SetStagedGemvBesideFoldedAttention(s, false);  // the attention after this one is not folded
-  PadNextStagedGemv(s);                           // o_proj, after the attention
-  qkv_prologue_launches.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
-int64_t NormLinearQkPrologueLaunches() { return qkv_prologue_launches.load(std::memory_order_relaxed); }
 
 }  // namespace corolla::cuda

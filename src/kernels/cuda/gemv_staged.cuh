@@ -6,7 +6,6 @@
 
 #include <type_traits>
 
-#include "kernels/cuda/attention_prologue.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
@@ -21,27 +20,6 @@ constexpr int kStagedHeader = 8 * kStagedWarps;  // the warps' mbarriers
 // Shared memory a staged CTA may take (its slice, x, the header): leaves room on the SM for a
 // kernel before it (the decode attention takes <= 12 KB) on a 228 KB carveout.
 constexpr int64_t kStagedMaxSmem = 200 * 1024;
-
-// The attention's prologue folded into the qkv projection of one token (NormLinearQkPrologue):
-// rows [h D, (h + 1) D) of the output are q head h (h < hq), k head h - hq (< hq + hk) or v head
-// h - hq - hk, and the last warp to store rows of a head (counted on counters[h]) writes that
-// head as QkNormRopeKvWrite does: q and k normalised and rotated in place, k and v to the cache.
-struct QkvPrologue {
-  const void* q_w;
-  const void* k_w;
-  bool q_w_f32, k_w_f32;
-  float eps;
-  const int32_t* positions;  // [1]
-  const float* inv_freq;     // [D / 2]
-  float attention_factor;
-  bf16_t* k_cache;  // [num_blocks, hk, block_size, D]
-  bf16_t* v_cache;
-  const int32_t* slots;  // [1]; outside [0, num_slots): a padding token, nothing cached
-  int64_t num_slots;
-  int block_size;
-  int hq, hk;
-  unsigned* counters;  // [hq + 2 hk] per stream, zero between launches (the head's writer re-arms)
-};
 
 struct StagedGemvParams {
   const bf16_t* x;  // (with the norm: unused)
@@ -61,7 +39,6 @@ struct StagedGemvParams {
   uint64_t* timeline = nullptr;  // timeline.h
   int spread_ns = 0;             // Tuning().gemv_staged_spread_ns
   int depth = 0;                 // Tuning().gemv_staged_depth(_norm): copies in flight a CTA
-  QkvPrologue pro{};             // GemvStagedKernel<.., kProD > 0> only
 };
 
 // The norm variant's staging of x: thread t forms chunk t of h = bf16(sum + y), the CTA sums h^2
@@ -150,66 +127,14 @@ __device__ __forceinline__ void MultiplyStaged(const StagedGemvParams& p, const 
   }
 }
 
-// The prologue's part of a warp that has stored rows [row0, row0 + rows) of one token's qkv
-// (bf16): it counts them on their heads' counters, and for each head whose count this completes
-// writes the head (the prologue kernel's NormRopeHead, so the same bits). One acquire-release
-// atomic a head by lane 0: the warp barrier before it orders every lane's stores before its
-// release (cumulative at GPU scope), the warp barrier after it passes its acquire on to the lanes,
-// which read the other warps' rows from L2 (ld.global.cg: this SM's L1 may hold the buffer's
-// lines of a layer before).
-template <int kD>
-__device__ __forceinline__ void QkvPrologueTail(const StagedGemvParams& p, int row0, int rows, int lane) {
-  static_assert(kD == 128, "the launcher folds D 128 only: 4 elements, 8 bytes a lane");
-  constexpr int kPer = kD / 32;
-  using Vec = BfVec<kPer>;
-  const QkvPrologue& pro = p.pro;
-  bf16_t* out = static_cast<bf16_t*>(p.out);
-  __syncwarp();
-  for (int h = row0 / kD; h <= (row0 + rows - 1) / kD; ++h) {
-    unsigned last = 0;
-    if (lane == 0) {
-      const unsigned n = static_cast<unsigned>(min(row0 + rows, (h + 1) * kD) - max(row0, h * kD));
-      unsigned old;
-      asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(pro.counters + h), "r"(n) : "memory");
-      last = old + n == kD;
-    }
-    if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-    __syncwarp();  // lane 0's acquire before every lane's reads
-    if (lane == 0) pro.counters[h] = 0;  // re-armed: no other warp counts on h in this launch
-    const int e0 = lane * kPer;
-    Vec in;
-    const uint2 u = __ldcg(reinterpret_cast<const uint2*>(out + h * kD + e0));
-    memcpy(&in, &u, sizeof(in));
-    const int slot = pro.slots[0];
-    const bool to_cache = slot >= 0 && slot < pro.num_slots;
-    auto cache_at = [&](bf16_t* cache, int kv_head) {
-      return cache + ((static_cast<int64_t>(slot / pro.block_size) * pro.hk + kv_head) * pro.block_size +
-                      slot % pro.block_size) * kD + e0;
-    };
-    if (h >= pro.hq + pro.hk) {  // a v head
-      if (to_cache) *reinterpret_cast<Vec*>(cache_at(pro.v_cache, h - pro.hq - pro.hk)) = in;
-      continue;
-    }
-    const bool is_q = h < pro.hq;
-    const LaneRope<kD> rope =
-        MakeLaneRope<kD>(static_cast<float>(pro.positions[0]), pro.inv_freq, pro.attention_factor, lane);
-    float w[kPer];
-    LaneNormWeights<kD>(is_q ? pro.q_w : pro.k_w, is_q ? pro.q_w_f32 : pro.k_w_f32, lane, w);
-    const Vec v = NormRopeHead<kD>(in, w, pro.eps, rope);
-    *reinterpret_cast<Vec*>(out + h * kD + e0) = v;
-    if (!is_q && to_cache) *reinterpret_cast<Vec*>(cache_at(pro.k_cache, h - pro.hq)) = v;
-  }
-}
-
 // CTA b owns rows [b * rows_per_cta, ...) of W, split evenly over its warps; each warp's lane 0
 // issues one bulk copy of the warp's rows (contiguous in W) on the warp's mbarrier before the
 // dependency wait. After it the CTA copies x to shared memory, and each warp multiplies its rows
 // (groups of 4, then the last 1-3) once its copy has landed.
 // At most 64 registers (2 CTAs' worth an SM): a CTA must fit beside the kernel before it.
 // kBeside: the same kernel as a second function, so that it keeps a carveout of its own (function
-// attributes are per function): the one launched beside a folded decode attention. kProD: the
-// head dim of a folded attention prologue (QkvPrologueTail after each warp's rows), or 0.
-template <bool kBeside, int kProD = 0>
+// attributes are per function): the one launched beside a folded decode attention.
+template <bool kBeside>
 __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const __grid_constant__ StagedGemvParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   TimelineScope tl(p.timeline);
@@ -255,7 +180,6 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   }
   if (rows == 0) return;
   MultiplyStaged(p, ws, xs, cta_row0 + row0, rows, bar, lane);
-  if constexpr (kProD > 0) QkvPrologueTail<kProD>(p, cta_row0 + row0, rows, lane);
 }
 
 // The staged GEMV with a norm folded in takes one row of K <= 8 x its threads, a contiguous

@@ -47,9 +47,6 @@ int64_t LinearSkinnyLaunches();  // tests: LinearSkinny's launches so far
 // attention's CTAs fit beside the qkv GEMV's; else at gemv_staged_carveout. Every layer of a step
 // plans alike: only a step's first GEMV follows the step before.
 void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded);
-// The next staged GEMV on stream s (o_proj after an attention whose prologue went into a
-// neighbour) asks for at least Tuning().gemv_staged_pad_after_fold_kb of shared memory.
-void PadNextStagedGemv(cudaStream_t s);
 int64_t StagedGemvBesideLaunches();  // tests: launches of the staged GEMV beside a folded attention
 // gemv.cu: Backend::RmsNormLinear of one row in one launch (the staged GEMV with the norm folded
 // in) when Tuning().gemv_staged_norm is on and the shapes fit; false (nothing launched) otherwise.
@@ -59,16 +56,6 @@ bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, con
 // stages x; CTA 0 writes x) where the shapes fit; false (nothing launched) otherwise.
 bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
                 const TensorView& out, cudaStream_t s);
-// gemv.cu: Backend::NormLinearQkNormRopeKvWrite of one token in one launch (Tuning().qkv_prologue):
-// NormLinear's staged GEMV, whose last warp to store a head's rows of out ([1, (Hq + 2 Hk) D], D
-// 128, q | k | v views of it) writes that head as QkNormRopeKvWrite does, the same bits. inv_freq:
-// device [D / 2]. False (nothing launched) where the knob, the shapes or the layout rule it out.
-bool NormLinearQkPrologue(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
-                          const TensorView& w, const TensorView& out, const TensorView& q, const TensorView& k,
-                          const TensorView& v, const TensorView& q_norm_w, const TensorView& k_norm_w, float qk_eps,
-                          const TensorView& positions, const RopeParams& rope, const float* inv_freq,
-                          const KvCacheView& cache, const AttentionBatch& batch, cudaStream_t s);
-int64_t NormLinearQkPrologueLaunches();  // tests: its launches so far
 
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);

@@ -15,7 +15,6 @@ enum class StreamScratchSlot {
   kStagedRouter,          // router.cu: the staged router's arrival counter and logits
   kStagedGemvNorm,        // gemv.cu: RmsNormLinear's arrival counter
   kAttentionRegion,       // attention_decode.cu: the folded o projection's two counters
-  kQkvPrologue,           // gemv.cu: NormLinearQkPrologue's counters, one a head
 };
 
 // `bytes` of zeroed device memory for (stream, slot); every call for a slot must ask for the same

@@ -72,9 +72,6 @@ KernelTuning& Tuning() {
     Env("COROLLA_PROLOGUE_EARLY_LOADS", t.prologue_early_loads);
     Env("COROLLA_PROLOGUE_WARP_PER_TOKEN", t.prologue_warp_per_token);
     Env("COROLLA_PROLOGUE_WARP_PER_TOKEN_MIN_TOKENS", t.prologue_warp_per_token_min_tokens);
-    Env("COROLLA_QKV_PROLOGUE", t.qkv_prologue);
-    Env("COROLLA_QKV_PROLOGUE_CARVEOUT", t.qkv_prologue_carveout);
-    Env("COROLLA_GEMV_STAGED_PAD_AFTER_FOLD_KB", t.gemv_staged_pad_after_fold_kb);
     Env("COROLLA_MOE_PAIR_GATE_UP_ROWS", t.moe_pair_gate_up_rows);
     Env("COROLLA_MOE_PAIR_DOWN_ROWS", t.moe_pair_down_rows);
     Env("COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE", t.moe_pair_gate_up_one_wave);

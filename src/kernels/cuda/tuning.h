@@ -337,26 +337,6 @@ struct KernelTuning {
   // ms against 16.22-16.29 / 25.83-25.89, tied at 2048 (31.18-31.47 vs 31.08-31.20) and lost at
   // 8192 (145.22-145.36 vs 144.14-144.63). COROLLA_PROLOGUE_WARP_PER_TOKEN_MIN_TOKENS sets it.
   int64_t prologue_warp_per_token_min_tokens = 2048;
-  // One decode token: the layer's input norm, its qkv projection and the attention's prologue in
-  // one launch (Backend::NormLinearQkNormRopeKvWrite): the staged GEMV's last warp to store a
-  // head's rows (a counter a head) normalises, rotates and caches that head, so that no prologue
-  // kernel (its release and its run, ~2.7 us a layer on an H100) sits between qkv and the decode
-  // attention, whose CTAs enter beside qkv's (qkv_prologue_carveout). Off: slower on an H100
-  // (Qwen3-30B-A3B batch 1, graph, session 54 call 2) in its first form, a fence in every lane
-  // before and after each head's count: 2.959-2.967 vs 2.851-2.853 ms at ctx 1024, 3.285-3.323 vs
-  // 3.253-3.256 at 8192 (the tail after qkv's last rows ~3.1 us, the prologue kernel's whole path).
-  // This form (one acq_rel atomic a head) is not yet measured. COROLLA_QKV_PROLOGUE.
-  bool qkv_prologue = false;
-  // That launch's carveout: 84 (196 KB) holds qkv's 161 KB staged slice and a decode attention
-  // CTA's ~13 KB side by side (gemv_staged_carveout_folded's reason); -1 leaves the driver's.
-  // COROLLA_QKV_PROLOGUE_CARVEOUT.
-  int qkv_prologue_carveout = 84;
-  // The o_proj after an attention whose prologue is folded (into the attention or into qkv)
-  // asks for at least this many KB of shared memory (0: its own), so that at the 84% carveout its
-  // CTAs take only SMs without an attention CTA (~183 KB left beside one; 184 does it): session
-  // 54 call 1 found the folded attention's merge 5.8 us slower with o_proj's CTAs beside its own.
-  // Not yet measured. COROLLA_GEMV_STAGED_PAD_AFTER_FOLD_KB.
-  int gemv_staged_pad_after_fold_kb = 0;
   // The few-token MoE pair kernels' shapes (moe_decode.cu): outputs a warp of the gate/up GEMV (2
   // or 4) and W_down rows a CTA of the down GEMV (4 or 8; 8 runs Qwen3-30B-A3B's batch-1 down in
   // one wave of 256 CTAs instead of two of 512). On an H200 (Qwen3-30B-A3B, ctx 1024, graph) down
