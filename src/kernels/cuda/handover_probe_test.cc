@@ -5,6 +5,8 @@
 // copier moving data). CudaPerf.L2RetentionUnderStream: l2_probe.h. CudaPerf.ColdCode and
 // CudaPerf.DecodeOpsColdCode: code_probe.h, and a layer's ops with their code cold.
 // CudaPerf.RouteTokenPicks: route_probe.h (also: both pick methods choose the same experts).
+// CudaPerf.MoeDecodeL2Warm: the batch-1 MoE with its experts cold, in L2, or prefetched into L2
+// during a gap before it (l2_probe.h).
 #include "kernels/cuda/handover_probe.h"
 
 #include <gtest/gtest.h>
@@ -273,4 +275,84 @@ TEST(CudaPerf, RouteTokenPicks) {
 }
 
 }  // namespace
+// CudaPerf.MoeDecodeL2Warm: how much faster the batch-1 MoE (Qwen3-30B-A3B's experts, the pair
+// kernels behind Backend::MoeExperts) runs with its weights in L2, and whether a prefetch issued
+// during a latency-bound gap before it (LaunchL2Gap: the attention and routing, when HBM is
+// idle) puts them there: the upper bound of prefetching predicted experts. One graph of 48 calls
+// a case; calls cycle over 16 disjoint expert sets (1.2 GB between reuses: cold) unless the case
+// repeats one set. A benchmark: it prints the figures and checks only that every case ran.
+TEST(CudaPerf, MoeDecodeL2Warm) {
+  std::string skip;
+  const int sms = ProbeSms(skip);
+  if (sms == 0) GTEST_SKIP() << skip;
+  Backend* gpu = Gpu();
+  constexpr int kExperts = 128, kTopK = 8, kSets = kExperts / kTopK, kCalls = 48;
+  constexpr int64_t kHidden = 2048, kInter = 768;
+  constexpr uint64_t kGapNs = 10'000;
+  cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(*gpu).stream();
+  Tensor wgu = gpu->Empty(DType::kBF16, {kExperts, 2 * kInter, kHidden});
+  Tensor wd = gpu->Empty(DType::kBF16, {kExperts, kHidden, kInter});
+  COROLLA_CUDA_CHECK(cudaMemsetAsync(wgu.view().data, 0x3c, wgu.view().nbytes(), stream));  // bf16 ~0.0115
+  COROLLA_CUDA_CHECK(cudaMemsetAsync(wd.view().data, 0x3c, wd.view().nbytes(), stream));
+  std::vector<int32_t> order(kExperts);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), Rng());
+  std::vector<Tensor> ids;
+  for (int set = 0; set < kSets; ++set)
+    ids.push_back(UploadI32(*gpu, std::vector<int32_t>(order.begin() + set * kTopK, order.begin() + (set + 1) * kTopK),
+                            {1, kTopK}));
+  Tensor wts = Upload(*gpu, std::vector<float>(kTopK, 1.0f / kTopK), {1, kTopK}, DType::kF32);
+  Tensor x = Upload(*gpu, RandomBf16(kHidden), {1, kHidden}, DType::kBF16);
+  Tensor out = gpu->Empty(DType::kBF16, {1, kHidden});
+  const int64_t gu_bytes = 2 * kInter * kHidden * 2, d_bytes = kHidden * kInter * 2;
+  // The ranges of set `set`'s weights a case prefetches: the first `gu_part` of each expert's
+  // gate/up rows (gate then up, [2 I, H]), and its down rows where `down`.
+  auto ranges = [&](int set, double gu_part, bool down) {
+    cuda::L2Ranges r;
+    for (int j = 0; j < kTopK; ++j) {
+      const int e = order[set * kTopK + j];
+      if (gu_part > 0) {
+        r.p[r.n] = static_cast<const char*>(wgu.view().data) + e * gu_bytes;
+        r.bytes[r.n++] = static_cast<int64_t>(gu_bytes * gu_part) / 4096 * 4096;
+      }
+      if (down) {
+        r.p[r.n] = static_cast<const char*>(wd.view().data) + e * d_bytes;
+        r.bytes[r.n++] = d_bytes;
+      }
+    }
+    return r;
+  };
+  struct Case {
+    const char* name;
+    bool repeat;     // one set every call
+    bool gap;        // a kGapNs gap before each call
+    double gu_part;  // of each expert's gate/up rows prefetched during the gap
+    bool down;       // its down rows too
+    bool moe = true;  // false: the gap alone
+  };
+  const Case cases[] = {{"cold", false, false, 0, false},
+                        {"one set every call (in L2 as far as 75 MB fits)", true, false, 0, false},
+                        {"gap, cold", false, true, 0, false},
+                        {"gap, a quarter of gate/up prefetched (12.6 MB)", false, true, 0.25, false},
+                        {"gap, half of gate/up prefetched (25 MB)", false, true, 0.5, false},
+                        {"gap, gate/up prefetched (50 MB)", false, true, 1.0, false},
+                        {"gap, gate/up and down prefetched (75 MB)", false, true, 1.0, true},
+                        {"gap alone", false, true, 0, false, false},
+                        {"gap alone, half of gate/up prefetched", false, true, 0.5, false, false}};
+  const double layer_bytes = kTopK * 3.0 * kInter * kHidden * 2;
+  for (const Case& c : cases) {
+    int call = 0;
+    const double us = GraphUs(stream, [&] {
+      const int set = c.repeat ? 0 : call++ % kSets;
+      if (c.gap) cuda::LaunchL2Gap(ranges(set, c.gu_part, c.down), kGapNs, sms, stream);
+      if (c.moe) gpu->MoeExperts(x, ids[set], wts, wgu, wd, out);
+    }, kCalls);
+    const double moe_us = us - (c.gap ? kGapNs * 1e-3 : 0.0);
+    std::printf("moe l2: %-50s %7.2f us a call, %6.2f past the gap (%.2f TB/s)\n", c.name, us, moe_us,
+                c.moe ? layer_bytes / (moe_us * 1e-6) / 1e12 : 0.0);
+    Record("Perf.moe_l2_warm_us", c.name, us, 0);
+    EXPECT_GT(us, 0.0) << c.name;
+  }
+}
+
 }  // namespace corolla::cuda_test

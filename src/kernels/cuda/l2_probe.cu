@@ -77,6 +77,24 @@ __global__ void DelayKernel(uint64_t ns) {
   }
 }
 
+// LaunchL2Gap's kernel: warp 0's lanes prefetch the CTA's share of each range in 32 KB pieces,
+// then every thread waits out the gap.
+__global__ void GapKernel(const L2Ranges r, uint64_t ns) {
+  const uint64_t until = GlobalTimerNs() + ns;
+  if (threadIdx.x < 32) {
+    constexpr int64_t kChunk = 32 * 1024;
+    for (int i = 0; i < r.n; ++i) {
+      const auto* src = static_cast<const uint8_t*>(r.p[i]);
+      const int64_t share = (r.bytes[i] / 16 + gridDim.x - 1) / gridDim.x * 16;
+      const int64_t begin = blockIdx.x * share, end = min(r.bytes[i], begin + share);
+      for (int64_t at = begin + threadIdx.x * kChunk; at < end; at += 32 * kChunk)
+        wgmma::PrefetchL2(src + at, static_cast<uint32_t>(min(kChunk, end - at)), wgmma::EvictNormal());
+    }
+  }
+  while (GlobalTimerNs() < until) {
+  }
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -167,6 +185,12 @@ L2RetentionProbe RunL2RetentionProbe(void* buf, int64_t buf_bytes, int64_t regio
   r.last_normal_stream_us = Median(last_normal);
   r.region_mb = static_cast<double>(bytes) / (1 << 20);
   return r;
+}
+
+void LaunchL2Gap(const L2Ranges& prefetch, uint64_t ns, int ctas, cudaStream_t s) {
+  COROLLA_CHECK(prefetch.n >= 0 && prefetch.n <= L2Ranges::kMax && ctas > 0) << "L2 gap: " << prefetch.n << " ranges";
+  GapKernel<<<ctas, 32, 0, s>>>(prefetch, ns);
+  COROLLA_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace corolla::cuda

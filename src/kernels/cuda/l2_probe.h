@@ -27,4 +27,18 @@ struct L2RetentionProbe {
 L2RetentionProbe RunL2RetentionProbe(void* buf, int64_t buf_bytes, int64_t region_bytes, int64_t stream_bytes,
                                      int rounds, cudaStream_t s);
 
+// Up to 16 device ranges to prefetch into L2.
+struct L2Ranges {
+  static constexpr int kMax = 16;
+  const void* p[kMax] = {};
+  int64_t bytes[kMax] = {};
+  int n = 0;
+};
+
+// A latency-bound phase of the decode step as a gap in the stream (CudaPerf.MoeDecodeL2Warm):
+// `ctas` CTAs hold the stream for `ns` nanoseconds from their entry; first, warp 0 of each issues
+// its share of every range of `prefetch` as evict-normal L2 bulk prefetches (none where n is 0),
+// which proceed during the gap.
+void LaunchL2Gap(const L2Ranges& prefetch, uint64_t ns, int ctas, cudaStream_t s);
+
 }  // namespace corolla::cuda

@@ -5,10 +5,14 @@
 // the grid reading the same row keeps it in L1/L2.
 #include <cuda_fp8.h>
 
+#include <map>
+#include <mutex>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/timeline.h"
 
@@ -44,7 +48,16 @@ struct PairGemvParams {
   uint64_t* timeline = nullptr;  // timeline.h (set per launch)
   bf16_t* residual = nullptr;    // PairDownSlotsKernel: residual += out (MoeExpertsResidual)
   int64_t residual_stride = 0;
+  // One token (Tuning().moe_prefetch_previous): the layer's picks of the last forward, which
+  // PairGateUpKernel prefetches before its wait and PairDownSlotsKernel overwrites after its own.
+  int32_t* previous = nullptr;
+  bool prefetch_ahead = false;  // Tuning().moe_prefetch_previous == 2
 };
+
+// [p, p + bytes) into L2 (bytes a multiple of 16, p 16-byte aligned); the SM does not wait.
+__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 
 // kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
 // kOneWave (Tuning().moe_pair_gate_up_one_wave): the token's x row in shared memory (dynamic,
@@ -55,6 +68,18 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
     PairGateUpKernel(const __grid_constant__ PairGemvParams p) {
   extern __shared__ __align__(16) unsigned char x_smem[];  // kOneWave only
   TimelineScope tl(p.timeline);
+  // One token: blockIdx.x is the slot. Its rows, and with ahead those of the CTA half a grid
+  // further (in the second wave at Qwen3-30B-A3B's 768 CTAs) from the first half.
+  const int ahead = p.previous != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
+  if (p.previous != nullptr && threadIdx.x < ahead) {
+    const int e = p.previous[blockIdx.x], n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
+    if (e >= 0 && e < p.experts && n0 < p.inter && p.hidden % 8 == 0) {
+      const uint32_t bytes = static_cast<uint32_t>(min(kWarps * kN, p.inter - n0) * p.hidden * 2);
+      const bf16_t* w = p.w_gate_up + static_cast<int64_t>(e) * 2 * p.inter * p.hidden;
+      PrefetchL2(w + static_cast<int64_t>(n0) * p.hidden, bytes);             // gate rows
+      PrefetchL2(w + static_cast<int64_t>(p.inter + n0) * p.hidden, bytes);  // up rows
+    }
+  }
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): ids come from routing
   tl.Waited();
   TriggerDependents();
@@ -233,6 +258,8 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
   GridDependencyWait();  // act comes from the gate/up kernel
   tl.Waited();
   TriggerDependents();
+  // Every gate/up CTA has left (this grid's wait), so none reads the record any more.
+  if (p.previous != nullptr && blockIdx.y == 0 && threadIdx.x < p.top_k) p.previous[threadIdx.x] = __ldcg(ids + threadIdx.x);
   float acc[kR] = {};
   bool preloaded = e >= 0;
   for (; slot < p.top_k; slot += kSlotWarps, e = slot < p.top_k ? expert_of(slot) : -1) {
@@ -286,6 +313,23 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
   }
 }
 
+// Tuning().moe_prefetch_previous: the record of the layer whose gate/up weights start at
+// w_gate_up in the stream's table of picks (null past its kPreviousLayers x kPreviousTopK).
+constexpr int kPreviousLayers = 256, kPreviousTopK = 16;
+int32_t* PreviousPicks(const void* w_gate_up, int k, cudaStream_t s) {
+  static std::mutex mu;
+  static std::map<const void*, int> layers;  // GUARDED_BY(mu)
+  int i = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    i = layers.try_emplace(w_gate_up, static_cast<int>(layers.size())).first->second;
+  }
+  if (k > kPreviousTopK || i >= kPreviousLayers) return nullptr;
+  auto* table = static_cast<int32_t*>(StreamScratch(s, StreamScratchSlot::kMoePreviousPicks,
+                                                    kPreviousLayers * kPreviousTopK * sizeof(int32_t)));
+  return table != nullptr ? table + i * kPreviousTopK : nullptr;
+}
+
 }  // namespace
 
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
@@ -301,6 +345,10 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    topk_weights.ptr<float>(), topk_weights.strides[0], w_gate_up.ptr<bf16_t>(), w_down.ptr<bf16_t>(),
                    act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
+  if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots) {
+    p.previous = PreviousPicks(w_gate_up.data, k, s);
+    p.prefetch_ahead = Tuning().moe_prefetch_previous == 2;
+  }
   // Outputs a warp for gate/up and W_down rows a CTA for down: the defaults (2 and 4) run
   // Qwen3-30B-A3B's batch-1 grids in two waves (768 and 512 CTAs); 4 and 8, with half the chunks
   // in flight per row, in one (384 and 256).

@@ -15,6 +15,7 @@ enum class StreamScratchSlot {
   kStagedRouter,          // router.cu: the staged router's arrival counter and logits
   kStagedGemvNorm,        // gemv.cu: RmsNormLinear's arrival counter
   kAttentionRegion,       // attention_decode.cu: the folded o projection's two counters
+  kMoePreviousPicks,      // moe_decode.cu: each layer's batch-1 picks of the last forward
 };
 
 // `bytes` of zeroed device memory for (stream, slot); every call for a slot must ask for the same

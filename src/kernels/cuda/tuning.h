@@ -351,6 +351,14 @@ struct KernelTuning {
   // 2.965-2.967 vs 2.899-2.901 at 8192: with all 768 CTAs resident the down kernel's CTAs cannot
   // enter during gate/up's tail. COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE=1 sets it.
   bool moe_pair_gate_up_one_wave = false;
+  // An experiment, never a default (issue 4, session 55): the batch-1 gate/up CTAs prefetch into
+  // L2, before their dependency wait, the rows they would read for a predicted expert, so that
+  // the routing's window (HBM idle) moves expert bytes. The prediction here is the layer's picks
+  // in the previous forward (the down kernel records them, keyed by the layer's gate/up weights):
+  // a bench replaying one step always hits it, so this measures the mechanism's upper bound, not
+  // a predictor. 1: each CTA its own rows; 2: the grid's first half its own and the second
+  // half's too. COROLLA_MOE_PREFETCH_PREVIOUS.
+  int moe_prefetch_previous = 0;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
   // sum as it stages x (NormLinear), so that no RmsNorm kernel runs between them (its release and
