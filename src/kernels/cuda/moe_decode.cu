@@ -51,8 +51,24 @@ struct PairGemvParams {
   // One token (Tuning().moe_prefetch_previous): the layer's picks of the last forward, which
   // PairGateUpKernel prefetches before its wait and PairDownSlotsKernel overwrites after its own.
   int32_t* previous = nullptr;
-  bool prefetch_ahead = false;  // Tuning().moe_prefetch_previous == 2
+  bool prefetch_ahead = false;  // Tuning().moe_prefetch_previous >= 2
+  const int32_t* router_sms = nullptr;  // == 3: MoePrefetchRouterSms
 };
+
+__device__ __forceinline__ int SmId() {
+  int id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
+// Whether this SM hosts a CTA of the norm-router (MoePrefetchRouterSms's record), for a whole
+// warp: lane i reads entry i, all 32 loads in flight at once (one after another, session 55's
+// first form, they held every CTA ~20 us before its wait).
+__device__ __forceinline__ bool BesideRouter(const int32_t* sms, int lane) {
+  if (sms == nullptr) return false;
+  const int entry = *reinterpret_cast<const volatile int32_t*>(sms + lane);
+  return __any_sync(0xffffffffu, entry == SmId() + 1);
+}
 
 // [p, p + bytes) into L2 (bytes a multiple of 16, p 16-byte aligned); the SM does not wait.
 __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
@@ -71,7 +87,7 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
   // One token: blockIdx.x is the slot. Its rows, and with ahead those of the CTA half a grid
   // further (in the second wave at Qwen3-30B-A3B's 768 CTAs) from the first half.
   const int ahead = p.previous != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
-  if (p.previous != nullptr && threadIdx.x < ahead) {
+  if (p.previous != nullptr && threadIdx.x < 32 && !BesideRouter(p.router_sms, threadIdx.x) && threadIdx.x < ahead) {
     const int e = p.previous[blockIdx.x], n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
     if (e >= 0 && e < p.experts && n0 < p.inter && p.hidden % 8 == 0) {
       const uint32_t bytes = static_cast<uint32_t>(min(kWarps * kN, p.inter - n0) * p.hidden * 2);
@@ -315,7 +331,11 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
 
 // Tuning().moe_prefetch_previous: the record of the layer whose gate/up weights start at
 // w_gate_up in the stream's table of picks (null past its kPreviousLayers x kPreviousTopK).
-constexpr int kPreviousLayers = 256, kPreviousTopK = 16;
+constexpr int kPreviousLayers = 256, kPreviousTopK = 16, kRouterSms = 32;
+int32_t* PreviousTable(cudaStream_t s) {  // then the router's SMs (kRouterSms)
+  return static_cast<int32_t*>(StreamScratch(s, StreamScratchSlot::kMoePreviousPicks,
+                                             (kPreviousLayers * kPreviousTopK + kRouterSms) * sizeof(int32_t)));
+}
 int32_t* PreviousPicks(const void* w_gate_up, int k, cudaStream_t s) {
   static std::mutex mu;
   static std::map<const void*, int> layers;  // GUARDED_BY(mu)
@@ -325,12 +345,17 @@ int32_t* PreviousPicks(const void* w_gate_up, int k, cudaStream_t s) {
     i = layers.try_emplace(w_gate_up, static_cast<int>(layers.size())).first->second;
   }
   if (k > kPreviousTopK || i >= kPreviousLayers) return nullptr;
-  auto* table = static_cast<int32_t*>(StreamScratch(s, StreamScratchSlot::kMoePreviousPicks,
-                                                    kPreviousLayers * kPreviousTopK * sizeof(int32_t)));
+  int32_t* table = PreviousTable(s);
   return table != nullptr ? table + i * kPreviousTopK : nullptr;
 }
 
 }  // namespace
+
+int32_t* MoePrefetchRouterSms(cudaStream_t s) {
+  if (Tuning().moe_prefetch_previous != 3) return nullptr;
+  int32_t* table = PreviousTable(s);
+  return table != nullptr ? table + kPreviousLayers * kPreviousTopK : nullptr;
+}
 
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
@@ -347,7 +372,8 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
   if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots) {
     p.previous = PreviousPicks(w_gate_up.data, k, s);
-    p.prefetch_ahead = Tuning().moe_prefetch_previous == 2;
+    p.prefetch_ahead = Tuning().moe_prefetch_previous >= 2;
+    p.router_sms = MoePrefetchRouterSms(s);
   }
   // Outputs a warp for gate/up and W_down rows a CTA for down: the defaults (2 and 4) run
   // Qwen3-30B-A3B's batch-1 grids in two waves (768 and 512 CTAs); 4 and 8, with half the chunks

@@ -20,6 +20,11 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                         CachingAllocator& alloc, cudaStream_t s, const TensorView* residual = nullptr);
 
+// Tuning().moe_prefetch_previous == 3: where the batch-1 norm-router's CTAs record their SMs
+// (%smid + 1, one an entry, 32 entries), so that gate/up CTAs on those SMs skip their prefetch;
+// null otherwise.
+int32_t* MoePrefetchRouterSms(cudaStream_t s);
+
 // The same two launches over block-scaled e4m3 weights (Backend::MoeExpertsFp8, weight-only
 // regime): 16-byte loads of 16 e4m3 weights, converted in registers, times x (bf16) or act
 // (f32); each 16-column chunk lies in one 128-column block, whose scale multiplies the chunk's

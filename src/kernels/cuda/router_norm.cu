@@ -35,6 +35,7 @@
 #include <cstring>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
@@ -64,6 +65,7 @@ struct ClusterNormRouterParams {
   int x_bytes;       // a staged row of x or h: H bf16 rounded up to 128 bytes
   RouteParams route;             // route.tokens (<= kMaxTokens) tokens; logits unused
   uint64_t* timeline = nullptr;  // timeline.h
+  int32_t* sms = nullptr;        // MoePrefetchRouterSms (one token): each CTA's %smid + 1
 };
 
 // Dynamic shared memory: mbarriers, x [S][H] and h [S][H] (S = T; with register rows 1 at one
@@ -138,6 +140,11 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   TimelineScopeLocal tl(p.timeline);
   const int rank = static_cast<int>(cluster.block_rank()), ctas = static_cast<int>(cluster.num_blocks());
   const int t = threadIdx.x, warp = t / 32, lane = t % 32, warps = blockDim.x / 32;
+  if (p.sms != nullptr && t == 0 && rank < 32) {
+    int id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    p.sms[rank] = id + 1;
+  }
   // This warp's contiguous rows of the CTA's slice.
   const int cta_row0 = rank * p.rows_per_cta;
   const int cta_rows = max(0, min(p.rows_per_cta, p.experts - cta_row0));
@@ -356,6 +363,7 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
                             static_cast<int>((2 * hidden + 127) / 128 * 128),
                             route};
   p.timeline = TimelineRecord(reg_rows ? "ClusterNormRouter regs" : "ClusterNormRouter", ctas, s);
+  if (one) p.sms = MoePrefetchRouterSms(s);
   LaunchPdl(kernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
   if (reg_rows) reg_launches.fetch_add(1, std::memory_order_relaxed);
   return true;

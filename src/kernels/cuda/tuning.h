@@ -357,7 +357,10 @@ struct KernelTuning {
   // in the previous forward (the down kernel records them, keyed by the layer's gate/up weights):
   // a bench replaying one step always hits it, so this measures the mechanism's upper bound, not
   // a predictor. 1: each CTA its own rows; 2: the grid's first half its own and the second
-  // half's too. COROLLA_MOE_PREFETCH_PREVIOUS.
+  // half's too; 3: as 2, but not from the SMs that host a norm-router CTA (which record
+  // themselves). On an H100 (Qwen3-30B-A3B, batch 1, graph, session 55): 1 2.784-2.788 and 2
+  // 2.739-2.745 vs 2.829-2.831 ms at ctx 1024, 3.192-3.214 vs 3.226-3.230 at 8192; the router's
+  // cluster barrier +1.6 us. COROLLA_MOE_PREFETCH_PREVIOUS.
   int moe_prefetch_previous = 0;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
