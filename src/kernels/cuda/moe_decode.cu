@@ -5,6 +5,9 @@
 // the grid reading the same row keeps it in L1/L2.
 #include <cuda_fp8.h>
 
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
 #include <map>
 #include <mutex>
 
@@ -48,12 +51,23 @@ struct PairGemvParams {
   uint64_t* timeline = nullptr;  // timeline.h (set per launch)
   bf16_t* residual = nullptr;    // PairDownSlotsKernel: residual += out (MoeExpertsResidual)
   int64_t residual_stride = 0;
-  // One token (Tuning().moe_prefetch_previous): the layer's picks of the last forward, which
-  // PairGateUpKernel prefetches before its wait and PairDownSlotsKernel overwrites after its own.
-  int32_t* previous = nullptr;
+  // One token (Tuning().moe_prefetch_previous): the picks PairGateUpKernel prefetches before its
+  // wait: the layer's of the last forward, which PairDownSlotsKernel records after its own wait
+  // (record), or the norm-router's prediction (Tuning().moe_predict), read once predicted[32]
+  // holds predicted_tag.
+  const int32_t* predicted = nullptr;
+  int32_t* record = nullptr;
+  int predicted_tag = 0;
+  unsigned* hits = nullptr;  // with the prediction: [0] picks, [1] of them predicted (down kernel)
   bool prefetch_ahead = false;  // Tuning().moe_prefetch_previous >= 2
   const int32_t* router_sms = nullptr;  // == 3: MoePrefetchRouterSms
 };
+
+__device__ __forceinline__ uint64_t GlobalNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 __device__ __forceinline__ int SmId() {
   int id;
@@ -86,9 +100,20 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
   TimelineScope tl(p.timeline);
   // One token: blockIdx.x is the slot. Its rows, and with ahead those of the CTA half a grid
   // further (in the second wave at Qwen3-30B-A3B's 768 CTAs) from the first half.
-  const int ahead = p.previous != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
-  if (p.previous != nullptr && threadIdx.x < 32 && !BesideRouter(p.router_sms, threadIdx.x) && threadIdx.x < ahead) {
-    const int e = p.previous[blockIdx.x], n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
+  const int ahead = p.predicted != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
+  bool ready = p.predicted != nullptr && threadIdx.x < 32;
+  if (ready && p.predicted_tag != 0) {  // the prediction of this launch's layer, 4 us at most
+    if (threadIdx.x == 0) {
+      const auto* tag = reinterpret_cast<const volatile int32_t*>(p.predicted + 32);
+      const uint64_t until = GlobalNs() + 4000;
+      while (!(ready = *tag == p.predicted_tag) && GlobalNs() < until) {
+      }
+    }
+    ready = __shfl_sync(0xffffffffu, ready, 0);
+  }
+  if (ready && !BesideRouter(p.router_sms, threadIdx.x) && threadIdx.x < ahead) {
+    const int e = reinterpret_cast<const volatile int32_t*>(p.predicted)[blockIdx.x],
+              n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
     if (e >= 0 && e < p.experts && n0 < p.inter && p.hidden % 8 == 0) {
       const uint32_t bytes = static_cast<uint32_t>(min(kWarps * kN, p.inter - n0) * p.hidden * 2);
       const bf16_t* w = p.w_gate_up + static_cast<int64_t>(e) * 2 * p.inter * p.hidden;
@@ -275,7 +300,20 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
   tl.Waited();
   TriggerDependents();
   // Every gate/up CTA has left (this grid's wait), so none reads the record any more.
-  if (p.previous != nullptr && blockIdx.y == 0 && threadIdx.x < p.top_k) p.previous[threadIdx.x] = __ldcg(ids + threadIdx.x);
+  if (p.record != nullptr && blockIdx.y == 0 && threadIdx.x < p.top_k) p.record[threadIdx.x] = __ldcg(ids + threadIdx.x);
+  if (p.hits != nullptr && blockIdx.y == 0 && threadIdx.x == 0) {  // picks the prediction held
+    unsigned found = 0;
+    for (int a = 0; a < p.top_k; ++a) {
+      const int e = __ldcg(ids + a);
+      for (int b = 0; b < p.top_k; ++b)
+        if (reinterpret_cast<const volatile int32_t*>(p.predicted)[b] == e) {
+          ++found;
+          break;
+        }
+    }
+    atomicAdd(p.hits, static_cast<unsigned>(p.top_k));
+    atomicAdd(p.hits + 1, found);
+  }
   float acc[kR] = {};
   bool preloaded = e >= 0;
   for (; slot < p.top_k; slot += kSlotWarps, e = slot < p.top_k ? expert_of(slot) : -1) {
@@ -351,6 +389,47 @@ int32_t* PreviousPicks(const void* w_gate_up, int k, cudaStream_t s) {
 
 }  // namespace
 
+int32_t* MoePredictedPicks(cudaStream_t s) {
+  return static_cast<int32_t*>(StreamScratch(s, StreamScratchSlot::kMoePredictedPicks, 64 * sizeof(int32_t)));
+}
+
+namespace {
+std::mutex tag_mu;
+std::map<cudaStream_t, int> stream_tags;  // GUARDED_BY(tag_mu): the last router launch's
+int last_tag = 0;                         // GUARDED_BY(tag_mu)
+// The tag of the prediction for the MoE being launched on s, or 0; taken, so that a layer whose
+// router did not predict does not wait for an earlier layer's.
+int TakeMoePredictionTag(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(tag_mu);
+  const auto it = stream_tags.find(s);
+  if (it == stream_tags.end()) return 0;
+  const int tag = it->second;
+  stream_tags.erase(it);
+  return tag;
+}
+
+// Once, at the 240th launch with a prediction outside a capture (in a bench's eager steps: 5
+// steps of 48 layers), the picks so far and how many the prediction held, on stdout.
+void ReportPredictionHits(const unsigned* hits, cudaStream_t s) {
+  static std::atomic<int> launches{0};
+  if (hits == nullptr) return;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  COROLLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone || launches.fetch_add(1) != 240) return;
+  unsigned h[2] = {};
+  COROLLA_CUDA_CHECK(cudaMemcpyAsync(h, hits, sizeof(h), cudaMemcpyDeviceToHost, s));
+  COROLLA_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::printf("moe predict: %u of %u picks predicted (%.1f%%) before the attention\n", h[1], h[0],
+              h[0] > 0 ? 100.0 * h[1] / h[0] : 0.0);
+}
+}  // namespace
+
+int NextMoePredictionTag(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(tag_mu);
+  last_tag = last_tag == INT32_MAX ? 1 : last_tag + 1;
+  return stream_tags[s] = last_tag;
+}
+
 int32_t* MoePrefetchRouterSms(cudaStream_t s) {
   if (Tuning().moe_prefetch_previous != 3) return nullptr;
   int32_t* table = PreviousTable(s);
@@ -371,7 +450,15 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
   if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots) {
-    p.previous = PreviousPicks(w_gate_up.data, k, s);
+    if (Tuning().moe_predict) {
+      p.predicted_tag = TakeMoePredictionTag(s);  // 0: no router prediction for this layer
+      p.predicted = p.predicted_tag != 0 ? MoePredictedPicks(s) : nullptr;
+      if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + 40);
+      ReportPredictionHits(p.hits, s);
+    } else {
+      p.record = PreviousPicks(w_gate_up.data, k, s);
+      p.predicted = p.record;
+    }
     p.prefetch_ahead = Tuning().moe_prefetch_previous >= 2;
     p.router_sms = MoePrefetchRouterSms(s);
   }

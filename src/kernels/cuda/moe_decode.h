@@ -25,6 +25,13 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
 // null otherwise.
 int32_t* MoePrefetchRouterSms(cudaStream_t s);
 
+// Tuning().moe_predict: where the batch-1 norm-router writes its predicted picks (ids at
+// [0, 16), weights as floats at [16, 32), then the launch's tag at [32]); null where the
+// stream's scratch cannot be had. NextMoePredictionTag: the tag of the router launch being
+// issued on s (never 0), which the MoE launched after it on s waits for.
+int32_t* MoePredictedPicks(cudaStream_t s);
+int NextMoePredictionTag(cudaStream_t s);
+
 // The same two launches over block-scaled e4m3 weights (Backend::MoeExpertsFp8, weight-only
 // regime): 16-byte loads of 16 e4m3 weights, converted in registers, times x (bf16) or act
 // (f32); each 16-column chunk lies in one 128-column block, whose scale multiplies the chunk's

@@ -362,6 +362,13 @@ struct KernelTuning {
   // 2.739-2.745 vs 2.829-2.831 ms at ctx 1024, 3.192-3.214 vs 3.226-3.230 at 8192; the router's
   // cluster barrier +1.6 us. COROLLA_MOE_PREFETCH_PREVIOUS.
   int moe_prefetch_previous = 0;
+  // With moe_prefetch_previous > 0, the picks prefetched are predicted instead (a real
+  // predictor; written in session 55, not yet run): before its dependency wait the batch-1
+  // norm-router routes the layer's input as it was before the attention (the residual sum,
+  // ranks only: no 1 / rms) with the same router rows, and CTA 0 writes the picks under a
+  // launch tag that gate/up's CTAs wait for (at most 4 us) before they prefetch.
+  // COROLLA_MOE_PREDICT=1.
+  bool moe_predict = false;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
   // sum as it stages x (NormLinear), so that no RmsNorm kernel runs between them (its release and
