@@ -1,6 +1,7 @@
 // RunL2RetentionProbe (l2_probe.h): a slice of weights read as the staged GEMV reads it (one CTA
 // an SM, bulk copies into shared memory), cold, hot, and after an L2 prefetch with and without a
-// weight stream in between (the MoE's: 16-byte loads, evict-first, every SM).
+// weight stream in between (the MoE's: 16-byte loads, evict-first, every SM). LaunchL2Gap: a
+// timed pause that bulk-prefetches ranges into L2.
 #include "kernels/cuda/l2_probe.h"
 
 #include <algorithm>

@@ -1,7 +1,9 @@
 // Does a weight slice prefetched into L2 survive the MoE's weight stream? (CudaPerf.
 // L2RetentionUnderStream; the question of notes/decode_sessions.md, Session 14: the next layer's
 // qkv weights, 21 MB at Qwen3-30B-A3B, prefetched while the MoE streams 75 MB evict-first, would
-// let the staged qkv GEMV copy them from L2.)
+// let the staged qkv GEMV copy them from L2.) And a gap in the stream that prefetches ranges
+// into L2 while it holds it (CudaPerf.MoeDecodeL2Warm, session 55: does the batch-1 MoE gain
+// from its experts moved during the attention and routing, when the HBM idles?).
 #pragma once
 
 #include <cuda_runtime.h>
