@@ -18,6 +18,7 @@
 #include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/timeline.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace corolla::cuda {
 namespace {
@@ -63,18 +64,6 @@ struct PairGemvParams {
   const int32_t* router_sms = nullptr;  // == 3: MoePrefetchRouterSms
 };
 
-__device__ __forceinline__ uint64_t GlobalNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ int SmId() {
-  int id;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-  return id;
-}
-
 // Whether this SM hosts a CTA of the norm-router (MoePrefetchRouterSms's record), for a whole
 // warp: lane i reads entry i, all 32 loads in flight at once (one after another, session 55's
 // first form, they held every CTA ~20 us before its wait).
@@ -82,11 +71,6 @@ __device__ __forceinline__ bool BesideRouter(const int32_t* sms, int lane) {
   if (sms == nullptr) return false;
   const int entry = *reinterpret_cast<const volatile int32_t*>(sms + lane);
   return __any_sync(0xffffffffu, entry == SmId() + 1);
-}
-
-// [p, p + bytes) into L2 (bytes a multiple of 16, p 16-byte aligned); the SM does not wait.
-__device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
 // kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
@@ -105,8 +89,8 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
   if (ready && p.predicted_tag != 0) {  // the prediction of this launch's layer, 4 us at most
     if (threadIdx.x == 0) {
       const auto* tag = reinterpret_cast<const volatile int32_t*>(p.predicted + 32);
-      const uint64_t until = GlobalNs() + 4000;
-      while (!(ready = *tag == p.predicted_tag) && GlobalNs() < until) {
+      const uint64_t until = wgmma::GlobalTimerNs() + 4000;
+      while (!(ready = *tag == p.predicted_tag) && wgmma::GlobalTimerNs() < until) {
       }
     }
     ready = __shfl_sync(0xffffffffu, ready, 0);
@@ -117,8 +101,8 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
     if (e >= 0 && e < p.experts && n0 < p.inter && p.hidden % 8 == 0) {
       const uint32_t bytes = static_cast<uint32_t>(min(kWarps * kN, p.inter - n0) * p.hidden * 2);
       const bf16_t* w = p.w_gate_up + static_cast<int64_t>(e) * 2 * p.inter * p.hidden;
-      PrefetchL2(w + static_cast<int64_t>(n0) * p.hidden, bytes);             // gate rows
-      PrefetchL2(w + static_cast<int64_t>(p.inter + n0) * p.hidden, bytes);  // up rows
+      wgmma::PrefetchL2(w + static_cast<int64_t>(n0) * p.hidden, bytes, wgmma::EvictNormal());  // gate rows
+      wgmma::PrefetchL2(w + static_cast<int64_t>(p.inter + n0) * p.hidden, bytes, wgmma::EvictNormal());  // up
     }
   }
   GridDependencyWait();  // launched with programmatic dependent launch (pdl.cuh): ids come from routing

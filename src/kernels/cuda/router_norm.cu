@@ -147,11 +147,7 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   TimelineScopeLocal tl(p.timeline);
   const int rank = static_cast<int>(cluster.block_rank()), ctas = static_cast<int>(cluster.num_blocks());
   const int t = threadIdx.x, warp = t / 32, lane = t % 32, warps = blockDim.x / 32;
-  if (kPredict && p.sms != nullptr && t == 0 && rank < 32) {
-    int id;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-    p.sms[rank] = id + 1;
-  }
+  if (kPredict && p.sms != nullptr && t == 0 && rank < 32) p.sms[rank] = SmId() + 1;
   // This warp's contiguous rows of the CTA's slice.
   const int cta_row0 = rank * p.rows_per_cta;
   const int cta_rows = max(0, min(p.rows_per_cta, p.experts - cta_row0));
