@@ -51,6 +51,7 @@ struct CombineParams {
   bf16_t* out;
   int64_t out_stride;
   int top_k, hidden;
+  uint64_t* timeline = nullptr;  // CombineVecKernel's record (COROLLA_TIMELINE)
 };
 
 __device__ __forceinline__ float ToFloat(float v) { return v; }
@@ -100,6 +101,8 @@ struct CombineVec {
 
 template <typename Y>
 __global__ void CombineVecKernel(const __grid_constant__ CombineParams p) {
+  TimelineScope tl(p.timeline);
+  tl.Waited();  // a plain launch: it enters once the kernel before has finished
   using V = CombineVec<Y>;
   constexpr int kCols = V::kCols;
   __shared__ int32_t rows[kMaxTopK];
@@ -272,6 +275,7 @@ void MoeCombine(const void* y, DType y_dtype, const int32_t* slot_row,
                    reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(cp.out) % (2 * cols) == 0 &&
                    cp.out_stride % cols == 0;
+  if (vec) cp.timeline = TimelineRecord("MoeCombine", tokens, s);
   if (vec && bf16)
     CombineVecKernel<bf16_t><<<tokens, 128, 0, s>>>(cp);
   else if (vec)

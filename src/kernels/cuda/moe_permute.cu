@@ -14,6 +14,8 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_permute.h"
+#include "kernels/cuda/timeline.cuh"
+#include "kernels/cuda/timeline.h"
 #include "kernels/cuda/tuning.h"
 
 namespace corolla::cuda {
@@ -35,6 +37,7 @@ struct PermuteParams {
   int32_t* chunk_counts;  // [chunks, E]: the pairs of each chunk per expert (chunked path)
   int32_t* chunk_first;   // [chunks, E]: the first row of each chunk's pairs per expert
   int chunks;
+  uint64_t* timeline = nullptr;  // the one-CTA kernel's record (COROLLA_TIMELINE)
 };
 
 // The experts of this thread's pairs of chunk c (pair c * kThreads * kPer + j * kThreads + tid),
@@ -161,6 +164,8 @@ __device__ __forceinline__ void PlacePairs(const PermuteParams& p, int c, const 
 // Every pair in one CTA (pairs <= kThreads * kOneCtaPer).
 __global__ void __launch_bounds__(kThreads)
     PermuteOneCtaKernel(const __grid_constant__ PermuteParams p) {
+  TimelineScope tl(p.timeline);
+  tl.Waited();  // a plain launch: it enters once the kernel before has finished
   __shared__ int32_t hist[kHists * kMoePermuteMaxExperts];
   int e[kOneCtaPer];
   const int count = LoadAndCount<kOneCtaPer>(p, 0, e, hist);
@@ -230,11 +235,12 @@ void MoePermute(const int32_t* ids, int64_t ids_stride, int64_t tokens, int top_
   const int64_t pairs = tokens * top_k;
   if (pairs == 0) return;
   const int chunks = CeilDiv(pairs, kChunkPairs);
-  const PermuteParams p{
+  PermuteParams p{
       ids,     ids_stride, pairs,   top_k,
       experts, out,        scratch, scratch + static_cast<int64_t>(chunks) * experts,
       chunks};
   if (pairs <= std::min<int64_t>(Tuning().moe_permute_one_cta_max_pairs, kThreads * kOneCtaPer)) {
+    p.timeline = TimelineRecord("MoePermute", 1, s);
     PermuteOneCtaKernel<<<1, kThreads, 0, s>>>(p);
     COROLLA_CUDA_CHECK_LAUNCH();
     return;
