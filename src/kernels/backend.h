@@ -398,6 +398,13 @@ class Backend {
   // it; the CUDA backend sizes the MoE grouped GEMM's tiles by whether one prompt chunk holds most
   // of the step's tokens (their routing is uneven: tokens of one context share experts).
   virtual void PlanStep(const AttentionBatch& /*batch*/, int64_t /*tokens*/) {}
+  // Before a MoE layer's attention: its tokens will be routed by `router` [E, H] from the
+  // post-attention norm (`norm_w`) of `sum` plus the attention's output, top `top_k` of a
+  // softmax. A hint: a backend may predict the routing from `sum` alone (the attention's output
+  // moves it little) to fetch the likely experts early; no result may depend on it. The default
+  // ignores it; CUDA (Tuning().moe_predict) predicts one token's picks in the layer's o_proj.
+  virtual void HintMoeRouting(const TensorView& /*norm_w*/, const TensorView& /*sum*/, const TensorView& /*router*/,
+                              int /*top_k*/) {}
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

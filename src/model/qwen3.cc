@@ -443,6 +443,9 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
       GatedDeltaNetForward(backend_, c, lw.linear, stream.x(), batch, batch.linear_states[lw.cache_idx], stream.y());
       AllReduce(shard_.tp, stream.y());  // out_proj is row-parallel over the value heads
     } else {
+      if (lw.is_moe)  // (softmax routing: the hint's top k of the logits)
+        backend_.HintMoeRouting(lw.post_attention_norm, stream.sum(), lw.moe.router,
+                                static_cast<int>(c.num_experts_per_token));
       AttentionBlock(l, stream, input_norm, added, batch, kv_caches[lw.cache_idx]);
     }
     const bool next_attention = l + 1 < c.num_layers && !layers_[l + 1].is_linear;

@@ -149,13 +149,6 @@ inline bool MakeResidualNorm(const TensorView* y, const TensorView& norm_w, floa
   return true;
 }
 
-// The SM this thread runs on (%smid).
-__device__ __forceinline__ int SmId() {
-  int id;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-  return id;
-}
-
 // RmsNorm's scaling of eight columns: bf16(w * (h * inv)), h the summed row as floats, w the norm
 // weights (NormWeight8), inv = 1 / rms (RmsNormKernel's rounding).
 __device__ __forceinline__ Bf16x8 NormScale8(const float w[8], const float h[8], float inv) {

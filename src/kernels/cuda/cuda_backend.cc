@@ -257,6 +257,7 @@ void CudaBackend::QkNormRopeAttention(const TensorView& q, const TensorView& k, 
                                       const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
                                       const TensorView& positions, const RopeParams& rope, const KvCacheView& cache,
                                       const AttentionBatch& batch, float scale, const TensorView& out) {
+  route_hint_.reset();  // (its o_proj is not the next Linear's to know)
   // One launch for decode on the small-batch kernel, else the prologue and the attention.
   if (!cuda::QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, RopeFreqs(rope), cache, batch,
                                  scale, out, *alloc_, stream_))
@@ -267,14 +268,24 @@ void CudaBackend::QkNormRopeAttentionProj(const TensorView& q, const TensorView&
                                           const TensorView& positions, const RopeParams& rope,
                                           const KvCacheView& cache, const AttentionBatch& batch, float scale,
                                           const TensorView& attn, const TensorView& w_o, const TensorView& out) {
-  // One launch for one token where the plan allows; else the attention (one launch or two), then Linear.
+  // One launch for one token where the plan allows; else the attention (one launch or two), then Linear
+  // (at one token predicting the MoE's routing, with HintMoeRouting's hint).
+  const std::optional<cuda::MoeRouteHint> hint = std::exchange(route_hint_, std::nullopt);
   const cuda::AttentionResult ran = cuda::QkNormRopeAttentionProj(
       q, k, v, q_norm_w, k_norm_w, eps, positions, rope, RopeFreqs(rope), cache, batch, scale, attn, w_o, out, *alloc_,
       stream_);
   if (ran == cuda::AttentionResult::kProjected) return;
   if (ran == cuda::AttentionResult::kNone)
     Backend::QkNormRopeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale, attn);
-  Linear(attn.Reshape({attn.dim(0), attn.dim(1) * attn.dim(2)}), w_o, out);
+  const TensorView x = attn.Reshape({attn.dim(0), attn.dim(1) * attn.dim(2)});
+  if (hint && cuda::LinearGemv(x, w_o, out, stream_, &*hint)) return;
+  Linear(x, w_o, out);
+}
+void CudaBackend::HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router,
+                                 int top_k) {
+  route_hint_.reset();
+  if (cuda::Tuning().moe_predict && cuda::Tuning().moe_prefetch_previous > 0 && sum.rank() == 2 && sum.dim(0) == 1)
+    route_hint_ = cuda::MoeRouteHint{norm_w, sum, router, top_k};
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // A few rows: our weight-streaming GEMV (gemv.cu), a few more its tensor-core form

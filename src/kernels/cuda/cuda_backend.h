@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/fp8_gemm.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/pinned_host.h"
 
 namespace corolla::cuda {
@@ -131,6 +133,9 @@ class CudaBackend final : public Backend {
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
+  // Kept for the next QkNormRopeAttentionProj's o_proj (LinearGemv's MoeRouteHint) where
+  // Tuning().moe_predict and one token; any attention op drops it.
+  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router, int top_k) override;
 
   cudaStream_t stream() const { return stream_; }
   Fp8Linear& fp8_linear() { return *fp8_linear_; }
@@ -164,6 +169,7 @@ class CudaBackend final : public Backend {
   std::map<RopeKey, RopeTable> rope_freqs_;
   unsigned* decode_sync_ = nullptr;  // DecodeMoeStack's grid counters (zero between launches)
   bool prompt_step_ = false;         // PlanStep: a prompt chunk holds most of the step's tokens
+  std::optional<cuda::MoeRouteHint> route_hint_;  // HintMoeRouting's, until an attention op
   HostStaging staging_;                              // pinned ring for CopyFromHost
   std::shared_ptr<HostIdsPool> host_ids_;            // SampleAsync's pinned buffers
 };

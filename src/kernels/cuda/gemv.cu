@@ -183,10 +183,45 @@ bool StagedGemvBesideFoldedAttention(cudaStream_t s) {
   return beside_streams.count(s) != 0;
 }
 
+// The staged GEMV's routing prediction for `hint` over its `ctas` CTAs (MoePredictParams), or
+// none (picks null) where it is off or the shapes rule it out: softmax routing's top k <= 16 of
+// E <= kMoePredictionMaxExperts experts, E / R CTAs of R rows (R dividing kStagedWarps and E)
+// among the first half of the grid, 16-byte aligned rows.
+MoePredictParams MoePrediction(const MoeRouteHint& hint, int ctas, cudaStream_t s) {
+  MoePredictParams p;
+  if (!Tuning().moe_predict || Tuning().moe_prefetch_previous <= 0) return p;
+  const TensorView &r = hint.router, &n = hint.norm_w, &h = hint.sum;
+  const int64_t experts = r.rank() == 2 ? r.dim(0) : 0, hidden = r.rank() == 2 ? r.dim(1) : 0;
+  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  if (experts < 1 || experts > kMoePredictionMaxExperts || hint.top_k < 1 || hint.top_k > 16 ||
+      hint.top_k > experts || hidden % 8 != 0 || r.dtype != DType::kBF16 || !r.is_contiguous() ||
+      h.dtype != DType::kBF16 || h.numel() != hidden || h.strides[h.rank() - 1] != 1 ||
+      (n.dtype != DType::kBF16 && n.dtype != DType::kF32) || n.numel() != hidden || !aligned(r.data) ||
+      !aligned(h.data) || !aligned(n.data))
+    return p;
+  int rows = 1;
+  while (rows < kStagedWarps && (experts % rows != 0 || experts / rows > std::max(1, ctas / 2))) rows *= 2;
+  if (experts % rows != 0 || experts / rows > std::max(1, ctas / 2)) return p;
+  int32_t* picks = MoePredictedPicks(s);
+  if (picks == nullptr) return p;
+  p.router = r.ptr<bf16_t>();
+  p.norm_w = n.data;
+  p.norm_f32 = n.dtype == DType::kF32;
+  p.sum = h.ptr<bf16_t>();
+  p.picks = picks;
+  p.experts = static_cast<int>(experts);
+  p.hidden = static_cast<int>(hidden);
+  p.top_k = hint.top_k;
+  p.ctas = static_cast<int>(experts / rows);
+  p.tag = NextMoePredictionTag(s);
+  return p;
+}
+
 // Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
 // one CTA an SM; false leaves the call to GemvKernel.
 bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
-                      const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr) {
+                      const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr,
+                      const MoeRouteHint* hint = nullptr) {
   const int64_t n = w.dim(0), k = w.dim(1);
   if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
   int device = 0, sms = 0;
@@ -199,7 +234,7 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
   static std::atomic<uint64_t> attrs_set{0};
   const uint64_t device_bit = uint64_t{1} << (device % 64);
   if (!(attrs_set.load(std::memory_order_acquire) & device_bit)) {
-    for (const auto kernel : {GemvStagedKernel<false>, GemvStagedKernel<true>})
+    for (const auto kernel : {GemvStagedKernel<false>, GemvStagedKernel<true>, GemvStagedKernel<false, true>})
       COROLLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(kStagedMaxSmem)));
     attrs_set.fetch_or(device_bit, std::memory_order_acq_rel);
@@ -232,7 +267,10 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     p.timeline = TimelineRecord(name + std::to_string(k) + "->" + std::to_string(n), ctas, s);
   }
   const bool beside = StagedGemvBesideFoldedAttention(s);
-  const auto kernel = beside ? GemvStagedKernel<true> : GemvStagedKernel<false>;
+  if (hint != nullptr && norm == nullptr && !beside) p.pred = MoePrediction(*hint, ctas, s);
+  const auto kernel = beside                       ? GemvStagedKernel<true>
+                      : p.pred.picks != nullptr ? GemvStagedKernel<false, true>
+                                                : GemvStagedKernel<false>;
   if (beside) beside_launches.fetch_add(1, std::memory_order_relaxed);
   SetCarveoutOnce(reinterpret_cast<const void*>(kernel),
                   beside ? Tuning().gemv_staged_carveout_folded : Tuning().gemv_staged_carveout);
@@ -251,7 +289,8 @@ void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded) {
   else beside_streams.erase(s);
 }
 
-bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s) {
+bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
+                const MoeRouteHint* hint) {
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
   if (m > Tuning().linear_gemv_max_rows) return false;
   COROLLA_CHECK(x.dtype == DType::kBF16 && w.dtype == DType::kBF16 &&
@@ -263,7 +302,7 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
       reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
       (m > 1 && x.strides[0] % 8 != 0))
     return false;
-  if (LaunchStagedGemv(x, w, out, s)) return true;
+  if (LaunchStagedGemv(x, w, out, s, nullptr, nullptr, hint)) return true;
   GemvParams p{x.ptr<bf16_t>(), m > 1 ? x.strides[0] : k, w.ptr<bf16_t>(), out.data, m > 1 ? out.strides[0] : n,
                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), out.dtype == DType::kF32};
   // Rows per warp: 4 while that leaves >= 4 CTAs per SM (132 SMs), else 2, else 1.

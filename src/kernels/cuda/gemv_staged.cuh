@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -20,6 +21,18 @@ constexpr int kStagedHeader = 8 * kStagedWarps;  // the warps' mbarriers
 // Shared memory a staged CTA may take (its slice, x, the header): leaves room on the SM for a
 // kernel before it (the decode attention takes <= 12 KB) on a 228 KB carveout.
 constexpr int64_t kStagedMaxSmem = 200 * 1024;
+
+// Tuning().moe_predict: the batch-1 o_proj's first `ctas` CTAs predict the layer's MoE routing
+// before their dependency wait (PredictMoeRouting). picks null: no prediction.
+struct MoePredictParams {
+  const bf16_t* router = nullptr;  // [E, H]
+  const void* norm_w = nullptr;    // [H] the post-attention norm's, bf16 or f32 with norm_f32
+  bool norm_f32 = false;
+  const bf16_t* sum = nullptr;  // [H]: the layer's input (the residual before the attention)
+  int32_t* picks = nullptr;     // MoePredictedPicks (moe_decode.h)
+  int experts = 0, hidden = 0, top_k = 0, tag = 0;
+  int ctas = 0;  // the predicting CTAs, E / ctas rows each (dividing kStagedWarps)
+};
 
 struct StagedGemvParams {
   const bf16_t* x;  // (with the norm: unused)
@@ -39,7 +52,82 @@ struct StagedGemvParams {
   uint64_t* timeline = nullptr;  // timeline.h
   int spread_ns = 0;             // Tuning().gemv_staged_spread_ns
   int depth = 0;                 // Tuning().gemv_staged_depth(_norm): copies in flight a CTA
+  MoePredictParams pred{};       // GemvStagedKernel<false, true> only
 };
+
+// The order of f32 values as unsigned keys (larger float, larger key).
+__device__ __forceinline__ unsigned OrderedKey(float v) {
+  const unsigned u = __float_as_uint(v);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+// MoePredictParams's prediction, by every thread of CTA b < p.ctas: rows [b R, b R + R) of the
+// router (R = E / ctas), kStagedWarps / R warps a row, dotted with x~ = norm_w * sum (ranks
+// only: no 1 / rms, which scales every logit alike) into the logits; the last CTA to arrive has
+// one warp pick the top k (softmax keeps the logits' order; keys of the logit's order above
+// 127 - e, so that REDUX max finds a pick and its expert at once, lower ids first in a tie at
+// 2^-16 of the logit) and tag them. The counter is re-armed by that CTA.
+__device__ __forceinline__ void PredictMoeRouting(const MoePredictParams& p) {
+  __shared__ float partial[kStagedWarps];
+  __shared__ bool last;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int rows = p.experts / p.ctas, per_row = kStagedWarps / rows, part = warp % per_row;
+  const bf16_t* row = p.router + static_cast<int64_t>(blockIdx.x * rows + warp / per_row) * p.hidden;
+  float acc = 0.f;
+  for (int c = (part * 32 + lane) * 8; c < p.hidden; c += per_row * 256) {
+    float w[8], h[8], n[8];
+    const uint4 wu = __ldcs(reinterpret_cast<const uint4*>(row + c));
+    Bf16x8 wv;
+    memcpy(&wv, &wu, sizeof(wv));
+    LoadCg8(p.sum + c, h);
+    NormWeight8(p.norm_w, p.norm_f32, c, n);
+    Unpack8(wv, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc = fmaf(w[i], n[i] * h[i], acc);
+  }
+  acc = WarpSum(acc);
+  if (lane == 0) partial[warp] = acc;
+  __syncthreads();
+  float* logits = reinterpret_cast<float*>(p.picks + kMoePredictionLogits);
+  unsigned* arrivals = reinterpret_cast<unsigned*>(p.picks + kMoePredictionArrivals);
+  if (t < rows) {
+    float v = 0.f;
+    for (int i = 0; i < per_row; ++i) v += partial[t * per_row + i];
+    logits[blockIdx.x * rows + t] = v;
+  }
+  __syncthreads();
+  if (t == 0) {
+    __threadfence();
+    last = atomicAdd(arrivals, 1u) == static_cast<unsigned>(p.ctas) - 1;
+  }
+  __syncthreads();
+  if (!last || warp != 0) return;
+  __threadfence();
+  unsigned key[kMoePredictionMaxExperts / 32];
+#pragma unroll
+  for (int j = 0; j < kMoePredictionMaxExperts / 32; ++j) {
+    const int e = lane + 32 * j;
+    key[j] = e < p.experts ? (OrderedKey(__ldcg(logits + e)) & ~0x7Fu) | (127u - e) : 0u;
+  }
+  int pick = -1;
+  for (int i = 0; i < p.top_k; ++i) {
+    unsigned m = 0;
+#pragma unroll
+    for (int j = 0; j < kMoePredictionMaxExperts / 32; ++j) m = max(m, key[j]);
+    const unsigned best = __reduce_max_sync(0xffffffffu, m);
+#pragma unroll
+    for (int j = 0; j < kMoePredictionMaxExperts / 32; ++j)
+      if (key[j] == best) key[j] = 0;
+    if (lane == i) pick = 127 - static_cast<int>(best & 0x7Fu);
+  }
+  if (lane < p.top_k) p.picks[lane] = pick;
+  __syncwarp();
+  if (lane == 0) {
+    __threadfence();
+    *reinterpret_cast<volatile int32_t*>(p.picks + 32) = p.tag;
+    *arrivals = 0;
+  }
+}
 
 // The norm variant's staging of x: thread t forms chunk t of h = bf16(sum + y), the CTA sums h^2
 // (warp sums, then every thread adds the 16 in order: the same 1 / rms in every CTA), and stores
@@ -133,8 +221,10 @@ __device__ __forceinline__ void MultiplyStaged(const StagedGemvParams& p, const 
 // (groups of 4, then the last 1-3) once its copy has landed.
 // At most 64 registers (2 CTAs' worth an SM): a CTA must fit beside the kernel before it.
 // kBeside: the same kernel as a second function, so that it keeps a carveout of its own (function
-// attributes are per function): the one launched beside a folded decode attention.
-template <bool kBeside>
+// attributes are per function): the one launched beside a folded decode attention. kPredict: the
+// batch-1 o_proj predicting the MoE's routing (p.pred) while it waits, a function of its own so
+// that the others' code stays as it was.
+template <bool kBeside, bool kPredict = false>
 __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const __grid_constant__ StagedGemvParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   TimelineScope tl(p.timeline);
@@ -165,6 +255,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
     wgmma::BulkCopy(wgmma::SmemAddr(ws), p.w + static_cast<int64_t>(cta_row0 + row0) * p.k, bytes, bar,
                     wgmma::EvictFirst());
   }
+  if (kPredict && blockIdx.x < p.pred.ctas) PredictMoeRouting(p.pred);
   GridDependencyWait();  // x is the previous kernel's output
   tl.Waited();
   TriggerDependents();

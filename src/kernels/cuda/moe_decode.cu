@@ -54,24 +54,14 @@ struct PairGemvParams {
   int64_t residual_stride = 0;
   // One token (Tuning().moe_prefetch_previous): the picks PairGateUpKernel prefetches before its
   // wait: the layer's of the last forward, which PairDownSlotsKernel records after its own wait
-  // (record), or the norm-router's prediction (Tuning().moe_predict), read once predicted[32]
-  // holds predicted_tag.
+  // (record), or the prediction o_proj's CTAs made (Tuning().moe_predict: MoePredictedPicks),
+  // read once predicted[32] holds predicted_tag.
   const int32_t* predicted = nullptr;
   int32_t* record = nullptr;
   int predicted_tag = 0;
   unsigned* hits = nullptr;  // with the prediction: [0] picks, [1] of them predicted (down kernel)
   bool prefetch_ahead = false;  // Tuning().moe_prefetch_previous >= 2
-  const int32_t* router_sms = nullptr;  // == 3: MoePrefetchRouterSms
 };
-
-// Whether this SM hosts a CTA of the norm-router (MoePrefetchRouterSms's record), for a whole
-// warp: lane i reads entry i, all 32 loads in flight at once (one after another, session 55's
-// first form, they held every CTA ~20 us before its wait).
-__device__ __forceinline__ bool BesideRouter(const int32_t* sms, int lane) {
-  if (sms == nullptr) return false;
-  const int entry = *reinterpret_cast<const volatile int32_t*>(sms + lane);
-  return __any_sync(0xffffffffu, entry == SmId() + 1);
-}
 
 // kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
 // kOneWave (Tuning().moe_pair_gate_up_one_wave): the token's x row in shared memory (dynamic,
@@ -86,16 +76,16 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
   // further (in the second wave at Qwen3-30B-A3B's 768 CTAs) from the first half.
   const int ahead = p.predicted != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
   bool ready = p.predicted != nullptr && threadIdx.x < 32;
-  if (ready && p.predicted_tag != 0) {  // the prediction of this launch's layer, 4 us at most
-    if (threadIdx.x == 0) {
+  if (ready && p.predicted_tag != 0) {  // the prediction of this launch's layer, 1 us at most
+    if (threadIdx.x == 0) {  // (o_proj's CTAs have made it long before: this wait seldom spins)
       const auto* tag = reinterpret_cast<const volatile int32_t*>(p.predicted + 32);
-      const uint64_t until = wgmma::GlobalTimerNs() + 4000;
+      const uint64_t until = wgmma::GlobalTimerNs() + 1000;
       while (!(ready = *tag == p.predicted_tag) && wgmma::GlobalTimerNs() < until) {
       }
     }
     ready = __shfl_sync(0xffffffffu, ready, 0);
   }
-  if (ready && !BesideRouter(p.router_sms, threadIdx.x) && threadIdx.x < ahead) {
+  if (ready && threadIdx.x < ahead) {
     const int e = reinterpret_cast<const volatile int32_t*>(p.predicted)[blockIdx.x],
               n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
     if (e >= 0 && e < p.experts && n0 < p.inter && p.hidden % 8 == 0) {
@@ -285,18 +275,18 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
   TriggerDependents();
   // Every gate/up CTA has left (this grid's wait), so none reads the record any more.
   if (p.record != nullptr && blockIdx.y == 0 && threadIdx.x < p.top_k) p.record[threadIdx.x] = __ldcg(ids + threadIdx.x);
-  if (p.hits != nullptr && blockIdx.y == 0 && threadIdx.x == 0) {  // picks the prediction held
+  if (p.hits != nullptr && blockIdx.y == 0 && threadIdx.x < 32) {  // picks the prediction held
+    // Lane a holds pick a and prediction a, all loads in flight at once (session 56: one thread's
+    // 64 dependent volatile loads held this CTA ~15 us).
+    const int lane = threadIdx.x, k = min(p.top_k, 16);
+    const int mine = lane < k ? __ldcg(ids + lane) : -1, guess = lane < k ? __ldcg(p.predicted + lane) : -2;
     unsigned found = 0;
-    for (int a = 0; a < p.top_k; ++a) {
-      const int e = __ldcg(ids + a);
-      for (int b = 0; b < p.top_k; ++b)
-        if (reinterpret_cast<const volatile int32_t*>(p.predicted)[b] == e) {
-          ++found;
-          break;
-        }
+    for (int b = 0; b < k; ++b) found += __shfl_sync(0xffffffffu, guess, b) == mine ? 1u : 0u;
+    found = __reduce_add_sync(0xffffffffu, lane < k ? min(found, 1u) : 0u);
+    if (lane == 0) {
+      atomicAdd(p.hits, static_cast<unsigned>(k));
+      atomicAdd(p.hits + 1, found);
     }
-    atomicAdd(p.hits, static_cast<unsigned>(p.top_k));
-    atomicAdd(p.hits + 1, found);
   }
   float acc[kR] = {};
   bool preloaded = e >= 0;
@@ -353,10 +343,10 @@ __global__ void __launch_bounds__(kSlotWarps * 32) PairDownSlotsKernel(const __g
 
 // Tuning().moe_prefetch_previous: the record of the layer whose gate/up weights start at
 // w_gate_up in the stream's table of picks (null past its kPreviousLayers x kPreviousTopK).
-constexpr int kPreviousLayers = 256, kPreviousTopK = 16, kRouterSms = 32;
-int32_t* PreviousTable(cudaStream_t s) {  // then the router's SMs (kRouterSms)
-  return static_cast<int32_t*>(StreamScratch(s, StreamScratchSlot::kMoePreviousPicks,
-                                             (kPreviousLayers * kPreviousTopK + kRouterSms) * sizeof(int32_t)));
+constexpr int kPreviousLayers = 256, kPreviousTopK = 16;
+int32_t* PreviousTable(cudaStream_t s) {
+  return static_cast<int32_t*>(
+      StreamScratch(s, StreamScratchSlot::kMoePreviousPicks, kPreviousLayers * kPreviousTopK * sizeof(int32_t)));
 }
 int32_t* PreviousPicks(const void* w_gate_up, int k, cudaStream_t s) {
   static std::mutex mu;
@@ -374,15 +364,16 @@ int32_t* PreviousPicks(const void* w_gate_up, int k, cudaStream_t s) {
 }  // namespace
 
 int32_t* MoePredictedPicks(cudaStream_t s) {
-  return static_cast<int32_t*>(StreamScratch(s, StreamScratchSlot::kMoePredictedPicks, 64 * sizeof(int32_t)));
+  return static_cast<int32_t*>(
+      StreamScratch(s, StreamScratchSlot::kMoePredictedPicks, kMoePredictionInts * sizeof(int32_t)));
 }
 
 namespace {
 std::mutex tag_mu;
-std::map<cudaStream_t, int> stream_tags;  // GUARDED_BY(tag_mu): the last router launch's
+std::map<cudaStream_t, int> stream_tags;  // GUARDED_BY(tag_mu): the last predicting launch's
 int last_tag = 0;                         // GUARDED_BY(tag_mu)
 // The tag of the prediction for the MoE being launched on s, or 0; taken, so that a layer whose
-// router did not predict does not wait for an earlier layer's.
+// o_proj did not predict does not wait for an earlier layer's.
 int TakeMoePredictionTag(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(tag_mu);
   const auto it = stream_tags.find(s);
@@ -414,12 +405,6 @@ int NextMoePredictionTag(cudaStream_t s) {
   return stream_tags[s] = last_tag;
 }
 
-int32_t* MoePrefetchRouterSms(cudaStream_t s) {
-  if (Tuning().moe_prefetch_previous != 3) return nullptr;
-  int32_t* table = PreviousTable(s);
-  return table != nullptr ? table + kPreviousLayers * kPreviousTopK : nullptr;
-}
-
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                         CachingAllocator& alloc, cudaStream_t s, const TensorView* residual) {
@@ -437,14 +422,13 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
     if (Tuning().moe_predict) {
       p.predicted_tag = TakeMoePredictionTag(s);  // 0: no router prediction for this layer
       p.predicted = p.predicted_tag != 0 ? MoePredictedPicks(s) : nullptr;
-      if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + 40);
+      if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + kMoePredictionHits);
       ReportPredictionHits(p.hits, s);
     } else {
       p.record = PreviousPicks(w_gate_up.data, k, s);
       p.predicted = p.record;
     }
     p.prefetch_ahead = Tuning().moe_prefetch_previous >= 2;
-    p.router_sms = MoePrefetchRouterSms(s);
   }
   // Outputs a warp for gate/up and W_down rows a CTA for down: the defaults (2 and 4) run
   // Qwen3-30B-A3B's batch-1 grids in two waves (768 and 512 CTAs); 4 and 8, with half the chunks

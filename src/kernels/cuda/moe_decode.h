@@ -20,15 +20,15 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                         const TensorView& w_gate_up, const TensorView& w_down, const TensorView& out,
                         CachingAllocator& alloc, cudaStream_t s, const TensorView* residual = nullptr);
 
-// Tuning().moe_prefetch_previous == 3: where the batch-1 norm-router's CTAs record their SMs
-// (%smid + 1, one an entry, 32 entries), so that gate/up CTAs on those SMs skip their prefetch;
-// null otherwise.
-int32_t* MoePrefetchRouterSms(cudaStream_t s);
-
-// Tuning().moe_predict: where the batch-1 norm-router writes its predicted picks (ids at
-// [0, 16), weights as floats at [16, 32), then the launch's tag at [32]); null where the
-// stream's scratch cannot be had. NextMoePredictionTag: the tag of the router launch being
-// issued on s (never 0), which the MoE launched after it on s waits for.
+// Tuning().moe_predict (with moe_prefetch_previous): the stream's batch-1 routing prediction,
+// kMoePredictionInts ints: the predicted ids at [0, 16), the predicting launch's tag at [32],
+// the down kernel's count of picks and of picks predicted at [kMoePredictionHits, +2), the
+// predicted logits (floats) at [kMoePredictionLogits, +128) and their CTAs' arrival counter at
+// kMoePredictionArrivals (zero between launches). Null where the stream's scratch cannot be had.
+// NextMoePredictionTag: the tag of the predicting launch being issued on s (never 0; o_proj's,
+// gemv.cu), which the MoE launched next on s waits for.
+constexpr int kMoePredictionHits = 40, kMoePredictionLogits = 64, kMoePredictionArrivals = 192,
+              kMoePredictionInts = 256, kMoePredictionMaxExperts = 128;
 int32_t* MoePredictedPicks(cudaStream_t s);
 int NextMoePredictionTag(cudaStream_t s);
 

@@ -36,7 +36,16 @@ class ScratchBuffer {
 // rows; false (nothing launched) for more rows or layouts it does not cover. Launched with
 // programmatic dependent launch: it reads w before the previous kernel has finished (w must be
 // a weight, which nothing writes during a forward).
-bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s);
+// With `hint` (Backend::HintMoeRouting's, the layer's o_proj at one row; Tuning().moe_predict
+// with moe_prefetch_previous) the staged GEMV's first CTAs also predict the layer's MoE routing
+// before their dependency wait, for the batch-1 MoE's L2 prefetch (moe_decode.h); it changes
+// no result.
+struct MoeRouteHint {
+  TensorView norm_w, sum, router;  // [H] bf16 or f32, [1, H] bf16, [E, H] bf16
+  int top_k = 0;
+};
+bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
+                const MoeRouteHint* hint = nullptr);
 // gemm_skinny.cu: Linear for x of Tuning().linear_gemv_max_rows + 1 .. Tuning().linear_mma_max_rows
 // (<= 16) rows on the tensor cores, as a weight stream; false (nothing launched) for other row
 // counts or layouts it does not cover. Launched with programmatic dependent launch, as LinearGemv.

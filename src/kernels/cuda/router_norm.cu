@@ -35,7 +35,6 @@
 #include <cstring>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
@@ -65,22 +64,17 @@ struct ClusterNormRouterParams {
   int x_bytes;       // a staged row of x or h: H bf16 rounded up to 128 bytes
   RouteParams route;             // route.tokens (<= kMaxTokens) tokens; logits unused
   uint64_t* timeline = nullptr;  // timeline.h
-  int32_t* sms = nullptr;        // MoePrefetchRouterSms (one token): each CTA's %smid + 1
-  int32_t* pred = nullptr;       // MoePredictedPicks (one token, register rows), or null
-  int pred_tag = 0;
 };
 
 // Dynamic shared memory: mbarriers, x [S][H] and h [S][H] (S = T; with register rows 1 at one
 // token and none past one), the CTA's rows [R][H] (bf16; none with kRegRows), then CTA 0's
 // logits, probs, choice [T][E] and group scores [T][groups] (floats; RouteToken's scratch, a
 // token's each).
-// With `predicts`, the predicted routing's logits [E] after them (Tuning().moe_predict).
 size_t ClusterNormRouterSmem(int64_t hidden, int tokens, int staged_tokens, int staged_rows,
-                             int experts, int num_groups, bool predicts = false) {
+                             int experts, int num_groups) {
   const int64_t x_bytes = (2 * hidden + 127) / 128 * 128;
   return kBarBytes + 2 * staged_tokens * x_bytes + static_cast<size_t>(staged_rows) * hidden * 2 +
-         sizeof(float) * tokens * (3 * static_cast<size_t>(experts) + num_groups) +
-         (predicts ? sizeof(float) * experts : 0);
+         sizeof(float) * tokens * (3 * static_cast<size_t>(experts) + num_groups);
 }
 
 // StagedDot<1>'s sum (chunk j of the lane into partial j % 4, the four added in order, then the
@@ -136,10 +130,7 @@ __device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf
 // CTA ptxas held it to 64 and spilled), 150 (registers, more tokens), 64 (shared memory, one
 // token), 64 and 20 bytes spilled (shared memory, more tokens: the 1024-thread bound; 12 before
 // the norm's sums went a warp a token).
-// kPredict (register rows, one token): the aids of the MoE's prefetch experiment (p.sms, and
-// the predicted routing before the wait: p.pred), a function of its own so that the default's
-// code and registers stay as they were (76, not 96).
-template <bool kRegRows, bool kOneToken, bool kPredict = false>
+template <bool kRegRows, bool kOneToken>
 __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -147,7 +138,6 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   TimelineScopeLocal tl(p.timeline);
   const int rank = static_cast<int>(cluster.block_rank()), ctas = static_cast<int>(cluster.num_blocks());
   const int t = threadIdx.x, warp = t / 32, lane = t % 32, warps = blockDim.x / 32;
-  if (kPredict && p.sms != nullptr && t == 0 && rank < 32) p.sms[rank] = SmId() + 1;
   // This warp's contiguous rows of the CTA's slice.
   const int cta_row0 = rank * p.rows_per_cta;
   const int cta_rows = max(0, min(p.rows_per_cta, p.experts - cta_row0));
@@ -199,40 +189,6 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   const bool mine = t < hidden / 8;
   float nw[8];
   if (mine) NormWeight8(p.norm.w, p.norm.w_f32, 8 * t, nw);
-  if constexpr (kRegRows && kOneToken && kPredict) {
-    // Tuning().moe_predict: the routing predicted from the layer's input as it was before the
-    // attention (sum: o_proj's output y joins it only after the wait), ranks only (no 1 / rms),
-    // while the kernels before run: x~ = w_norm h in xs (rewritten after the wait, past two
-    // barriers), each warp's row dotted with it into CTA 0's predicted logits, one cluster
-    // barrier, and CTA 0's warp 0 routes them into p.pred, then tags them.
-    if (p.pred != nullptr) {
-      if (mine) {
-        float a[8];
-        LoadCg8(p.norm.sum + 8 * t, a);
-        Store8(xs + 8 * t, NormScale8(nw, a, 1.0f));
-      }
-      __syncthreads();
-      float* pred_logits = group_score + p.route.num_groups;
-      if (rows > 0) {
-        const float v = RegDot(wr, xs, hidden, lane);
-        if (lane == 0) *cluster.map_shared_rank(pred_logits + cta_row0 + row0, 0) = v;
-      }
-      cluster.sync();
-      if (rank == 0 && warp == 0) {
-        RouteParams r = p.route;
-        r.topk_ids = p.pred;
-        r.ids_stride = 0;
-        r.topk_weights = reinterpret_cast<float*>(p.pred + 16);
-        r.weights_stride = 0;
-        RouteToken(r, 0, pred_logits, probs, choice, group_score, lane);
-        __syncwarp();
-        if (lane == 0) {
-          __threadfence();
-          *reinterpret_cast<volatile int32_t*>(p.pred + 32) = p.pred_tag;
-        }
-      }
-    }
-  }
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
   GridDependencyWait();  // sum and y come from the kernels before
   tl.Waited();
@@ -378,23 +334,17 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   const int rows_per_cta = CeilDiv(experts, ctas);
   const bool reg_rows = Tuning().cluster_norm_router_regs && rows_per_cta <= threads / 32 &&
                         hidden <= int64_t{kRegChunks} * 256;
-  // The MoE after this router prefetches predicted experts (Tuning().moe_predict).
-  int32_t* pred = reg_rows && route.tokens == 1 && Tuning().moe_predict && Tuning().moe_prefetch_previous > 0
-                      ? MoePredictedPicks(s)
-                      : nullptr;
   const size_t smem =
       ClusterNormRouterSmem(hidden, static_cast<int>(route.tokens),
                             reg_rows && route.tokens > 1 ? 0 : static_cast<int>(route.tokens),
-                            reg_rows ? 0 : rows_per_cta, static_cast<int>(experts), num_groups, pred != nullptr);
+                            reg_rows ? 0 : rows_per_cta, static_cast<int>(experts), num_groups);
   // (1 KB left for the static shared memory: the sums of squares; the multi-token register
   // build's 2 KB more of dots come with E <= 128, far from the limit)
   if (smem > static_cast<size_t>(max_smem) - 1024) return false;
   const bool one = route.tokens == 1;
   const auto kernel =
       reg_rows
-          ? (one ? (pred != nullptr || MoePrefetchRouterSms(s) != nullptr ? ClusterNormRouterKernel<true, true, true>
-                                                                          : ClusterNormRouterKernel<true, true>)
-                 : ClusterNormRouterKernel<true, false>)
+          ? (one ? ClusterNormRouterKernel<true, true> : ClusterNormRouterKernel<true, false>)
           : (one ? ClusterNormRouterKernel<false, true> : ClusterNormRouterKernel<false, false>);
   OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
   if (!ClusterFits(reinterpret_cast<const void*>(kernel), ctas, threads, smem)) return false;
@@ -406,11 +356,6 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
                             static_cast<int>((2 * hidden + 127) / 128 * 128),
                             route};
   p.timeline = TimelineRecord(reg_rows ? "ClusterNormRouter regs" : "ClusterNormRouter", ctas, s);
-  if (one && reg_rows) p.sms = MoePrefetchRouterSms(s);
-  if (pred != nullptr) {
-    p.pred = pred;
-    p.pred_tag = NextMoePredictionTag(s);
-  }
   LaunchPdl(kernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
   if (reg_rows) reg_launches.fetch_add(1, std::memory_order_relaxed);
   return true;

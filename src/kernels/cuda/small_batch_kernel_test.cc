@@ -11,7 +11,6 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/test_util.h"
 
@@ -460,9 +459,7 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
 // staged at one row a CTA (E <= the SMs: the same dot order; more tokens take the tensor-core
 // Linear, another order). Norm weights bf16 and f32 (Qwen3.5's), E 128 / 512 / 256 (DeepSeek
 // routing) / 64, H 2048 / 1024 / 512 / 4096 / 136. A second fused launch gives the same bits
-// (the staged router's re-armed counter). With the MoE's predicted picks on (Tuning().
-// moe_predict; register rows, one token) the outputs are the same, and the prediction is the top
-// k of the router over sum alone.
+// (the staged router's re-armed counter).
 TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
@@ -502,11 +499,8 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
       // Register rows where a warp has at most one row of at most 2048 (RmsNorm's block size: a
       // thread a 16-byte chunk).
       auto regs = [&](int mode) {
-        return mode >= 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
+        return mode == 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
       };
-      // Mode 18 (one token, register rows) also predicts the picks from sum alone before its
-      // wait (Tuning().moe_predict), into E more floats of CTA 0's scratch.
-      auto predicts = [&](int mode) { return mode == 18 && tokens == 1 && regs(mode); };
       // The cluster's shared memory (router_norm.cu): its rows unless in registers, each token's
       // x and h (with register rows: one token's at one, none past one), the routing scratch; 8
       // CTAs at H 4096 and 8 tokens do not fit.
@@ -516,16 +510,14 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         const int64_t staged = regs(mode) ? (tokens > 1 ? 0 : 1) : tokens;
         const int64_t bytes = 256 + 2 * staged * ((2 * h + 127) / 128 * 128) + rows * h * 2 +
                               4 * tokens * (3 * e + c.groups);
-        return bytes + (predicts(mode) ? 4 * e : 0) <= max_smem - 1024;
+        return bytes <= max_smem - 1024;
       };
       // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register
-      // rows; 18: 17 predicting the MoE's picks too.
+      // rows.
       auto run = [&](int mode) {
         cuda::Tuning().staged_router_norm = mode == 1;
         cuda::Tuning().cluster_norm_router = mode >= 8 ? std::min(mode, 16) : 0;
-        cuda::Tuning().cluster_norm_router_regs = mode >= 17;
-        cuda::Tuning().moe_predict = mode == 18;
-        cuda::Tuning().moe_prefetch_previous = mode == 18 ? 2 : 0;
+        cuda::Tuning().cluster_norm_router_regs = mode == 17;
         Tensor gy = Upload(gpu(), y, {tokens, h}, DType::kBF16),
                gsum = Upload(gpu(), sum, {tokens, h}, DType::kBF16);
         Tensor gx = gpu().Empty(DType::kBF16, {tokens, h});
@@ -551,16 +543,10 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
         return c.bias ? s + bias[id] : s;
       };
-      for (int mode : {1, 8, 16, 17, 18}) {
+      for (int mode : {1, 8, 16, 17}) {
         if (mode == 1 && tokens > 1) continue;  // the staged router takes one token
         const int64_t reg_launches = cuda::ClusterNormRouterRegLaunches();
-        const int tag_before = cuda::NextMoePredictionTag(stream);  // (the next launch's is this + 1)
-        const Out got = run(mode);
-        std::vector<int32_t> pred(64);
-        ASSERT_EQ(cudaMemcpy(pred.data(), cuda::MoePredictedPicks(stream), 64 * sizeof(int32_t),
-                             cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        const Out again = run(mode);
+        const Out got = run(mode), again = run(mode);
         EXPECT_EQ(cuda::ClusterNormRouterRegLaunches() - reg_launches, regs(mode) ? 2 : 0)
             << "E" << e << " H" << h;
         if (!fits(mode)) continue;
@@ -605,27 +591,6 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
         EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
         EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
-        if (mode == 18) {
-          // Predicted only where it applies, tagged with its launch's tag; the picks are the top k
-          // of W_r bf16(norm sum) (the layer's input before the attention, no 1 / rms), as sets,
-          // ties within 2e-3 of the k-th logit allowed.
-          ASSERT_EQ(pred[32] == tag_before + 1, predicts(mode)) << shape << ": tag " << pred[32];
-          if (!predicts(mode)) continue;
-          std::vector<float> xt(h);
-          for (int64_t i = 0; i < h; ++i)
-            xt[i] = ToFloat(ToBf16((c.norm_f32 ? norm[i] : ToFloat(ToBf16(norm[i]))) * sum[i]));
-          Tensor pl = Tensor::Empty(DType::kF32, {1, e});
-          cpu::Linear(HostF32(xt, {1, h}).view(), HostF32(w, {e, h}), pl);
-          std::vector<float> sorted(pl.ptr<float>(), pl.ptr<float>() + e);
-          std::sort(sorted.begin(), sorted.end(), std::greater<float>());
-          const float kth = sorted[c.k - 1];
-          std::set<int32_t> seen;
-          for (int j = 0; j < c.k; ++j) {
-            ASSERT_TRUE(pred[j] >= 0 && pred[j] < e) << shape << ": predicted id " << pred[j];
-            EXPECT_TRUE(seen.insert(pred[j]).second) << shape << ": predicted twice " << pred[j];
-            EXPECT_GE(pl.ptr<float>()[pred[j]], kth - 2e-3f) << shape << ": predicted " << pred[j];
-          }
-        }
       }
     }
   }

@@ -357,17 +357,18 @@ struct KernelTuning {
   // in the previous forward (the down kernel records them, keyed by the layer's gate/up weights):
   // a bench replaying one step always hits it, so this measures the mechanism's upper bound, not
   // a predictor. 1: each CTA its own rows; 2: the grid's first half its own and the second
-  // half's too; 3: as 2, but not from the SMs that host a norm-router CTA (which record
-  // themselves). On an H100 (Qwen3-30B-A3B, batch 1, graph, session 55): 1 2.784-2.788 and 2
-  // 2.739-2.745 vs 2.829-2.831 ms at ctx 1024, 3.192-3.214 vs 3.226-3.230 at 8192; the router's
-  // cluster barrier +1.6 us. COROLLA_MOE_PREFETCH_PREVIOUS.
+  // half's too. On an H100 (Qwen3-30B-A3B, batch 1, graph, sessions 55-56): 1 2.784-2.788 and 2
+  // 2.739-2.752 vs 2.829-2.831 ms at ctx 1024, 3.192-3.214 vs 3.224-3.230 at 8192; the router's
+  // cluster barrier +1.6 us (session 56: not with the router's SMs left out, but then its
+  // routing took 2.2 us longer: 2.781 / 3.343 ms, removed). COROLLA_MOE_PREFETCH_PREVIOUS.
   int moe_prefetch_previous = 0;
   // With moe_prefetch_previous > 0, the picks prefetched are predicted instead (a real
-  // predictor; written in session 55, not yet run): before its dependency wait the batch-1
-  // norm-router routes the layer's input as it was before the attention (the residual sum,
-  // ranks only: no 1 / rms) with the same router rows, and CTA 0 writes the picks under a
-  // launch tag that gate/up's CTAs wait for (at most 4 us) before they prefetch.
-  // COROLLA_MOE_PREDICT=1.
+  // predictor, session 56): before their dependency wait the first CTAs of the batch-1 o_proj
+  // (the staged GEMV, gemv.cu) route the layer's input as it was before the attention (the
+  // residual sum, ranks only: no 1 / rms) with the layer's router (Backend::HintMoeRouting), the
+  // last of them picks the top k and tags them; gate/up's CTAs wait for the tag at most 1 us
+  // before they prefetch. (Session 55's form, the norm-router predicting before its own wait,
+  // took ~5.4 us and held the routing: 3.543 vs 2.830 ms.) COROLLA_MOE_PREDICT=1.
   bool moe_predict = false;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
