@@ -1,6 +1,8 @@
-// Backend::PlanStep: a model's Forward tells the backend the step's shape before its layers run
-// (the CUDA backend sizes the MoE grouped GEMM's tiles from it), for a prompt chunk and for a
-// decode step alike, once a forward.
+// What a model's Forward tells the backend ahead of its ops. Backend::PlanStep: the step's shape
+// before its layers run (the CUDA backend sizes the MoE grouped GEMM's tiles from it), for a
+// prompt chunk and for a decode step alike, once a forward. Backend::HintMoeRouting: before each
+// MoE layer's attention, that layer's router and norm and the residual the routing will start
+// from (the CUDA backend's batch-1 o_proj predicts the experts from it).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -15,7 +17,7 @@
 namespace corolla {
 namespace {
 
-// The CPU backend, recording each PlanStep's (max_q_len, tokens).
+// The CPU backend, recording each PlanStep's (max_q_len, tokens) and each HintMoeRouting.
 class PlanRecordingCpu final : public ProfilingBackend {
  public:
   PlanRecordingCpu() : ProfilingBackend(MakeCpuBackend()) {}
@@ -23,7 +25,27 @@ class PlanRecordingCpu final : public ProfilingBackend {
     plans.emplace_back(batch.max_q_len, tokens);
     ProfilingBackend::PlanStep(batch, tokens);
   }
+  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router, int top_k) override {
+    hints.push_back({norm_w, sum, router, top_k, attentions});
+    ProfilingBackend::HintMoeRouting(norm_w, sum, router, top_k);
+  }
+  void QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
+                               const TensorView& k_norm_w, float eps, const TensorView& positions,
+                               const RopeParams& rope, const KvCacheView& cache, const AttentionBatch& batch,
+                               float scale, const TensorView& attn, const TensorView& w_o,
+                               const TensorView& out) override {
+    ++attentions;
+    ProfilingBackend::QkNormRopeAttentionProj(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, cache, batch, scale,
+                                              attn, w_o, out);
+  }
+  struct Hint {
+    TensorView norm_w, sum, router;
+    int top_k;
+    int attentions_before;
+  };
   std::vector<std::pair<int, int64_t>> plans;
+  std::vector<Hint> hints;
+  int attentions = 0;
 };
 
 // A prompt chunk of `prompt` tokens, then one decode token after it, from fresh caches.
@@ -59,6 +81,39 @@ TEST(PlanStep, EachForwardPlansItsStep) {
     PrefillThenDecode(**model, 6);
     const std::vector<std::pair<int, int64_t>> want{{6, 6}, {1, 1}};
     EXPECT_EQ(backend.plans, want);
+  }
+}
+
+// Qwen3-MoE (every layer MoE): a hint a layer a forward, just before that layer's attention, with
+// its router [E, H] and post-attention norm [H], the step's residual [T, H] and the top k; one
+// router a layer. DeepSeek-V3 (sigmoid routing with a bias: its top k is not the logits') none.
+TEST(PlanStep, MoeLayersHintTheirRoutingBeforeTheirAttention) {
+  for (const std::string name : {"qwen3-moe", "deepseek-v3"}) {
+    SCOPED_TRACE(name);
+    PlanRecordingCpu backend;
+    auto model = LoadModel("tests/data/models/" + name, backend);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    PrefillThenDecode(**model, 6);
+    const ModelConfig& c = (*model)->config();
+    if (name == "deepseek-v3") {
+      EXPECT_TRUE(backend.hints.empty());
+      continue;
+    }
+    ASSERT_EQ(static_cast<int>(backend.hints.size()), 2 * c.num_layers);
+    EXPECT_EQ(backend.attentions, 2 * c.num_layers);
+    for (int i = 0; i < static_cast<int>(backend.hints.size()); ++i) {
+      const PlanRecordingCpu::Hint& h = backend.hints[i];
+      const int layer = i % c.num_layers;
+      const int64_t tokens = i < c.num_layers ? 6 : 1;
+      EXPECT_EQ(h.attentions_before, i) << "hint " << i << " is not just before its layer's attention";
+      EXPECT_EQ(h.router.shape, (Shape{c.num_experts, c.hidden_size})) << "layer " << layer;
+      EXPECT_EQ(h.norm_w.shape, (Shape{c.hidden_size})) << "layer " << layer;
+      EXPECT_EQ(h.sum.shape, (Shape{tokens, c.hidden_size})) << "layer " << layer;
+      EXPECT_EQ(h.top_k, c.num_experts_per_token);
+      // one router a layer, the same one in both forwards
+      EXPECT_EQ(h.router.data, backend.hints[layer].router.data);
+      if (i > 0 && layer > 0) EXPECT_NE(h.router.data, backend.hints[i - 1].router.data);
+    }
   }
 }
 

@@ -67,23 +67,50 @@ __device__ __forceinline__ unsigned OrderedKey(float v) {
 // one warp pick the top k (softmax keeps the logits' order; keys of the logit's order above
 // 127 - e, so that REDUX max finds a pick and its expert at once, lower ids first in a tie at
 // 2^-16 of the logit) and tag them. The counter is re-armed by that CTA.
-__device__ __forceinline__ void PredictMoeRouting(const MoePredictParams& p) {
+// In two parts: the loads of the thread's first chunk (PredictLoads), issued before the CTA's
+// bulk copies, which would otherwise queue them behind its 128 KB of weights (session 56: the
+// dots then ended ~5 us after entry, past the wait), then the rest (PredictMoeRouting).
+struct PredictChunk {
+  int c;          // the thread's first column (past H: none)
+  uint4 w, h;     // its router row's and sum's 8 bf16
+  float n[8];     // the norm's weights
+  const bf16_t* row;
+};
+__device__ __forceinline__ PredictChunk PredictLoads(const MoePredictParams& p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows = p.experts / p.ctas, per_row = kStagedWarps / rows;
+  PredictChunk q;
+  q.row = p.router + static_cast<int64_t>(blockIdx.x * rows + warp / per_row) * p.hidden;
+  q.c = (warp % per_row * 32 + lane) * 8;
+  if (q.c < p.hidden) {
+    q.w = __ldcs(reinterpret_cast<const uint4*>(q.row + q.c));
+    q.h = __ldcg(reinterpret_cast<const uint4*>(p.sum + q.c));
+    NormWeight8(p.norm_w, p.norm_f32, q.c, q.n);
+  }
+  return q;
+}
+__device__ __forceinline__ float PredictDot(const uint4& wu, const uint4& hu, const float (&n)[8]) {
+  Bf16x8 wv, hv;
+  memcpy(&wv, &wu, sizeof(wv));
+  memcpy(&hv, &hu, sizeof(hv));
+  float w[8], h[8], acc = 0.f;
+  Unpack8(wv, w);
+  Unpack8(hv, h);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc = fmaf(w[i], n[i] * h[i], acc);
+  return acc;
+}
+__device__ __forceinline__ void PredictMoeRouting(const MoePredictParams& p, const PredictChunk& q) {
   __shared__ float partial[kStagedWarps];
   __shared__ bool last;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-  const int rows = p.experts / p.ctas, per_row = kStagedWarps / rows, part = warp % per_row;
-  const bf16_t* row = p.router + static_cast<int64_t>(blockIdx.x * rows + warp / per_row) * p.hidden;
-  float acc = 0.f;
-  for (int c = (part * 32 + lane) * 8; c < p.hidden; c += per_row * 256) {
-    float w[8], h[8], n[8];
-    const uint4 wu = __ldcs(reinterpret_cast<const uint4*>(row + c));
-    Bf16x8 wv;
-    memcpy(&wv, &wu, sizeof(wv));
-    LoadCg8(p.sum + c, h);
+  const int rows = p.experts / p.ctas, per_row = kStagedWarps / rows;
+  float acc = q.c < p.hidden ? PredictDot(q.w, q.h, q.n) : 0.f;
+  for (int c = q.c + per_row * 256; c < p.hidden; c += per_row * 256) {
+    float n[8];
     NormWeight8(p.norm_w, p.norm_f32, c, n);
-    Unpack8(wv, w);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc = fmaf(w[i], n[i] * h[i], acc);
+    acc += PredictDot(__ldcs(reinterpret_cast<const uint4*>(q.row + c)),
+                      __ldcg(reinterpret_cast<const uint4*>(p.sum + c)), n);
   }
   acc = WarpSum(acc);
   if (lane == 0) partial[warp] = acc;
@@ -237,6 +264,9 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   bf16_t* ws = reinterpret_cast<bf16_t*>(smem + kStagedHeader + p.x_bytes) + static_cast<int64_t>(row0) * p.k;
   const uint32_t bar = wgmma::SmemAddr(smem + 8 * warp);
   if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6] = wgmma::GlobalTimerNs();
+  const bool predicts = kPredict && blockIdx.x < p.pred.ctas;
+  PredictChunk chunk{};
+  if (predicts) chunk = PredictLoads(p.pred);
   if (lane == 0 && rows > 0) {
     wgmma::MbarInit(bar, 1);
     wgmma::MbarInitFence();
@@ -255,7 +285,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
     wgmma::BulkCopy(wgmma::SmemAddr(ws), p.w + static_cast<int64_t>(cta_row0 + row0) * p.k, bytes, bar,
                     wgmma::EvictFirst());
   }
-  if (kPredict && blockIdx.x < p.pred.ctas) PredictMoeRouting(p.pred);
+  if (predicts) PredictMoeRouting(p.pred, chunk);
   GridDependencyWait();  // x is the previous kernel's output
   tl.Waited();
   TriggerDependents();

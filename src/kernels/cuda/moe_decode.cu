@@ -54,8 +54,8 @@ struct PairGemvParams {
   int64_t residual_stride = 0;
   // One token (Tuning().moe_prefetch_previous): the picks PairGateUpKernel prefetches before its
   // wait: the layer's of the last forward, which PairDownSlotsKernel records after its own wait
-  // (record), or the prediction o_proj's CTAs made (Tuning().moe_predict: MoePredictedPicks),
-  // read once predicted[32] holds predicted_tag.
+  // (record), or the prediction o_proj's CTAs made (Tuning().moe_predict: MoePredictedPicks,
+  // where predicted_tag, the o_proj launch's, is nonzero).
   const int32_t* predicted = nullptr;
   int32_t* record = nullptr;
   int predicted_tag = 0;
@@ -75,17 +75,11 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
   // One token: blockIdx.x is the slot. Its rows, and with ahead those of the CTA half a grid
   // further (in the second wave at Qwen3-30B-A3B's 768 CTAs) from the first half.
   const int ahead = p.predicted != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
-  bool ready = p.predicted != nullptr && threadIdx.x < 32;
-  if (ready && p.predicted_tag != 0) {  // the prediction of this launch's layer, 1 us at most
-    if (threadIdx.x == 0) {  // (o_proj's CTAs have made it long before: this wait seldom spins)
-      const auto* tag = reinterpret_cast<const volatile int32_t*>(p.predicted + 32);
-      const uint64_t until = wgmma::GlobalTimerNs() + 1000;
-      while (!(ready = *tag == p.predicted_tag) && wgmma::GlobalTimerNs() < until) {
-      }
-    }
-    ready = __shfl_sync(0xffffffffu, ready, 0);
-  }
-  if (ready && threadIdx.x < ahead) {
+  // o_proj's prediction is complete: it ends before o_proj's CTAs wait, and this grid was
+  // launched by the norm-router's trigger after that router's wait on o_proj (session 56: a wait
+  // for its tag here cost an L2 round trip before every CTA's prefetch). The tag only says
+  // which launch wrote the picks (tests).
+  if (p.predicted != nullptr && threadIdx.x < ahead) {
     const int e = reinterpret_cast<const volatile int32_t*>(p.predicted)[blockIdx.x],
               n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
     if (e >= 0 && e < p.experts && n0 < p.inter && p.hidden % 8 == 0) {
@@ -420,7 +414,7 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
   if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots) {
     if (Tuning().moe_predict) {
-      p.predicted_tag = TakeMoePredictionTag(s);  // 0: no router prediction for this layer
+      p.predicted_tag = TakeMoePredictionTag(s);  // 0: no prediction for this layer
       p.predicted = p.predicted_tag != 0 ? MoePredictedPicks(s) : nullptr;
       if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + kMoePredictionHits);
       ReportPredictionHits(p.hits, s);

@@ -366,9 +366,13 @@ struct KernelTuning {
   // predictor, session 56): before their dependency wait the first CTAs of the batch-1 o_proj
   // (the staged GEMV, gemv.cu) route the layer's input as it was before the attention (the
   // residual sum, ranks only: no 1 / rms) with the layer's router (Backend::HintMoeRouting), the
-  // last of them picks the top k and tags them; gate/up's CTAs wait for the tag at most 1 us
-  // before they prefetch. (Session 55's form, the norm-router predicting before its own wait,
-  // took ~5.4 us and held the routing: 3.543 vs 2.830 ms.) COROLLA_MOE_PREDICT=1.
+  // last of them picks the top k, which gate/up's CTAs prefetch (the router's wait on o_proj
+  // orders them). Session 56 (H100, graph): 2.818-2.822 vs 2.826-2.839 ms at ctx 1024, a tie at
+  // 8192 (prev2 2.738-2.744 in another call), 89.6% of picks predicted on random weights; the
+  // CTA that picks the top k returns from its wait ~2.6 us late (o_proj +0.8 us a layer), the
+  // router's barrier +1.6 beside the prefetches. Not a default while it gains this little.
+  // (Session 55's form, the norm-router predicting before its own wait, took ~5.4 us and held
+  // the routing: 3.543 vs 2.830 ms.) COROLLA_MOE_PREDICT=1.
   bool moe_predict = false;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
