@@ -72,7 +72,11 @@ void PrefillThenDecode(Model& model, int prompt) {
   step(prompt, 1);
 }
 
-TEST(PlanStep, EachForwardPlansItsStep) {
+// PlanStep: once a forward, before its layers. HintMoeRouting, Qwen3-MoE (every layer MoE): a
+// hint a layer a forward, just before that layer's attention, with its router [E, H] and
+// post-attention norm [H], the step's residual [T, H] and the top k; one router a layer.
+// DeepSeek-V3 (sigmoid routing with a bias: its top k is not the logits') none.
+TEST(PlanStep, EachForwardPlansItsStepAndHintsItsMoeRouting) {
   for (const std::string name : {"qwen3-moe", "deepseek-v3"}) {
     SCOPED_TRACE(name);
     PlanRecordingCpu backend;
@@ -81,19 +85,6 @@ TEST(PlanStep, EachForwardPlansItsStep) {
     PrefillThenDecode(**model, 6);
     const std::vector<std::pair<int, int64_t>> want{{6, 6}, {1, 1}};
     EXPECT_EQ(backend.plans, want);
-  }
-}
-
-// Qwen3-MoE (every layer MoE): a hint a layer a forward, just before that layer's attention, with
-// its router [E, H] and post-attention norm [H], the step's residual [T, H] and the top k; one
-// router a layer. DeepSeek-V3 (sigmoid routing with a bias: its top k is not the logits') none.
-TEST(PlanStep, MoeLayersHintTheirRoutingBeforeTheirAttention) {
-  for (const std::string name : {"qwen3-moe", "deepseek-v3"}) {
-    SCOPED_TRACE(name);
-    PlanRecordingCpu backend;
-    auto model = LoadModel("tests/data/models/" + name, backend);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
-    PrefillThenDecode(**model, 6);
     const ModelConfig& c = (*model)->config();
     if (name == "deepseek-v3") {
       EXPECT_TRUE(backend.hints.empty());
