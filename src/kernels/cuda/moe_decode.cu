@@ -367,7 +367,7 @@ std::mutex tag_mu;
 std::map<cudaStream_t, int> stream_tags;  // GUARDED_BY(tag_mu): the last predicting launch's
 int last_tag = 0;                         // GUARDED_BY(tag_mu)
 // The tag of the prediction for the MoE being launched on s, or 0; taken, so that a layer whose
-// o_proj did not predict does not wait for an earlier layer's.
+// o_proj did not predict does not prefetch an earlier layer's picks.
 int TakeMoePredictionTag(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(tag_mu);
   const auto it = stream_tags.find(s);

@@ -26,7 +26,8 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
 // predicted logits (floats) at [kMoePredictionLogits, +128) and their CTAs' arrival counter at
 // kMoePredictionArrivals (zero between launches). Null where the stream's scratch cannot be had.
 // NextMoePredictionTag: the tag of the predicting launch being issued on s (never 0; o_proj's,
-// gemv.cu), which the MoE launched next on s waits for.
+// gemv.cu), written beside the picks; the MoE launched next on s prefetches them where it has
+// one (the picks are complete by then: the norm-router between waits on o_proj).
 constexpr int kMoePredictionHits = 40, kMoePredictionLogits = 64, kMoePredictionArrivals = 192,
               kMoePredictionInts = 256, kMoePredictionMaxExperts = 128;
 int32_t* MoePredictedPicks(cudaStream_t s);
