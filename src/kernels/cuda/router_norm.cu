@@ -36,6 +36,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/moe_predict.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -64,6 +65,10 @@ struct ClusterNormRouterParams {
   int x_bytes;       // a staged row of x or h: H bf16 rounded up to 128 bytes
   RouteParams route;             // route.tokens (<= kMaxTokens) tokens; logits unused
   uint64_t* timeline = nullptr;  // timeline.h
+  // kPredict (Tuning().moe_predict == 2): the o_proj launch's posted prediction
+  // (MoePredictedPicks), its posting CTAs and tag.
+  int32_t* pred = nullptr;
+  int pred_ctas = 0, pred_tag = 0;
 };
 
 // Dynamic shared memory: mbarriers, x [S][H] and h [S][H] (S = T; with register rows 1 at one
@@ -130,7 +135,12 @@ __device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf
 // CTA ptxas held it to 64 and spilled), 150 (registers, more tokens), 64 (shared memory, one
 // token), 64 and 20 bytes spilled (shared memory, more tokens: the 1024-thread bound; 12 before
 // the norm's sums went a warp a token).
-template <bool kRegRows, bool kOneToken>
+// kPredict (register rows, one token; Tuning().moe_predict == 2): before the wait, CTA 0's last
+// warp picks the MoE's predicted top k from the logits o_proj's CTAs posted (PickPredictedTopK),
+// once their count is complete (3 us at most; else the picks are -1: nothing prefetched), and
+// re-arms the count; the CTA's trigger waits for it (a CTA barrier), so that gate/up, launched
+// by the trigger, finds the picks. A function of its own: the default keeps its 76 registers.
+template <bool kRegRows, bool kOneToken, bool kPredict = false>
 __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -189,9 +199,35 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   const bool mine = t < hidden / 8;
   float nw[8];
   if (mine) NormWeight8(p.norm.w, p.norm.w_f32, 8 * t, nw);
+  if constexpr (kPredict) {
+    if (p.pred != nullptr && rank == 0 && warp == warps - 1) {
+      unsigned* arrivals = reinterpret_cast<unsigned*>(p.pred + kMoePredictionArrivals);
+      const uint64_t until = wgmma::GlobalTimerNs() + 3000;
+      bool posted = false;
+      while (true) {  // every lane polls (one load), then acquires for its own reads below
+        unsigned v;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(arrivals) : "memory");
+        posted = __shfl_sync(0xffffffffu, v, 0) >= static_cast<unsigned>(p.pred_ctas);
+        if (posted || wgmma::GlobalTimerNs() >= until) break;
+      }
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      if (posted) {
+        PickPredictedTopK(reinterpret_cast<const float*>(p.pred + kMoePredictionLogits), p.experts,
+                          p.route.top_k, p.pred, lane);
+      } else if (lane < p.route.top_k) {
+        p.pred[lane] = -1;
+      }
+      __syncwarp();
+      if (lane == 0) {
+        if (posted) *arrivals = 0;  // (late posts of a timed-out launch make the next one mispredict)
+        *reinterpret_cast<volatile int32_t*>(p.pred + 32) = p.pred_tag;
+      }
+    }
+  }
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
   GridDependencyWait();  // sum and y come from the kernels before
   tl.Waited();
+  if constexpr (kPredict) __syncthreads();  // the picks written before gate/up is launched
   TriggerDependents();
   if (kOneToken || kSpread) {
     // One row a CTA: token 0 in every CTA (each dots its rows with it), or past one token token r
@@ -342,9 +378,13 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   // build's 2 KB more of dots come with E <= 128, far from the limit)
   if (smem > static_cast<size_t>(max_smem) - 1024) return false;
   const bool one = route.tokens == 1;
+  // Tuning().moe_predict == 2: the o_proj launched before on s posted the MoE's predicted logits.
+  const MoePostedPrediction posted =
+      reg_rows && one && Tuning().moe_predict == 2 ? PostedMoePrediction(s) : MoePostedPrediction{};
   const auto kernel =
       reg_rows
-          ? (one ? ClusterNormRouterKernel<true, true> : ClusterNormRouterKernel<true, false>)
+          ? (one ? (posted.tag != 0 ? ClusterNormRouterKernel<true, true, true> : ClusterNormRouterKernel<true, true>)
+                 : ClusterNormRouterKernel<true, false>)
           : (one ? ClusterNormRouterKernel<false, true> : ClusterNormRouterKernel<false, false>);
   OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
   if (!ClusterFits(reinterpret_cast<const void*>(kernel), ctas, threads, smem)) return false;
@@ -356,6 +396,11 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
                             static_cast<int>((2 * hidden + 127) / 128 * 128),
                             route};
   p.timeline = TimelineRecord(reg_rows ? "ClusterNormRouter regs" : "ClusterNormRouter", ctas, s);
+  if (posted.tag != 0) {
+    p.pred = MoePredictedPicks(s);
+    p.pred_ctas = posted.ctas;
+    p.pred_tag = posted.tag;
+  }
   LaunchPdl(kernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
   if (reg_rows) reg_launches.fetch_add(1, std::memory_order_relaxed);
   return true;

@@ -373,7 +373,10 @@ struct KernelTuning {
   // router's barrier +1.6 beside the prefetches. Not a default while it gains this little.
   // (Session 55's form, the norm-router predicting before its own wait, took ~5.4 us and held
   // the routing: 3.543 vs 2.830 ms.) COROLLA_MOE_PREDICT=1.
-  bool moe_predict = false;
+  // 2 (session 56, not yet run): o_proj's CTAs only post their logits (a release add each, no
+  // last-arriver tail), and a warp of the norm-router's CTA 0 picks the top k before its own
+  // wait (ClusterNormRouterKernel's kPredict), off o_proj's chain.
+  int moe_predict = 0;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
   // sum as it stages x (NormLinear), so that no RmsNorm kernel runs between them (its release and
