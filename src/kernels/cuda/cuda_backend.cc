@@ -283,9 +283,8 @@ void CudaBackend::QkNormRopeAttentionProj(const TensorView& q, const TensorView&
 }
 void CudaBackend::HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router,
                                  int top_k) {
-  route_hint_.reset();
-  if (cuda::Tuning().moe_predict && cuda::Tuning().moe_prefetch_previous > 0 && sum.rank() == 2 && sum.dim(0) == 1)
-    route_hint_ = cuda::MoeRouteHint{norm_w, sum, router, top_k};
+  route_hint_.reset();  // (whether to predict is MoePrediction's, gemv.cu: Tuning().moe_predict)
+  if (sum.rank() == 2 && sum.dim(0) == 1) route_hint_ = cuda::MoeRouteHint{norm_w, sum, router, top_k};
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // A few rows: our weight-streaming GEMV (gemv.cu), a few more its tensor-core form

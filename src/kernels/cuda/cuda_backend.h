@@ -133,8 +133,8 @@ class CudaBackend final : public Backend {
   void RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                         const TensorView& x, const TensorView& w_router, const MoeRouting& routing,
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
-  // Kept for the next QkNormRopeAttentionProj's o_proj (LinearGemv's MoeRouteHint) where
-  // Tuning().moe_predict and one token; any attention op drops it.
+  // Kept for the next QkNormRopeAttentionProj's o_proj (LinearGemv's MoeRouteHint, which predicts
+  // where Tuning().moe_predict is on) at one token; any attention op drops it.
   void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router, int top_k) override;
 
   cudaStream_t stream() const { return stream_; }

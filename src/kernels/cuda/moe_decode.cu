@@ -55,10 +55,9 @@ struct PairGemvParams {
   // One token (Tuning().moe_prefetch_previous): the picks PairGateUpKernel prefetches before its
   // wait: the layer's of the last forward, which PairDownSlotsKernel records after its own wait
   // (record), or the prediction o_proj's CTAs made (Tuning().moe_predict: MoePredictedPicks,
-  // where predicted_tag, the o_proj launch's, is nonzero).
+  // where this layer's o_proj launch left a tag).
   const int32_t* predicted = nullptr;
   int32_t* record = nullptr;
-  int predicted_tag = 0;
   unsigned* hits = nullptr;  // with the prediction: [0] picks, [1] of them predicted (down kernel)
   bool prefetch_ahead = false;  // Tuning().moe_prefetch_previous >= 2
 };
@@ -77,8 +76,8 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
   const int ahead = p.predicted != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
   // o_proj's prediction is complete: it ends before o_proj's CTAs wait, and this grid was
   // launched by the norm-router's trigger after that router's wait on o_proj (session 56: a wait
-  // for its tag here cost an L2 round trip before every CTA's prefetch). The tag only says
-  // which launch wrote the picks (tests).
+  // for its tag here cost an L2 round trip before every CTA's prefetch). The tag beside the picks
+  // only says which launch wrote them (tests).
   if (p.predicted != nullptr && threadIdx.x < ahead) {
     const int e = reinterpret_cast<const volatile int32_t*>(p.predicted)[blockIdx.x],
               n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
@@ -368,7 +367,7 @@ struct PendingPrediction {
   int tag, ctas;
 };
 std::map<cudaStream_t, PendingPrediction> stream_tags;  // GUARDED_BY(tag_mu): the last predicting launch's
-int last_tag = 0;                         // GUARDED_BY(tag_mu)
+int last_tag = 0;  // GUARDED_BY(tag_mu)
 // The tag of the prediction for the MoE being launched on s, or 0; taken, so that a layer whose
 // o_proj did not predict does not prefetch an earlier layer's picks.
 int TakeMoePredictionTag(cudaStream_t s) {
@@ -425,8 +424,8 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
   if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots) {
     if (Tuning().moe_predict) {
-      p.predicted_tag = TakeMoePredictionTag(s);  // 0: no prediction for this layer
-      p.predicted = p.predicted_tag != 0 ? MoePredictedPicks(s) : nullptr;
+      const bool predicted = TakeMoePredictionTag(s) != 0;  // (0: no prediction for this layer)
+      p.predicted = predicted ? MoePredictedPicks(s) : nullptr;
       if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + kMoePredictionHits);
       ReportPredictionHits(p.hits, s);
     } else {

@@ -16,7 +16,7 @@ enum class StreamScratchSlot {
   kStagedGemvNorm,        // gemv.cu: RmsNormLinear's arrival counter
   kAttentionRegion,       // attention_decode.cu: the folded o projection's two counters
   kMoePreviousPicks,      // moe_decode.cu: each layer's batch-1 picks of the last forward
-  kMoePredictedPicks,     // moe_decode.cu: the norm-router's predicted batch-1 picks
+  kMoePredictedPicks,     // moe_decode.h: o_proj's predicted batch-1 logits, picks and count
 };
 
 // `bytes` of zeroed device memory for (stream, slot); every call for a slot must ask for the same
