@@ -213,8 +213,7 @@ MoePredictParams MoePrediction(const MoeRouteHint& hint, int ctas, cudaStream_t 
   p.hidden = static_cast<int>(hidden);
   p.top_k = hint.top_k;
   p.ctas = static_cast<int>(experts / rows);
-  p.post_only = Tuning().moe_predict == 2;
-  p.tag = NextMoePredictionTag(s, p.post_only ? p.ctas : 0);
+  p.tag = NextMoePredictionTag(s);
   return p;
 }
 

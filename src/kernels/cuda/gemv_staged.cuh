@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/moe_predict.cuh"
+#include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -32,7 +32,6 @@ struct MoePredictParams {
   int32_t* picks = nullptr;     // MoePredictedPicks (moe_decode.h)
   int experts = 0, hidden = 0, top_k = 0, tag = 0;
   int ctas = 0;  // the predicting CTAs, E / ctas rows each (dividing kStagedWarps)
-  bool post_only = false;  // Tuning().moe_predict == 2: post the logits, the router picks
 };
 
 struct StagedGemvParams {
@@ -56,11 +55,18 @@ struct StagedGemvParams {
   MoePredictParams pred{};       // GemvStagedKernel<false, true> only
 };
 
+// The order of f32 values as unsigned keys (larger float, larger key).
+__device__ __forceinline__ unsigned OrderedKey(float v) {
+  const unsigned u = __float_as_uint(v);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
 // MoePredictParams's prediction, by every thread of CTA b < p.ctas: rows [b R, b R + R) of the
 // router (R = E / ctas), kStagedWarps / R warps a row, dotted with x~ = norm_w * sum (ranks
 // only: no 1 / rms, which scales every logit alike) into the logits; the last CTA to arrive has
-// one warp pick the top k (PickPredictedTopK) and tag them, and re-arms the counter. With
-// post_only each CTA only adds itself to the counter (release): the norm-router picks.
+// one warp pick the top k (softmax keeps the logits' order; keys of the logit's order above
+// 127 - e, so that REDUX max finds a pick and its expert at once, lower ids first in a tie at
+// 2^-16 of the logit) and tag them. The counter is re-armed by that CTA.
 // In two parts: the loads of the thread's first chunk (PredictLoads), issued before the CTA's
 // bulk copies, which would otherwise queue them behind its 128 KB of weights (session 56: the
 // dots then ended ~5 us after entry, past the wait), then the rest (PredictMoeRouting).
@@ -117,10 +123,6 @@ __device__ __forceinline__ void PredictMoeRouting(const MoePredictParams& p, con
     logits[blockIdx.x * rows + t] = v;
   }
   __syncthreads();
-  if (p.post_only) {
-    if (t == 0) wgmma::ArriveRelease(arrivals);
-    return;
-  }
   if (t == 0) {
     __threadfence();
     last = atomicAdd(arrivals, 1u) == static_cast<unsigned>(p.ctas) - 1;
@@ -128,7 +130,24 @@ __device__ __forceinline__ void PredictMoeRouting(const MoePredictParams& p, con
   __syncthreads();
   if (!last || warp != 0) return;
   __threadfence();
-  PickPredictedTopK(logits, p.experts, p.top_k, p.picks, lane);
+  unsigned key[kMoePredictionMaxExperts / 32];
+#pragma unroll
+  for (int j = 0; j < kMoePredictionMaxExperts / 32; ++j) {
+    const int e = lane + 32 * j;
+    key[j] = e < p.experts ? (OrderedKey(__ldcg(logits + e)) & ~0x7Fu) | (127u - e) : 0u;
+  }
+  int pick = -1;
+  for (int i = 0; i < p.top_k; ++i) {
+    unsigned m = 0;
+#pragma unroll
+    for (int j = 0; j < kMoePredictionMaxExperts / 32; ++j) m = max(m, key[j]);
+    const unsigned best = __reduce_max_sync(0xffffffffu, m);
+#pragma unroll
+    for (int j = 0; j < kMoePredictionMaxExperts / 32; ++j)
+      if (key[j] == best) key[j] = 0;
+    if (lane == i) pick = 127 - static_cast<int>(best & 0x7Fu);
+  }
+  if (lane < p.top_k) p.picks[lane] = pick;
   __syncwarp();
   if (lane == 0) {
     __threadfence();

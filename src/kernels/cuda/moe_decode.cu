@@ -363,18 +363,15 @@ int32_t* MoePredictedPicks(cudaStream_t s) {
 
 namespace {
 std::mutex tag_mu;
-struct PendingPrediction {
-  int tag, ctas;
-};
-std::map<cudaStream_t, PendingPrediction> stream_tags;  // GUARDED_BY(tag_mu): the last predicting launch's
-int last_tag = 0;  // GUARDED_BY(tag_mu)
+std::map<cudaStream_t, int> stream_tags;  // GUARDED_BY(tag_mu): the last predicting launch's
+int last_tag = 0;                         // GUARDED_BY(tag_mu)
 // The tag of the prediction for the MoE being launched on s, or 0; taken, so that a layer whose
 // o_proj did not predict does not prefetch an earlier layer's picks.
 int TakeMoePredictionTag(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(tag_mu);
   const auto it = stream_tags.find(s);
   if (it == stream_tags.end()) return 0;
-  const int tag = it->second.tag;
+  const int tag = it->second;
   stream_tags.erase(it);
   return tag;
 }
@@ -395,18 +392,10 @@ void ReportPredictionHits(const unsigned* hits, cudaStream_t s) {
 }
 }  // namespace
 
-int NextMoePredictionTag(cudaStream_t s, int posting_ctas) {
+int NextMoePredictionTag(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(tag_mu);
   last_tag = last_tag == INT32_MAX ? 1 : last_tag + 1;
-  stream_tags[s] = {last_tag, posting_ctas};
-  return last_tag;
-}
-
-MoePostedPrediction PostedMoePrediction(cudaStream_t s) {
-  std::lock_guard<std::mutex> lock(tag_mu);
-  const auto it = stream_tags.find(s);
-  if (it == stream_tags.end() || it->second.ctas <= 0) return {};
-  return {it->second.tag, it->second.ctas};
+  return stream_tags[s] = last_tag;
 }
 
 void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,

@@ -28,18 +28,10 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
 // NextMoePredictionTag: the tag of the predicting launch being issued on s (never 0; o_proj's,
 // gemv.cu), written beside the picks; the MoE launched next on s prefetches them where it has
 // one (the picks are complete by then: the norm-router between waits on o_proj).
-// With posting_ctas > 0 (Tuning().moe_predict == 2) that launch's first posting_ctas CTAs only
-// post the logits, each adding 1 to the arrival counter with release semantics, and the
-// norm-router launched next on s picks the top k (PostedMoePrediction: its tag and CTAs, or
-// tag 0 where none is pending).
 constexpr int kMoePredictionHits = 40, kMoePredictionLogits = 64, kMoePredictionArrivals = 192,
               kMoePredictionInts = 256, kMoePredictionMaxExperts = 128;
 int32_t* MoePredictedPicks(cudaStream_t s);
-int NextMoePredictionTag(cudaStream_t s, int posting_ctas = 0);
-struct MoePostedPrediction {
-  int tag = 0, ctas = 0;
-};
-MoePostedPrediction PostedMoePrediction(cudaStream_t s);
+int NextMoePredictionTag(cudaStream_t s);
 
 // The same two launches over block-scaled e4m3 weights (Backend::MoeExpertsFp8, weight-only
 // regime): 16-byte loads of 16 e4m3 weights, converted in registers, times x (bf16) or act

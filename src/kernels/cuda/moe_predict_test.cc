@@ -1,12 +1,10 @@
 // The batch-1 MoE routing prediction (Tuning().moe_predict): the staged o_proj GEMV, given
 // Backend::HintMoeRouting's hint, predicts the layer's top-k experts before its dependency wait
-// (gemv_staged.cuh's PredictMoeRouting) for the MoE's L2 prefetch (moe_decode.cu); in mode 2 it
-// only posts the logits and the norm-router picks them (router_norm.cu's kPredict).
+// (gemv_staged.cuh's PredictMoeRouting) for the MoE's L2 prefetch (moe_decode.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -26,10 +24,6 @@ namespace {
 // bf16 and f32, E 128 / 64 / 100 / 16, k 8 / 4 / 6 / 1, H 2048 / 1024 / 512, o_proj shapes N x K
 // 2048 x 4096 (16 rows a CTA on 132 SMs), 1024 x 2048 and 512 x 1024. Where the prediction is
 // ruled out (E 256) or off, nothing is tagged and the output is the same.
-// Mode 2: the GEMV posts the logits (within 1e-3 of the largest of the CPU's) and counts its CTAs;
-// the norm-router launched next then writes exactly the top k of those posted floats (the keys'
-// order: the logit's bits above 127 - e), tags them, re-arms the count, and its own outputs (sum,
-// x, ids, weights) are the same bits as without a prediction.
 TEST_F(CudaKernelTest, LinearGemvPredictsMoeRouting) {
   struct Restore {
     ~Restore() { cuda::Tuning() = DefaultTuning(); }
@@ -66,21 +60,21 @@ TEST_F(CudaKernelTest, LinearGemvPredictsMoeRouting) {
     const bool predicts = e <= cuda::kMoePredictionMaxExperts;
     const std::string shape = "E" + std::to_string(e) + " k" + std::to_string(c.k) + " H" + std::to_string(h) +
                               (c.norm_f32 ? " f32-norm" : "");
-    auto gemv = [&](int mode) {
-      cuda::Tuning().moe_predict = mode;
-      cuda::Tuning().moe_prefetch_previous = mode > 0 ? 2 : 0;
+    auto gemv = [&](bool hinted) {
+      cuda::Tuning().moe_predict = hinted;
+      cuda::Tuning().moe_prefetch_previous = hinted ? 2 : 0;
       Tensor out = gpu().Empty(DType::kBF16, {1, c.n});
       Poison(gpu(), out);
       const cuda::MoeRouteHint hint{gnorm.view(), gsum.view(), grouter.view(), c.k};
       EXPECT_TRUE(cuda::LinearGemv(gx, gw, out, stream, &hint)) << shape;
       return Download(gpu(), out);
     };
-    const std::vector<float> want = gemv(0);
+    const std::vector<float> want = gemv(false);
     int32_t* picks = cuda::MoePredictedPicks(stream);
     ASSERT_NE(picks, nullptr);
     for (int round = 0; round < 2; ++round) {
       const int tag_before = cuda::NextMoePredictionTag(stream);  // (the next launch's is this + 1)
-      EXPECT_EQ(gemv(1), want) << shape << ": the hint changed the output";
+      EXPECT_EQ(gemv(true), want) << shape << ": the hint changed the output";
       std::vector<int32_t> got(cuda::kMoePredictionInts);
       ASSERT_EQ(cudaMemcpy(got.data(), picks, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_EQ(got[cuda::kMoePredictionArrivals], 0) << shape << ": the counter is not re-armed";
@@ -99,56 +93,6 @@ TEST_F(CudaKernelTest, LinearGemvPredictsMoeRouting) {
             << shape << ": expert " << id << " (logit " << logits[id] << ") is not in the top " << c.k
             << " (k-th " << kth << ")";
       }
-    }
-    if (!predicts) continue;
-    // Mode 2: o_proj posts, the norm-router (its one-token register-row cluster kernel) picks.
-    const auto y = RandomBf16(h), rsum = RandomBf16(h, 4.f);
-    MoeRouting routing;
-    routing.top_k = c.k;
-    auto route = [&](int mode) {  // the router's outputs: sum, x, ids, weights (as floats)
-      cuda::Tuning().moe_predict = mode;
-      cuda::Tuning().moe_prefetch_previous = mode > 0 ? 2 : 0;
-      Tensor gy = Upload(gpu(), y, {1, h}, DType::kBF16), gs = Upload(gpu(), rsum, {1, h}, DType::kBF16);
-      Tensor gxr = gpu().Empty(DType::kBF16, {1, h}), gids = gpu().Empty(DType::kI32, {1, c.k}),
-             gwt = gpu().Empty(DType::kF32, {1, c.k});
-      Poison(gpu(), gxr);
-      Poison(gpu(), gwt);
-      EXPECT_TRUE(cuda::RmsNormMoeRouter(gy, gnorm, 1e-6f, gs, gxr, grouter, routing, gids, gwt, stream)) << shape;
-      std::vector<float> out = Download(gpu(), gs), x2 = Download(gpu(), gxr), w2 = Download(gpu(), gwt);
-      for (int32_t id : DownloadI32(gpu(), gids)) out.push_back(static_cast<float>(id));
-      out.insert(out.end(), x2.begin(), x2.end());
-      out.insert(out.end(), w2.begin(), w2.end());
-      return out;
-    };
-    const std::vector<float> routed = route(0);
-    for (int round = 0; round < 2; ++round) {
-      const int tag_before = cuda::NextMoePredictionTag(stream);  // (the GEMV's is this + 1)
-      EXPECT_EQ(gemv(2), want) << shape << " mode 2: the hint changed the output";
-      std::vector<int32_t> got(cuda::kMoePredictionInts);
-      ASSERT_EQ(cudaMemcpy(got.data(), picks, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
-      std::vector<float> posted(e);
-      std::memcpy(posted.data(), got.data() + cuda::kMoePredictionLogits, e * sizeof(float));
-      double top = 0, err = 0;
-      for (int64_t i = 0; i < e; ++i) {
-        top = std::max(top, std::abs(logits[i]));
-        err = std::max(err, std::abs(posted[i] - logits[i]));
-      }
-      EXPECT_LE(err, 1e-3 * top) << shape << " mode 2: posted logits off by " << err;
-      EXPECT_GT(got[cuda::kMoePredictionArrivals], 0) << shape << " mode 2: no CTA counted";
-      EXPECT_EQ(route(2), routed) << shape << " mode 2: the predicting router's outputs differ";
-      ASSERT_EQ(cudaMemcpy(got.data(), picks, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_EQ(got[cuda::kMoePredictionArrivals], 0) << shape << " mode 2: the count is not re-armed";
-      EXPECT_EQ(got[32], tag_before + 1) << shape << " mode 2 round " << round;
-      // The keys' order on the host: the posted float's order above 127 - e.
-      std::vector<std::pair<uint32_t, int>> keys;
-      for (int i = 0; i < e; ++i) {
-        uint32_t u;
-        std::memcpy(&u, &posted[i], 4);
-        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-        keys.emplace_back((u & ~0x7Fu) | (127u - i), i);
-      }
-      std::sort(keys.rbegin(), keys.rend());
-      for (int i = 0; i < c.k; ++i) EXPECT_EQ(got[i], keys[i].second) << shape << " mode 2 pick " << i;
     }
   }
 }

@@ -36,7 +36,6 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
-#include "kernels/cuda/moe_predict.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -65,10 +64,6 @@ struct ClusterNormRouterParams {
   int x_bytes;       // a staged row of x or h: H bf16 rounded up to 128 bytes
   RouteParams route;             // route.tokens (<= kMaxTokens) tokens; logits unused
   uint64_t* timeline = nullptr;  // timeline.h
-  // kPredict (Tuning().moe_predict == 2): the o_proj launch's posted prediction
-  // (MoePredictedPicks), its posting CTAs and tag.
-  int32_t* pred = nullptr;
-  int pred_ctas = 0, pred_tag = 0;
 };
 
 // Dynamic shared memory: mbarriers, x [S][H] and h [S][H] (S = T; with register rows 1 at one
@@ -128,6 +123,26 @@ __device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf
   return make_float2(d[0], d[1]);
 }
 
+// Waits for the first phase of CTA 0's logits mbarrier (kAsync), acquiring at cluster scope the
+// other CTAs' st.async stores that completed it. As wgmma::MbarWait, a wait past 10 s traps.
+__device__ __forceinline__ void ClusterAcquireWait(uint32_t bar) {
+  const uint64_t start = wgmma::GlobalTimerNs();
+  while (true) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar)
+        : "memory");
+    if (done) return;
+    if (wgmma::GlobalTimerNs() - start > 10'000'000'000ull) __trap();
+  }
+}
+
 // kRegRows: the rows in registers, H <= 2048 (so at most 256 threads): at one token a row a warp
 // (at most one), past one MmaDots' layout (a slice of the columns of every row a warp).
 // kOneToken: a batch of one token (the count a constant: batch 1's build keeps its registers).
@@ -135,12 +150,13 @@ __device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf
 // CTA ptxas held it to 64 and spilled), 150 (registers, more tokens), 64 (shared memory, one
 // token), 64 and 20 bytes spilled (shared memory, more tokens: the 1024-thread bound; 12 before
 // the norm's sums went a warp a token).
-// kPredict (register rows, one token; Tuning().moe_predict == 2): before the wait, CTA 0's last
-// warp picks the MoE's predicted top k from the logits o_proj's CTAs posted (PickPredictedTopK),
-// once their count is complete (3 us at most; else the picks are -1: nothing prefetched), and
-// re-arms the count; the CTA's trigger waits for it (a CTA barrier), so that gate/up, launched
-// by the trigger, finds the picks. A function of its own: the default keeps its 76 registers.
-template <bool kRegRows, bool kOneToken, bool kPredict = false>
+// kAsync (register rows, one token; Tuning().cluster_norm_router_async): each warp's logit goes to
+// CTA 0 by st.async, completing 4 bytes on CTA 0's mbarrier (armed for E x 4 before the wait and
+// published by a relaxed cluster barrier), instead of a DSMEM store and cluster.sync(), whose
+// release arrival waits for the CTA's stores to be performed. The write-back of sum and x then
+// waits on a second relaxed cluster barrier: what it must follow, every CTA's reads of sum and y,
+// is over by the arrival (their values are in the logit pushed before it).
+template <bool kRegRows, bool kOneToken, bool kAsync = false>
 __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     ClusterNormRouterKernel(const __grid_constant__ ClusterNormRouterParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -199,35 +215,19 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   const bool mine = t < hidden / 8;
   float nw[8];
   if (mine) NormWeight8(p.norm.w, p.norm.w_f32, 8 * t, nw);
-  if constexpr (kPredict) {
-    if (p.pred != nullptr && rank == 0 && warp == warps - 1) {
-      unsigned* arrivals = reinterpret_cast<unsigned*>(p.pred + kMoePredictionArrivals);
-      const uint64_t until = wgmma::GlobalTimerNs() + 3000;
-      bool posted = false;
-      while (true) {  // every lane polls (one load), then acquires for its own reads below
-        unsigned v;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(arrivals) : "memory");
-        posted = __shfl_sync(0xffffffffu, v, 0) >= static_cast<unsigned>(p.pred_ctas);
-        if (posted || wgmma::GlobalTimerNs() >= until) break;
-      }
-      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-      if (posted) {
-        PickPredictedTopK(reinterpret_cast<const float*>(p.pred + kMoePredictionLogits), p.experts,
-                          p.route.top_k, p.pred, lane);
-      } else if (lane < p.route.top_k) {
-        p.pred[lane] = -1;
-      }
-      __syncwarp();
-      if (lane == 0) {
-        if (posted) *arrivals = 0;  // (late posts of a timed-out launch make the next one mispredict)
-        *reinterpret_cast<volatile int32_t*>(p.pred + 32) = p.pred_tag;
-      }
+  const uint32_t logits_bar = wgmma::SmemAddr(smem);  // kAsync: CTA 0's (warp 0's slot, unused with register rows)
+  if constexpr (kAsync) {
+    static_assert(kRegRows && kOneToken, "kAsync pushes one token's logits from register rows");
+    if (rank == 0 && t == 0) {
+      wgmma::MbarInit(logits_bar, 1);
+      wgmma::MbarInitFence();
+      wgmma::MbarArriveExpectTx(logits_bar, static_cast<uint32_t>(experts) * 4);
     }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // waited before the pushes
   }
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
   GridDependencyWait();  // sum and y come from the kernels before
   tl.Waited();
-  if constexpr (kPredict) __syncthreads();  // the picks written before gate/up is launched
   TriggerDependents();
   if (kOneToken || kSpread) {
     // One row a CTA: token 0 in every CTA (each dots its rows with it), or past one token token r
@@ -291,6 +291,8 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     __syncthreads();  // x staged
   }
   tl.Mark(4);
+  // kAsync: CTA 0's mbarrier armed (every CTA arrived before its dependency wait: no wait here)
+  if constexpr (kAsync) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   float* dst = cluster.map_shared_rank(logits, 0);
   if constexpr (kSpread) {
     // The warps' column slices summed in warp order; thread i * 8 + r pushes row r's logit of token
@@ -310,7 +312,16 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
       dst[i * experts + cta_row0 + r] = v;
     }
   } else if (rows > 0) {
-    if constexpr (kRegRows) {
+    if constexpr (kAsync) {
+      const float v = RegDot(wr, xs, hidden, lane);
+      if (lane == 0) {
+        uint32_t slot, bar0;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(slot) : "r"(wgmma::SmemAddr(logits + cta_row0 + row0)));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(bar0) : "r"(logits_bar));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                     ::"r"(slot), "r"(__float_as_uint(v)), "r"(bar0) : "memory");
+      }
+    } else if constexpr (kRegRows) {
       const float v = RegDot(wr, xs, hidden, lane);
       if (lane == 0) dst[cta_row0 + row0] = v;
     } else {
@@ -323,8 +334,14 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
         }
     }
   }
-  tl.Mark(1);  // this CTA's logits pushed
-  cluster.sync();  // every logit in CTA 0; every CTA has read sum and y
+  if constexpr (kAsync) {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA's reads are over
+    tl.Mark(1);  // this CTA's logits pushed
+    if (rank == 0) ClusterAcquireWait(logits_bar);  // every logit in CTA 0
+  } else {
+    tl.Mark(1);  // this CTA's logits pushed
+    cluster.sync();  // every logit in CTA 0; every CTA has read sum and y
+  }
   tl.Mark(2);
   if (rank == 0) {
     const int groups = p.route.num_groups;
@@ -334,6 +351,8 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     tl.Mark(3);  // routed (CTA 0)
   }
   if constexpr (kSpread) return;  // (written back before the first barrier)
+  // kAsync: every CTA has read sum and y.
+  if constexpr (kAsync) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   // Chunk t of row i is written back by CTA (i * chunks + t) % ctas.
   const int chunks = hidden / 8;
   for (int i = 0; i < tokens; ++i)
@@ -378,12 +397,10 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
   // build's 2 KB more of dots come with E <= 128, far from the limit)
   if (smem > static_cast<size_t>(max_smem) - 1024) return false;
   const bool one = route.tokens == 1;
-  // Tuning().moe_predict == 2: the o_proj launched before on s posted the MoE's predicted logits.
-  const MoePostedPrediction posted =
-      reg_rows && one && Tuning().moe_predict == 2 ? PostedMoePrediction(s) : MoePostedPrediction{};
   const auto kernel =
       reg_rows
-          ? (one ? (posted.tag != 0 ? ClusterNormRouterKernel<true, true, true> : ClusterNormRouterKernel<true, true>)
+          ? (one ? (Tuning().cluster_norm_router_async ? ClusterNormRouterKernel<true, true, true>
+                                                        : ClusterNormRouterKernel<true, true>)
                  : ClusterNormRouterKernel<true, false>)
           : (one ? ClusterNormRouterKernel<false, true> : ClusterNormRouterKernel<false, false>);
   OptInSharedMemoryOnce(reinterpret_cast<const void*>(kernel));
@@ -396,11 +413,6 @@ bool LaunchClusterNormRouter(const ResidualNorm& norm, const TensorView& w, cons
                             static_cast<int>((2 * hidden + 127) / 128 * 128),
                             route};
   p.timeline = TimelineRecord(reg_rows ? "ClusterNormRouter regs" : "ClusterNormRouter", ctas, s);
-  if (posted.tag != 0) {
-    p.pred = MoePredictedPicks(s);
-    p.pred_ctas = posted.ctas;
-    p.pred_tag = posted.tag;
-  }
   LaunchPdl(kernel, dim3(ctas), dim3(threads), smem, s, ctas, p);
   if (reg_rows) reg_launches.fetch_add(1, std::memory_order_relaxed);
   return true;

@@ -499,7 +499,7 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
       // Register rows where a warp has at most one row of at most 2048 (RmsNorm's block size: a
       // thread a 16-byte chunk).
       auto regs = [&](int mode) {
-        return mode == 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
+        return mode >= 17 && (e + 15) / 16 <= std::max<int64_t>(1, (h / 8 + 31) / 32) && h <= 2048;
       };
       // The cluster's shared memory (router_norm.cu): its rows unless in registers, each token's
       // x and h (with register rows: one token's at one, none past one), the routing scratch; 8
@@ -513,11 +513,12 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         return bytes <= max_smem - 1024;
       };
       // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register
-      // rows.
+      // rows; 18: 17 with the logits pushed by st.async at one token (router_norm.cu's kAsync).
       auto run = [&](int mode) {
         cuda::Tuning().staged_router_norm = mode == 1;
         cuda::Tuning().cluster_norm_router = mode >= 8 ? std::min(mode, 16) : 0;
-        cuda::Tuning().cluster_norm_router_regs = mode == 17;
+        cuda::Tuning().cluster_norm_router_regs = mode >= 17;
+        cuda::Tuning().cluster_norm_router_async = mode == 18;
         Tensor gy = Upload(gpu(), y, {tokens, h}, DType::kBF16),
                gsum = Upload(gpu(), sum, {tokens, h}, DType::kBF16);
         Tensor gx = gpu().Empty(DType::kBF16, {tokens, h});
@@ -543,7 +544,8 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         const float s = c.sigmoid ? 1.f / (1.f + std::exp(-l)) : l;
         return c.bias ? s + bias[id] : s;
       };
-      for (int mode : {1, 8, 16, 17}) {
+      Out regs_out;
+      for (int mode : {1, 8, 16, 17, 18}) {
         if (mode == 1 && tokens > 1) continue;  // the staged router takes one token
         const int64_t reg_launches = cuda::ClusterNormRouterRegLaunches();
         const Out got = run(mode), again = run(mode);
@@ -552,6 +554,7 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         if (!fits(mode)) continue;
         const std::string shape = std::string(mode == 1    ? "staged"
                                               : mode == 17 ? "cluster16 regs"
+                                              : mode == 18 ? "cluster16 regs async"
                                                            : "cluster" + std::to_string(mode)) +
                                   " T" + std::to_string(tokens) + " E" + std::to_string(e) + " k" +
                                   std::to_string(c.k) + " H" + std::to_string(h) +
@@ -591,6 +594,13 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         EXPECT_EQ(again.x, got.x) << shape << " (second launch)";
         EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
         EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
+        if (mode == 17) regs_out = got;
+        if (mode == 18 && regs(mode)) {  // the same bits as the cluster barrier's exchange
+          EXPECT_EQ(got.sum, regs_out.sum) << shape;
+          EXPECT_EQ(got.x, regs_out.x) << shape;
+          EXPECT_EQ(got.ids, regs_out.ids) << shape;
+          EXPECT_EQ(got.weights, regs_out.weights) << shape;
+        }
       }
     }
   }

@@ -165,6 +165,14 @@ struct KernelTuning {
   // bits. On an H200 (batch 1, graph, one call, two runs each): 2.460 / 2.463 vs 2.458 / 2.468 ms
   // at ctx 1024, 2.902 / 2.901 vs 2.915 / 2.913 at 8192. COROLLA_CLUSTER_NORM_ROUTER_REGS.
   bool cluster_norm_router_regs = true;
+  // With register rows at one token, the CTAs push their logits into CTA 0 with st.async, which
+  // completes bytes on an mbarrier there, instead of DSMEM stores and a cluster barrier: the
+  // barrier's release arrival waits for the CTA's stores to be performed, ~1.4 us longer beside
+  // gate/up's prefetches on the router's SMs (session 56, the router's mark 1 -> 2). The write-back
+  // of sum and x waits on a relaxed cluster barrier instead (the reads it must follow are over,
+  // their values summed into the logit). Same bits. Session 57: not yet measured.
+  // COROLLA_CLUSTER_NORM_ROUTER_ASYNC=1.
+  bool cluster_norm_router_async = false;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
   // and x back): one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
@@ -373,9 +381,8 @@ struct KernelTuning {
   // router's barrier +1.6 beside the prefetches. Not a default while it gains this little.
   // (Session 55's form, the norm-router predicting before its own wait, took ~5.4 us and held
   // the routing: 3.543 vs 2.830 ms.) COROLLA_MOE_PREDICT=1.
-  // 2 (session 56, not yet run): o_proj's CTAs only post their logits (a release add each, no
-  // last-arriver tail), and a warp of the norm-router's CTA 0 picks the top k before its own
-  // wait (ClusterNormRouterKernel's kPredict), off o_proj's chain.
+  // (Mode 2, session 57: o_proj's CTAs only posted the logits and the norm-router's CTA 0 picked
+  // before its wait: 2.891-2.896 vs 1's 2.855-2.860 ms, the router +0.7 us a layer; removed.)
   int moe_predict = 0;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
