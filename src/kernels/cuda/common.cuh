@@ -177,6 +177,11 @@ __device__ __forceinline__ Bf16x8 ResidualAdd8(const bf16_t* y, const bf16_t* su
   return h;
 }
 
+// The order of f32 values as unsigned keys (larger float, larger key; NaN not ordered).
+__device__ __forceinline__ unsigned OrderedKey(float v) {
+  const unsigned u = __float_as_uint(v);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
 template <int kWidth = 32>
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll

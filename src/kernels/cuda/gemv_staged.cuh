@@ -55,12 +55,6 @@ struct StagedGemvParams {
   MoePredictParams pred{};       // GemvStagedKernel<false, true> only
 };
 
-// The order of f32 values as unsigned keys (larger float, larger key).
-__device__ __forceinline__ unsigned OrderedKey(float v) {
-  const unsigned u = __float_as_uint(v);
-  return u & 0x80000000u ? ~u : u | 0x80000000u;
-}
-
 // MoePredictParams's prediction, by every thread of CTA b < p.ctas: rows [b R, b R + R) of the
 // router (R = E / ctas), kStagedWarps / R warps a row, dotted with x~ = norm_w * sum (ranks
 // only: no 1 / rms, which scales every logit alike) into the logits; the last CTA to arrive has

@@ -237,9 +237,9 @@ TEST(CudaPerf, RouteTokenPicks) {
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
   const char* names[] = {"scores, DDIV", "scores, reciprocal", "routing, DDIV",
-                         "routing, reciprocal"};
-  cuda::RouteProbe by_mode[4];
-  for (int mode = 0; mode < 4; ++mode) {
+                         "routing, reciprocal", "routing by logits"};
+  cuda::RouteProbe by_mode[5];
+  for (int mode = 0; mode < 5; ++mode) {
     by_mode[mode] = cuda::RunRouteProbe(logits, kSets, kExperts, kTopK, mode);
     std::vector<int64_t> c(by_mode[mode].cycles.begin() + 8, by_mode[mode].cycles.end());  // warm
     std::sort(c.begin(), c.end());
@@ -267,6 +267,18 @@ TEST(CudaPerf, RouteTokenPicks) {
   }
   // The flat row's picks: the eight lowest ids in order (ties to the lower id).
   for (int k = 0; k < kTopK; ++k) EXPECT_EQ(a.ids[k], k);
+  // By the logits (mode 4): the same picks, but where two logits' scores round to one f32 (then
+  // the logits within 1e-6), and weights within 1e-6.
+  const cuda::RouteProbe& c = by_mode[4];
+  for (size_t i = 0; i < a.ids.size(); ++i) {
+    const size_t s = i / kTopK;
+    const float la = logits[s * kExperts + a.ids[i]], lc = c.ids[i] >= 0 && c.ids[i] < kExperts
+                                                            ? logits[s * kExperts + c.ids[i]]
+                                                            : NAN;
+    EXPECT_TRUE(c.ids[i] == a.ids[i] || std::abs(la - lc) <= 1e-6f * std::max(1.0f, std::abs(la)))
+        << "set " << s << " pick " << i % kTopK << ": " << c.ids[i] << " vs " << a.ids[i];
+    EXPECT_NEAR(c.weights[i], a.weights[i], 1e-6) << "set " << s << " pick " << i % kTopK;
+  }
   const int64_t pairs = int64_t{1} << 28,
                 bad = cuda::DivideByReciprocalMismatches(pairs, TestSeed("division"));
   std::printf("route token: DivideByReciprocal differs from the division in %lld of %lld pairs\n",

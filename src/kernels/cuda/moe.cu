@@ -172,6 +172,7 @@ void MoeRoute(const TensorView& router_logits, const MoeRouting& routing,
                 routing.num_groups, routing.topk_groups};
   const size_t smem = sizeof(float) * kRouteWarps * (2 * experts + routing.num_groups);
   COROLLA_CHECK(smem <= 48 * 1024) << "moe_route: " << experts << " experts exceed shared memory";
+  p.by_logits = Tuning().route_by_logits;
   p.timeline = TimelineRecord("MoeRoute", CeilDiv(tokens, kRouteWarps), s);
   LaunchPdl(MoeRouteKernel, dim3(CeilDiv(tokens, kRouteWarps)), dim3(kRouteWarps * 32), smem, s, 1, p);
 }

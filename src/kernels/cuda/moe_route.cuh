@@ -24,6 +24,7 @@ struct RouteParams {
   float scaling_factor;
   int num_groups, topk_groups;
   uint64_t* timeline = nullptr;  // timeline.h (MoeRoute's launch)
+  bool by_logits = false;        // Tuning().route_by_logits: RouteTokenByLogits where it applies
 };
 
 // a / b rounded to nearest as the division rounds it, given r = 1 / b (itself a division): q =
@@ -73,6 +74,27 @@ __device__ __forceinline__ bool ScoreKeys(const RouteParams& p, const float* log
   return !__any_sync(0xffffffffu, nan);
 }
 
+// One pick of the warp's keys (RouteTokenRegs, RouteTokenByLogits; key[j] for expert lane + 32 j,
+// 0 for none): the largest (its value to every lane in top), ties to the lower id, taken (zeroed)
+// in its owner's registers. Two dependent warp reductions; returns the expert id.
+template <int kPer>
+__device__ __forceinline__ int TakeLargestKey(uint32_t (&key)[kPer], int lane, uint32_t& top) {
+  uint32_t best = 0;
+  int best_j = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (key[j] > best) {  // strict: the lower id of this lane's ties
+      best = key[j];
+      best_j = j;
+    }
+  top = __reduce_max_sync(0xffffffffu, best);
+  const uint32_t id = __reduce_min_sync(0xffffffffu, best == top ? lane + 32 * best_j : 0xffffffffu);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (lane == static_cast<int>(id % 32) && j == best_j) key[j] = 0;  // taken
+  return static_cast<int>(id);
+}
+
 // RouteToken's common case in registers: softmax scores, no selection bias, one group, E <= 32
 // kPer. Lane l holds experts l + 32 j; the sum runs in RouteToken's order, so the scores are the
 // same bits, and each pick is two warp reductions (the largest score, then the lowest id holding
@@ -89,23 +111,11 @@ __device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, 
   int my_id = 0;
   float my_weight = 0.0f;
   for (int i = 0; i < p.top_k; ++i) {
-    uint32_t best = 0;
-    int best_j = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j)
-      if (key[j] > best) {  // strict: the lower id of this lane's ties
-        best = key[j];
-        best_j = j;
-      }
-    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
-    const uint32_t id = __reduce_min_sync(0xffffffffu, best == top ? lane + 32 * best_j : 0xffffffffu);
-    const int owner = static_cast<int>(id % 32);
-    const float pb = __shfl_sync(0xffffffffu, __uint_as_float(best - 1), owner);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j)
-      if (lane == owner && j == best_j) key[j] = 0;  // taken
+    uint32_t top;
+    const int id = TakeLargestKey(key, lane, top);
+    const float pb = __uint_as_float(top - 1);  // (the owner's key: no shuffle)
     if (lane == i) {
-      my_id = static_cast<int>(id);
+      my_id = id;
       my_weight = pb;
     }
     norm += pb;
@@ -118,10 +128,52 @@ __device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, 
   return true;
 }
 
+// RouteToken's renormalised softmax ranked by the logits themselves (p.by_logits): softmax keeps
+// their order, so the picks are the k largest logits (ties to the lower id) and weight i is
+// exp(l_i - l_0) / (the sum of those over the picks), in f32: the scores of the other experts,
+// and their double sum, cancel in the renormalisation. RouteTokenRegs' probe split its 2772
+// cycles (E 128, top 8) into ~1357 for every expert's score and ~1415 for the picks; this keeps
+// only the picks and k exponentials. Its weights are within a few f32 ulps of RouteTokenRegs',
+// and two logits whose scores round to the same f32 rank by the logit here, by the lower id
+// there (HF's topk on the f32 scores leaves such ties unordered). False, having written
+// nothing, where a logit is NaN.
+template <int kPer>
+__device__ __forceinline__ bool RouteTokenByLogits(const RouteParams& p, int64_t t, const float* logit,
+                                                   int lane) {
+  uint32_t key[kPer];  // the logit's OrderedKey (>= 0x007FFFFF), 0 for none or once taken
+  bool nan = false;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int e = lane + 32 * j;
+    const float v = e < p.experts ? logit[e] : 0.0f;
+    nan |= v != v;
+    key[j] = e < p.experts ? OrderedKey(v) : 0u;
+  }
+  if (__any_sync(0xffffffffu, nan)) return false;
+  int my_id = 0;
+  for (int i = 0; i < p.top_k; ++i) {
+    uint32_t top;
+    const int id = TakeLargestKey(key, lane, top);
+    if (lane == i) my_id = id;
+  }
+  const float l = lane < p.top_k ? logit[my_id] : 0.0f;
+  const float e = lane < p.top_k ? expf(l - __shfl_sync(0xffffffffu, l, 0)) : 0.0f;
+  const float sum = WarpSum(e);
+  if (lane < p.top_k) {
+    p.topk_ids[t * p.ids_stride + lane] = my_id;
+    p.topk_weights[t * p.weights_stride + lane] = e / sum * p.scaling_factor;
+  }
+  return true;
+}
+
 // Routes token t (writes its top_k ids and weights) with the calling warp. logit: [E] (global or
 // shared memory); probs, choice [E] and group_score [num_groups]: this warp's shared scratch.
 __device__ __forceinline__ void RouteToken(const RouteParams& p, int64_t t, const float* logit, float* probs,
                                            float* choice, float* group_score, int lane) {
+  if (p.by_logits && p.renormalize && !p.sigmoid && p.bias == nullptr && p.num_groups == 1 &&
+      (p.experts <= 128 ? RouteTokenByLogits<4>(p, t, logit, lane)
+                        : p.experts <= 512 && RouteTokenByLogits<16>(p, t, logit, lane)))
+    return;
   if (!p.sigmoid && p.bias == nullptr && p.num_groups == 1 &&
       (p.experts <= 128 ? RouteTokenRegs<4>(p, t, logit, lane)
                         : p.experts <= 512 && RouteTokenRegs<16>(p, t, logit, lane)))

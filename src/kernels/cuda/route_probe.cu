@@ -25,8 +25,10 @@ __global__ void RouteProbeKernel(const float* logits, int sets, RouteParams p, i
       sink[s * 32 + lane] = ok ? static_cast<float>(key[0] ^ key[1] ^ key[2] ^ key[3]) : -1.0f;
     } else if (mode == 2) {
       RouteTokenRegs<4, false>(p, s, row, lane);
-    } else {
+    } else if (mode == 3) {
       RouteTokenRegs<4, true>(p, s, row, lane);
+    } else {
+      RouteTokenByLogits<4>(p, s, row, lane);
     }
     const long long t1 = clock64();
     if (lane == 0) cycles[s] = t1 - t0;

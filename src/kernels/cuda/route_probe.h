@@ -11,13 +11,13 @@
 namespace corolla::cuda {
 
 struct RouteProbe {
-  std::vector<int32_t> ids;     // [sets, top_k] (modes 2 and 3)
+  std::vector<int32_t> ids;     // [sets, top_k] (modes 2-4)
   std::vector<float> weights;   // [sets, top_k]
   std::vector<int64_t> cycles;  // [sets] clock64 cycles of one call
 };
 
 // mode 0 / 1: ScoreKeys<4> with DDIV / DivideByReciprocal; 2 / 3: RouteTokenRegs<4> the same
-// two ways. logits: [sets, experts], experts <= 128, renormalised top_k picks. One warp walks the
+// two ways; 4: RouteTokenByLogits<4>. logits: [sets, experts], experts <= 128, renormalised top_k picks. One warp walks the
 // sets one after another.
 RouteProbe RunRouteProbe(const std::vector<float>& logits, int sets, int experts, int top_k, int mode);
 

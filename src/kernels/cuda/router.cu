@@ -288,10 +288,12 @@ RouteParams CheckedRoute(const TensorView& x, const TensorView& w, const MoeRout
     COROLLA_CHECK(routing.correction_bias.dtype == DType::kF32 && routing.correction_bias.numel() == experts &&
                   routing.correction_bias.device == Device::kCuda)
         << "moe_router correction_bias " << routing.correction_bias.ToString();
-  return RouteParams{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
-                     topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
-                     static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
-                     routing.num_groups, routing.topk_groups};
+  RouteParams p{nullptr, 0, has_bias ? routing.correction_bias.ptr<float>() : nullptr, topk_ids.ptr<int32_t>(),
+                topk_ids.strides[0], topk_weights.ptr<float>(), topk_weights.strides[0], tokens,
+                static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
+                routing.num_groups, routing.topk_groups};
+  p.by_logits = Tuning().route_by_logits;
+  return p;
 }
 
 

@@ -513,12 +513,14 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         return bytes <= max_smem - 1024;
       };
       // mode 0: unfused; 1: staged router; 8 / 16: the cluster norm-router; 17: 16 with register
-      // rows; 18: 17 with the logits pushed by st.async at one token (router_norm.cu's kAsync).
+      // rows; 18: 17 with the logits pushed by st.async at one token (router_norm.cu's kAsync);
+      // 19: 18 routing by the logits (RouteTokenByLogits: weights within 1e-6, not the bits).
       auto run = [&](int mode) {
         cuda::Tuning().staged_router_norm = mode == 1;
         cuda::Tuning().cluster_norm_router = mode >= 8 ? std::min(mode, 16) : 0;
         cuda::Tuning().cluster_norm_router_regs = mode >= 17;
-        cuda::Tuning().cluster_norm_router_async = mode == 18;
+        cuda::Tuning().cluster_norm_router_async = mode >= 18;
+        cuda::Tuning().route_by_logits = mode == 19;
         Tensor gy = Upload(gpu(), y, {tokens, h}, DType::kBF16),
                gsum = Upload(gpu(), sum, {tokens, h}, DType::kBF16);
         Tensor gx = gpu().Empty(DType::kBF16, {tokens, h});
@@ -545,7 +547,7 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         return c.bias ? s + bias[id] : s;
       };
       Out regs_out;
-      for (int mode : {1, 8, 16, 17, 18}) {
+      for (int mode : {1, 8, 16, 17, 18, 19}) {
         if (mode == 1 && tokens > 1) continue;  // the staged router takes one token
         const int64_t reg_launches = cuda::ClusterNormRouterRegLaunches();
         const Out got = run(mode), again = run(mode);
@@ -555,6 +557,7 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         const std::string shape = std::string(mode == 1    ? "staged"
                                               : mode == 17 ? "cluster16 regs"
                                               : mode == 18 ? "cluster16 regs async"
+                                              : mode == 19 ? "cluster16 regs async by-logits"
                                                            : "cluster" + std::to_string(mode)) +
                                   " T" + std::to_string(tokens) + " E" + std::to_string(e) + " k" +
                                   std::to_string(c.k) + " H" + std::to_string(h) +
@@ -585,7 +588,7 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         EXPECT_LE(w_err, 2e-3) << shape;
         if (mode >= 8) {
           EXPECT_EQ(got.x, ref.x) << shape;
-          if (e <= sms && tokens == 1) {
+          if (e <= sms && tokens == 1 && mode != 19) {
             EXPECT_EQ(got.ids, ref.ids) << shape;
             EXPECT_EQ(got.weights, ref.weights) << shape;
           }
@@ -595,6 +598,7 @@ TEST_F(CudaKernelTest, RmsNormMoeRouterFused) {
         EXPECT_EQ(again.ids, got.ids) << shape << " (second launch)";
         EXPECT_EQ(again.weights, got.weights) << shape << " (second launch)";
         if (mode == 17) regs_out = got;
+        if (mode == 19 && got.ids == ref.ids) EXPECT_LE(w_err, 1e-6) << shape;  // (a different pick moves the sum)
         if (mode == 18 && regs(mode)) {  // the same bits as the cluster barrier's exchange
           EXPECT_EQ(got.sum, regs_out.sum) << shape;
           EXPECT_EQ(got.x, regs_out.x) << shape;

@@ -173,6 +173,13 @@ struct KernelTuning {
   // their values summed into the logit). Same bits. Session 57: not yet measured.
   // COROLLA_CLUSTER_NORM_ROUTER_ASYNC=1.
   bool cluster_norm_router_async = false;
+  // Renormalised softmax routing (Qwen3-MoE's) ranks the experts by their logits and weighs the
+  // picks by exp(l - l_max) / their sum in f32 (RouteTokenByLogits, moe_route.cuh) instead of
+  // forming every expert's score with a double sum: the picks only, ~half of one warp's routing
+  // by the probe's split (session 41: 1357 of 2772 cycles the scores). Weights within a few f32
+  // ulps of the default's; near ties may order differently. Session 57: not yet measured.
+  // COROLLA_ROUTE_BY_LOGITS=1.
+  bool route_by_logits = false;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
   // and x back): one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
