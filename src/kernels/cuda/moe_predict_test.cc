@@ -41,7 +41,7 @@ TEST_F(CudaKernelTest, LinearGemvPredictsMoeRouting) {
     const auto router = RandomBf16(e * h, 3.f / std::sqrt(float(h))), sum = RandomBf16(h, 4.f),
                x = RandomBf16(c.kin), w = RandomBf16(c.n * c.kin, 1.f / std::sqrt(float(c.kin)));
     std::vector<float> norm = RandomBf16(h, 0.5f);
-    for (float& v : norm) v += 1.f;
+    for (float& v : norm) v = c.norm_f32 ? v + 1.f : ToFloat(ToBf16(v + 1.f));  // as uploaded
     Tensor grouter = gpu().LoadWeight(HostF32(router, {e, h})), gw = gpu().LoadWeight(HostF32(w, {c.n, c.kin}));
     Tensor gnorm = Upload(gpu(), norm, {h}, c.norm_f32 ? DType::kF32 : DType::kBF16);
     Tensor gsum = Upload(gpu(), sum, {1, h}, DType::kBF16), gx = Upload(gpu(), x, {1, c.kin}, DType::kBF16);
