@@ -147,9 +147,9 @@ __device__ __forceinline__ void ClusterAcquireWait(uint32_t bar) {
 // (at most one), past one MmaDots' layout (a slice of the columns of every row a warp).
 // kOneToken: a batch of one token (the count a constant: batch 1's build keeps its registers).
 // ptxas (sm_90a): 77 registers (rows in registers, one token; without the explicit minimum of one
-// CTA ptxas held it to 64 and spilled), 150 (registers, more tokens), 64 (shared memory, one
-// token), 64 and 20 bytes spilled (shared memory, more tokens: the 1024-thread bound; 12 before
-// the norm's sums went a warp a token).
+// CTA ptxas held it to 64 and spilled), 99 (registers, more tokens), 64 (shared memory, one
+// token), 64 and 8 bytes spilled (shared memory, more tokens: the 1024-thread bound; none before
+// RouteToken's branch to RouteTokenByLogits, session 57). 75 with kAsync.
 // kAsync (register rows, one token; Tuning().cluster_norm_router_async): each warp's logit goes to
 // CTA 0 by st.async, completing 4 bytes on CTA 0's mbarrier (armed for E x 4 before the wait and
 // published by a relaxed cluster barrier), instead of a DSMEM store and cluster.sync(), whose
@@ -223,7 +223,11 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
       wgmma::MbarInitFence();
       wgmma::MbarArriveExpectTx(logits_bar, static_cast<uint32_t>(experts) * 4);
     }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // waited before the pushes
+    // (The cluster barrier's intrinsics, not inline PTX: their .aligned forms need the warp
+    // converged, which the compiler ensures only for its own; session 57's inline form hung,
+    // likely for that.)
+    __syncwarp();
+    __cluster_barrier_arrive_relaxed();  // waited before the pushes
   }
   __syncwarp();  // the mbarrier's initialisation before the other lanes wait on it
   GridDependencyWait();  // sum and y come from the kernels before
@@ -292,7 +296,10 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   }
   tl.Mark(4);
   // kAsync: CTA 0's mbarrier armed (every CTA arrived before its dependency wait: no wait here)
-  if constexpr (kAsync) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  if constexpr (kAsync) {
+    __syncwarp();
+    __cluster_barrier_wait();
+  }
   float* dst = cluster.map_shared_rank(logits, 0);
   if constexpr (kSpread) {
     // The warps' column slices summed in warp order; thread i * 8 + r pushes row r's logit of token
@@ -335,7 +342,8 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     }
   }
   if constexpr (kAsync) {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");  // this CTA's reads are over
+    __syncwarp();
+    __cluster_barrier_arrive_relaxed();  // this CTA's reads are over
     tl.Mark(1);  // this CTA's logits pushed
     if (rank == 0) ClusterAcquireWait(logits_bar);  // every logit in CTA 0
   } else {
@@ -352,7 +360,10 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   }
   if constexpr (kSpread) return;  // (written back before the first barrier)
   // kAsync: every CTA has read sum and y.
-  if constexpr (kAsync) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  if constexpr (kAsync) {
+    __syncwarp();
+    __cluster_barrier_wait();
+  }
   // Chunk t of row i is written back by CTA (i * chunks + t) % ctas.
   const int chunks = hidden / 8;
   for (int i = 0; i < tokens; ++i)

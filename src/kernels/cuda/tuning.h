@@ -170,14 +170,18 @@ struct KernelTuning {
   // barrier's release arrival waits for the CTA's stores to be performed, ~1.4 us longer beside
   // gate/up's prefetches on the router's SMs (session 56, the router's mark 1 -> 2). The write-back
   // of sum and x waits on a relaxed cluster barrier instead (the reads it must follow are over,
-  // their values summed into the logit). Same bits. Session 57: not yet measured.
+  // their values summed into the logit). Same bits. Session 57: its first form hung
+  // RmsNormMoeRouterFused on the H100 (likely its cluster barriers as inline .aligned PTX after
+  // divergent code);
+  // rewritten on the compiler's barrier intrinsics, not yet run (RmsNormMoeRouterFusedAsync).
   // COROLLA_CLUSTER_NORM_ROUTER_ASYNC=1.
   bool cluster_norm_router_async = false;
   // Renormalised softmax routing (Qwen3-MoE's) ranks the experts by their logits and weighs the
   // picks by exp(l - l_max) / their sum in f32 (RouteTokenByLogits, moe_route.cuh) instead of
   // forming every expert's score with a double sum: the picks only, ~half of one warp's routing
   // by the probe's split (session 41: 1357 of 2772 cycles the scores). Weights within a few f32
-  // ulps of the default's; near ties may order differently. Session 57: not yet measured.
+  // ulps of the default's; near ties may order differently. Session 57: written, not yet run
+  // (its test is RmsNormMoeRouterFused's mode 19 and RouteTokenPicks' mode 4).
   // COROLLA_ROUTE_BY_LOGITS=1.
   bool route_by_logits = false;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
