@@ -136,7 +136,7 @@ __device__ __forceinline__ bool RouteTokenRegs(const RouteParams& p, int64_t t, 
 // only the picks and k exponentials. Its weights are within a few f32 ulps of RouteTokenRegs',
 // and two logits whose scores round to the same f32 rank by the logit here, by the lower id
 // there (HF's topk on the f32 scores leaves such ties unordered). False, having written
-// nothing, where a logit is NaN.
+// nothing, where a logit is NaN or the largest is infinite.
 template <int kPer>
 __device__ __forceinline__ bool RouteTokenByLogits(const RouteParams& p, int64_t t, const float* logit,
                                                    int lane) {
@@ -156,8 +156,9 @@ __device__ __forceinline__ bool RouteTokenByLogits(const RouteParams& p, int64_t
     const int id = TakeLargestKey(key, lane, top);
     if (lane == i) my_id = id;
   }
-  const float l = lane < p.top_k ? logit[my_id] : 0.0f;
-  const float e = lane < p.top_k ? expf(l - __shfl_sync(0xffffffffu, l, 0)) : 0.0f;
+  const float l = lane < p.top_k ? logit[my_id] : 0.0f, l0 = __shfl_sync(0xffffffffu, l, 0);
+  if (isinf(l0)) return false;  // (an infinite largest logit: RouteToken's rules, as RouteTokenRegs)
+  const float e = lane < p.top_k ? expf(l - l0) : 0.0f;
   const float sum = WarpSum(e);
   if (lane < p.top_k) {
     p.topk_ids[t * p.ids_stride + lane] = my_id;

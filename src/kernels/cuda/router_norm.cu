@@ -146,7 +146,7 @@ __device__ __forceinline__ void ClusterAcquireWait(uint32_t bar) {
 // kRegRows: the rows in registers, H <= 2048 (so at most 256 threads): at one token a row a warp
 // (at most one), past one MmaDots' layout (a slice of the columns of every row a warp).
 // kOneToken: a batch of one token (the count a constant: batch 1's build keeps its registers).
-// ptxas (sm_90a): 77 registers (rows in registers, one token; without the explicit minimum of one
+// ptxas (sm_90a): 75 registers (rows in registers, one token; without the explicit minimum of one
 // CTA ptxas held it to 64 and spilled), 99 (registers, more tokens), 64 (shared memory, one
 // token), 64 and 8 bytes spilled (shared memory, more tokens: the 1024-thread bound; none before
 // RouteToken's branch to RouteTokenByLogits, session 57). 75 with kAsync.
