@@ -23,7 +23,9 @@
 #                the window's default 400: add COROLLA_TIMELINE_LAUNCHES to the variants; with
 #                --skip-op a step has fewer: a variant's COROLLA_TIMELINE=1000 overrides the start)
 #   AB_TESTS     a gtest filter of gpu-bundle/cuda_kernels_test to run first (the bundle unpacked
-#                here), e.g. "CudaKernelTest.QkNormRope*"; its log in $OUT/ab_tests.log
+#                here), e.g. "CudaKernelTest.QkNormRope*"; its log in $OUT/ab_tests.log;
+#                AB_TESTS_TIMEOUT its limit in seconds (default 300), past which the rounds run
+#                anyway and the test it hung in is named
 #   AB_NCU       a kernel-name regex: one launch of it (the fourth) profiled by ncu in the first
 #                build and variant, after the rounds; $OUT/ncu.log; AB_NCU_ARGS its bench flags
 #                (default AB_ARGS). Always --clock-control none:
@@ -55,8 +57,13 @@ for bin in $bins; do
   if [ ! -x "$bin" ]; then echo "gpu_decode_ab.sh: $bin missing" >&2; exit 1; fi
 done
 if [ -n "${AB_TESTS:-}" ]; then
-  timeout 300 gpu-bundle/cuda_kernels_test --gtest_filter="$AB_TESTS" >"$OUT/ab_tests.log" 2>&1
-  echo "=== cuda_kernels_test --gtest_filter=$AB_TESTS: exit $?"
+  timeout "${AB_TESTS_TIMEOUT:-300}" gpu-bundle/cuda_kernels_test --gtest_filter="$AB_TESTS" \
+    >"$OUT/ab_tests.log" 2>&1
+  rc=$?
+  echo "=== cuda_kernels_test --gtest_filter=$AB_TESTS: exit $rc"
+  if [ "$rc" = 124 ]; then  # a hang: name the test it was in
+    echo "=== timed out after ${AB_TESTS_TIMEOUT:-300} s in: $(grep '^\[ RUN' "$OUT/ab_tests.log" | tail -1)"
+  fi
   grep -E "^\[  (PASSED|FAILED)  \]|Failure" "$OUT/ab_tests.log" | head -20
 fi
 
