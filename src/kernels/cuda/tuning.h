@@ -172,9 +172,8 @@ struct KernelTuning {
   // of sum and x waits on a relaxed cluster barrier instead (the reads it must follow are over,
   // their values summed into the logit). Same bits. Session 57: its first form hung
   // RmsNormMoeRouterFused on the H100 (likely its cluster barriers as inline .aligned PTX after
-  // divergent code);
-  // rewritten on the compiler's barrier intrinsics, not yet run (RmsNormMoeRouterFusedAsync).
-  // COROLLA_CLUSTER_NORM_ROUTER_ASYNC=1.
+  // divergent code); rewritten on the compiler's barrier intrinsics, not yet run (its test:
+  // RmsNormMoeRouterFusedAsync). COROLLA_CLUSTER_NORM_ROUTER_ASYNC=1.
   bool cluster_norm_router_async = false;
   // Renormalised softmax routing (Qwen3-MoE's) ranks the experts by their logits and weighs the
   // picks by exp(l - l_max) / their sum in f32 (RouteTokenByLogits, moe_route.cuh) instead of
