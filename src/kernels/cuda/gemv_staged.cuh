@@ -145,7 +145,7 @@ __device__ __forceinline__ void PredictMoeRouting(const MoePredictParams& p, con
   __syncwarp();
   if (lane == 0) {
     __threadfence();
-    *reinterpret_cast<volatile int32_t*>(p.picks + 32) = p.tag;
+    *reinterpret_cast<volatile int32_t*>(p.picks + kMoePredictionTag) = p.tag;
     *arrivals = 0;
   }
 }

@@ -21,15 +21,16 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                         CachingAllocator& alloc, cudaStream_t s, const TensorView* residual = nullptr);
 
 // Tuning().moe_predict (with moe_prefetch_previous): the stream's batch-1 routing prediction,
-// kMoePredictionInts ints: the predicted ids at [0, 16), the predicting launch's tag at [32],
-// the down kernel's count of picks and of picks predicted at [kMoePredictionHits, +2), the
-// predicted logits (floats) at [kMoePredictionLogits, +128) and their CTAs' arrival counter at
-// kMoePredictionArrivals (zero between launches). Null where the stream's scratch cannot be had.
+// kMoePredictionInts ints: the predicted ids at [0, 16), the predicting launch's tag at
+// [kMoePredictionTag], the down kernel's count of picks and of picks predicted at
+// [kMoePredictionHits, +2), the predicted logits (floats) at [kMoePredictionLogits, +128) and
+// their CTAs' arrival counter at kMoePredictionArrivals (zero between launches). Null where the
+// stream's scratch cannot be had.
 // NextMoePredictionTag: the tag of the predicting launch being issued on s (never 0; o_proj's,
 // gemv.cu), written beside the picks; the MoE launched next on s prefetches them where it has
 // one (the picks are complete by then: the norm-router between waits on o_proj).
-constexpr int kMoePredictionHits = 40, kMoePredictionLogits = 64, kMoePredictionArrivals = 192,
-              kMoePredictionInts = 256, kMoePredictionMaxExperts = 128;
+constexpr int kMoePredictionTag = 32, kMoePredictionHits = 40, kMoePredictionLogits = 64,
+              kMoePredictionArrivals = 192, kMoePredictionInts = 256, kMoePredictionMaxExperts = 128;
 int32_t* MoePredictedPicks(cudaStream_t s);
 int NextMoePredictionTag(cudaStream_t s);
 

@@ -79,10 +79,11 @@ TEST_F(CudaKernelTest, LinearGemvPredictsMoeRouting) {
       ASSERT_EQ(cudaMemcpy(got.data(), picks, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_EQ(got[cuda::kMoePredictionArrivals], 0) << shape << ": the counter is not re-armed";
       if (!predicts) {
-        EXPECT_NE(got[32], tag_before + 1) << shape << ": tagged where E rules the prediction out";
+        EXPECT_NE(got[cuda::kMoePredictionTag], tag_before + 1)
+            << shape << ": tagged where E rules the prediction out";
         continue;
       }
-      EXPECT_EQ(got[32], tag_before + 1) << shape << " round " << round;
+      EXPECT_EQ(got[cuda::kMoePredictionTag], tag_before + 1) << shape << " round " << round;
       std::set<int> seen;
       for (int i = 0; i < c.k; ++i) {
         const int id = got[i];
