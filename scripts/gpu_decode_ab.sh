@@ -26,6 +26,8 @@
 #                here), e.g. "CudaKernelTest.QkNormRope*"; its log in $OUT/ab_tests.log;
 #                AB_TESTS_TIMEOUT its limit in seconds (default 300), past which the rounds run
 #                anyway and the test it hung in is named
+#   AB_BENCH_TIMEOUT  each bench run's limit in seconds (default 300); a variant that may hang
+#                gets a short one so that the rest of the call still runs
 #   AB_NCU       a kernel-name regex: one launch of it (the fourth) profiled by ncu in the first
 #                build and variant, after the rounds; $OUT/ncu.log; AB_NCU_ARGS its bench flags
 #                (default AB_ARGS). Always --clock-control none:
@@ -73,7 +75,7 @@ bench() {
   shift 3
   local -a env_args=()
   IFS=',' read -r -a env_args <<<"$envs"
-  timeout 300 env "${env_args[@]}" "$bin" bench "$kind" --config "$config" --random-weights --device cuda \
+  timeout "${AB_BENCH_TIMEOUT:-300}" env "${env_args[@]}" "$bin" bench "$kind" --config "$config" --random-weights --device cuda \
     --steps "$steps" "$@" >"$log" 2>&1
 }
 

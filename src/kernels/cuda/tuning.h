@@ -170,19 +170,27 @@ struct KernelTuning {
   // barrier's release arrival waits for the CTA's stores to be performed, ~1.4 us longer beside
   // gate/up's prefetches on the router's SMs (session 56, the router's mark 1 -> 2). The write-back
   // of sum and x waits on a relaxed cluster barrier instead (the reads it must follow are over,
-  // their values summed into the logit). Same bits. Session 57: its first form hung
-  // RmsNormMoeRouterFused on the H100 (likely its cluster barriers as inline .aligned PTX after
-  // divergent code); rewritten on the compiler's barrier intrinsics, not yet run (its test:
-  // RmsNormMoeRouterFusedAsync). COROLLA_CLUSTER_NORM_ROUTER_ASYNC=1.
-  bool cluster_norm_router_async = false;
+  // their values summed into the logit). Same bits. Session 57's first form hung on the H100
+  // (its cluster barriers as inline .aligned PTX after divergent code); it runs on the compiler's
+  // barrier intrinsics since. Session 58 (H100, batch 1, graph, two rounds): with routing by the
+  // logits 2.807 / 2.815 ms at ctx 1024 against 2.838 / 2.842 for routing by the logits alone and
+  // 2.857 / 2.878 for neither; the exchange (mark 1 -> 2) 0.08 us against 0.62, the router 3.28
+  // us against 3.89 / 4.36. Its test: RmsNormMoeRouterFusedAsync. COROLLA_CLUSTER_NORM_ROUTER_ASYNC.
+  bool cluster_norm_router_async = true;
   // Renormalised softmax routing (Qwen3-MoE's) ranks the experts by their logits and weighs the
   // picks by exp(l - l_max) / their sum in f32 (RouteTokenByLogits, moe_route.cuh) instead of
   // forming every expert's score with a double sum: the picks only, ~half of one warp's routing
   // by the probe's split (session 41: 1357 of 2772 cycles the scores). Weights within a few f32
-  // ulps of the default's; near ties may order differently. Session 57: written, not yet run
-  // (its test is RmsNormMoeRouterFused's mode 19 and RouteTokenPicks' mode 4).
-  // COROLLA_ROUTE_BY_LOGITS=1.
-  bool route_by_logits = false;
+  // ulps of the scores' routing; near ties may order differently. Session 58 (H100, batch 1,
+  // graph, two rounds): 2.838 / 2.842 ms at ctx 1024 against 2.857 / 2.878, 3.200 / 3.204 against
+  // 3.217 / 3.230 at 8192; the router 3.89 us against 4.36; the probe 1771 cycles against 2729.
+  // Its tests: RmsNormMoeRouterFused's mode 19, RouteTokenPicks' mode 4. COROLLA_ROUTE_BY_LOGITS.
+  bool route_by_logits = true;
+  // With it, the cluster norm-router's CTA 0 ranks one token's logits with all its threads
+  // (RouteTokenByRank, moe_route.cuh: thread e counts the logits that beat its own) instead of
+  // one warp's top_k dependent pairs of reductions: the same ids and bits. Session 58: written
+  // (its tests: RmsNormMoeRouterFused's mode 20, RouteTokenPicks' mode 5). COROLLA_ROUTE_BY_RANK=1.
+  bool route_by_rank = false;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
   // and x back): one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
