@@ -222,9 +222,7 @@ TEST(CudaPerf, DecodeOpsColdCode) {
 // logits, a quarter of them with tied scores: the scores alone and the whole routing, dividing
 // the scores by their sum with DDIV or through DivideByReciprocal, median cycles. Both divisions
 // must give the same ids and weights (bits), each set's ids distinct and in range, its weights
-// summing to 1; routing by the logits the same picks (up to ties of the scores) and weights
-// within 1e-6, ranked by a block its bits; and DivideByReciprocal the division's bits over 2^28
-// random pairs.
+// summing to 1; and DivideByReciprocal the division's bits over 2^28 random pairs.
 TEST(CudaPerf, RouteTokenPicks) {
   std::string skip;
   if (ProbeSms(skip) == 0) GTEST_SKIP() << skip;
@@ -239,9 +237,9 @@ TEST(CudaPerf, RouteTokenPicks) {
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
   const char* names[] = {"scores, DDIV", "scores, reciprocal", "routing, DDIV",
-                         "routing, reciprocal", "routing by logits", "by logits, ranked"};
-  cuda::RouteProbe by_mode[6];
-  for (int mode = 0; mode < 6; ++mode) {
+                         "routing, reciprocal", "routing by logits"};
+  cuda::RouteProbe by_mode[5];
+  for (int mode = 0; mode < 5; ++mode) {
     by_mode[mode] = cuda::RunRouteProbe(logits, kSets, kExperts, kTopK, mode);
     std::vector<int64_t> c(by_mode[mode].cycles.begin() + 8, by_mode[mode].cycles.end());  // warm
     std::sort(c.begin(), c.end());
@@ -281,11 +279,6 @@ TEST(CudaPerf, RouteTokenPicks) {
         << "set " << s << " pick " << i % kTopK << ": " << c.ids[i] << " vs " << a.ids[i];
     EXPECT_NEAR(c.weights[i], a.weights[i], 1e-6) << "set " << s << " pick " << i % kTopK;
   }
-  // Ranked by the block (mode 5): mode 4's ids and bits.
-  EXPECT_EQ(by_mode[5].ids, c.ids);
-  for (size_t i = 0; i < c.weights.size(); ++i)
-    ASSERT_EQ(std::bit_cast<uint32_t>(by_mode[5].weights[i]), std::bit_cast<uint32_t>(c.weights[i]))
-        << "ranked pick " << i;
   const int64_t pairs = int64_t{1} << 28,
                 bad = cuda::DivideByReciprocalMismatches(pairs, TestSeed("division"));
   std::printf("route token: DivideByReciprocal differs from the division in %lld of %lld pairs\n",

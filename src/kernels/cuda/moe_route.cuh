@@ -25,7 +25,6 @@ struct RouteParams {
   int num_groups, topk_groups;
   uint64_t* timeline = nullptr;  // timeline.h (MoeRoute's launch)
   bool by_logits = false;        // Tuning().route_by_logits: RouteTokenByLogits where it applies
-  bool by_rank = false;          // Tuning().route_by_rank: RouteTokenByRank where the caller can
 };
 
 // a / b rounded to nearest as the division rounds it, given r = 1 / b (itself a division): q =
@@ -164,72 +163,6 @@ __device__ __forceinline__ bool RouteTokenByLogits(const RouteParams& p, int64_t
   if (lane < p.top_k) {
     p.topk_ids[t * p.ids_stride + lane] = my_id;
     p.topk_weights[t * p.weights_stride + lane] = e / sum * p.scaling_factor;
-  }
-  return true;
-}
-
-// Whether RouteTokenByRank applies: RouteTokenByLogits' routing, E a multiple of 32 up to the
-// block's threads, the picks' scratch (2 top_k floats) within E.
-__device__ __forceinline__ bool RanksByBlock(const RouteParams& p, int threads) {
-  return p.by_logits && p.by_rank && p.renormalize && !p.sigmoid && p.bias == nullptr &&
-         p.num_groups == 1 && p.experts % 32 == 0 && p.experts <= threads && p.top_k <= 32 &&
-         2 * p.top_k <= p.experts;
-}
-
-// RouteTokenByLogits' picks ranked by the whole block instead of one warp (p.by_rank; the
-// cluster norm-router's CTA 0 at one token): thread e < E counts the logits that beat its own
-// (larger, or equal at a lower id), so every rank comes at once instead of from top_k dependent
-// pairs of warp reductions, and rank r < top_k is pick r. Warp 0 then weighs the picks as
-// RouteTokenByLogits does: the same ids and bits. The count over chunk c of 32 keys is uniform
-// in a warp except on its own chunk: an earlier chunk's equal key beats, a later one's does not.
-// Every thread of the block calls it (two block barriers), RanksByBlock(p, blockDim.x) holding.
-// keys: [E] and picks: [2 top_k] shared scratch. False in every thread, having written nothing,
-// where a logit is NaN or infinite (RouteToken's rules then, by one warp).
-__device__ __forceinline__ bool RouteTokenByRank(const RouteParams& p, int64_t t, const float* logit,
-                                                 uint32_t* keys, float* picks) {
-  const int e = static_cast<int>(threadIdx.x), warp = e / 32, lane = e % 32;
-  const bool mine = e < p.experts;
-  const float v = mine ? logit[e] : 0.0f;
-  const uint32_t key = OrderedKey(v);
-  if (mine) keys[e] = key;
-  if (__syncthreads_or(mine && !isfinite(v))) return false;
-  int* pick_ids = reinterpret_cast<int*>(picks);
-  float* pick_logits = picks + p.top_k;
-  if (mine) {
-    int r = 0;
-    for (int c = 0; c < p.experts / 32; ++c) {
-      const uint4* k4 = reinterpret_cast<const uint4*>(keys + 32 * c);
-      if (c != warp) {
-        const uint32_t earlier = c < warp ? 1u : 0u;  // (keys stay below 0xFF800001: no wrap)
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const uint4 k = k4[q];
-          r += (k.x + earlier > key) + (k.y + earlier > key) + (k.z + earlier > key) +
-               (k.w + earlier > key);
-        }
-      } else {
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const uint4 k = k4[q];
-          r += (k.x + (4 * q < lane) > key) + (k.y + (4 * q + 1 < lane) > key) +
-               (k.z + (4 * q + 2 < lane) > key) + (k.w + (4 * q + 3 < lane) > key);
-        }
-      }
-    }
-    if (r < p.top_k) {
-      pick_ids[r] = e;
-      pick_logits[r] = v;
-    }
-  }
-  __syncthreads();
-  if (warp == 0) {
-    const float l = lane < p.top_k ? pick_logits[lane] : 0.0f, l0 = pick_logits[0];
-    const float x = lane < p.top_k ? expf(l - l0) : 0.0f;
-    const float sum = WarpSum(x);
-    if (lane < p.top_k) {
-      p.topk_ids[t * p.ids_stride + lane] = pick_ids[lane];
-      p.topk_weights[t * p.weights_stride + lane] = x / sum * p.scaling_factor;
-    }
   }
   return true;
 }

@@ -10,18 +10,14 @@ namespace {
 
 constexpr int kMaxExperts = 128;
 
-// One warp (modes 0-4) or a block of E threads (5): each set's logits to shared memory, then
-// the timed call.
+// One warp: each set's logits to shared memory, then the timed call.
 __global__ void RouteProbeKernel(const float* logits, int sets, RouteParams p, int mode, long long* cycles,
                                  float* sink) {
-  __shared__ __align__(16) float row[kMaxExperts];
-  __shared__ __align__(16) uint32_t keys[kMaxExperts];
-  __shared__ float picks[2 * kMaxTopK];
+  __shared__ float row[kMaxExperts];
   const int lane = threadIdx.x;
-  if (mode < 5 && lane >= 32) return;
   for (int s = 0; s < sets; ++s) {
-    for (int e = lane; e < p.experts; e += blockDim.x) row[e] = logits[static_cast<int64_t>(s) * p.experts + e];
-    __syncthreads();
+    for (int e = lane; e < p.experts; e += 32) row[e] = logits[static_cast<int64_t>(s) * p.experts + e];
+    __syncwarp();
     const long long t0 = clock64();
     if (mode < 2) {
       uint32_t key[4];
@@ -31,14 +27,12 @@ __global__ void RouteProbeKernel(const float* logits, int sets, RouteParams p, i
       RouteTokenRegs<4, false>(p, s, row, lane);
     } else if (mode == 3) {
       RouteTokenRegs<4, true>(p, s, row, lane);
-    } else if (mode == 4) {
-      RouteTokenByLogits<4>(p, s, row, lane);
     } else {
-      RouteTokenByRank(p, s, row, keys, picks);
+      RouteTokenByLogits<4>(p, s, row, lane);
     }
     const long long t1 = clock64();
     if (lane == 0) cycles[s] = t1 - t0;
-    __syncthreads();
+    __syncwarp();
   }
 }
 
@@ -79,7 +73,6 @@ int64_t DivideByReciprocalMismatches(int64_t n, uint64_t seed) {
 
 RouteProbe RunRouteProbe(const std::vector<float>& logits, int sets, int experts, int top_k, int mode) {
   COROLLA_CHECK(experts >= top_k && experts <= kMaxExperts && top_k <= 32 && sets >= 1 &&
-                (mode != 5 || (experts % 32 == 0 && 2 * top_k <= experts)) &&
                 logits.size() == static_cast<size_t>(sets) * experts)
       << "route probe: " << sets << " sets of " << experts << " experts, top " << top_k;
   float *d_logits = nullptr, *d_weights = nullptr, *d_sink = nullptr;
@@ -104,8 +97,7 @@ RouteProbe RunRouteProbe(const std::vector<float>& logits, int sets, int experts
   p.renormalize = true;
   p.scaling_factor = 1.0f;
   p.num_groups = p.topk_groups = 1;
-  p.by_logits = p.by_rank = mode == 5;
-  RouteProbeKernel<<<1, mode == 5 ? kMaxExperts : 32>>>(d_logits, sets, p, mode, d_cycles, d_sink);
+  RouteProbeKernel<<<1, 32>>>(d_logits, sets, p, mode, d_cycles, d_sink);
   COROLLA_CUDA_CHECK(cudaGetLastError());
   RouteProbe r;
   r.ids.resize(static_cast<size_t>(sets) * top_k);

@@ -293,7 +293,6 @@ RouteParams CheckedRoute(const TensorView& x, const TensorView& w, const MoeRout
                 static_cast<int>(experts), k, routing.renormalize, routing.sigmoid, routing.scaling_factor,
                 routing.num_groups, routing.topk_groups};
   p.by_logits = Tuning().route_by_logits;
-  p.by_rank = Tuning().route_by_rank;
   return p;
 }
 

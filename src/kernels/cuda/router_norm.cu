@@ -353,14 +353,9 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
   tl.Mark(2);
   if (rank == 0) {
     const int groups = p.route.num_groups;
-    // One token: every warp of CTA 0 ranks (RouteTokenByRank) where it applies.
-    const bool ranked = kOneToken && RanksByBlock(p.route, blockDim.x) &&
-                        RouteTokenByRank(p.route, 0, logits, reinterpret_cast<uint32_t*>(probs),
-                                         choice);
-    if (!ranked)
-      for (int i = warp; i < tokens; i += warps)
-        RouteToken(p.route, i, logits + i * experts, probs + i * experts, choice + i * experts,
-                   group_score + i * groups, lane);
+    for (int i = warp; i < tokens; i += warps)
+      RouteToken(p.route, i, logits + i * experts, probs + i * experts, choice + i * experts,
+                 group_score + i * groups, lane);
     tl.Mark(3);  // routed (CTA 0)
   }
   if constexpr (kSpread) return;  // (written back before the first barrier)

@@ -184,13 +184,10 @@ struct KernelTuning {
   // ulps of the scores' routing; near ties may order differently. Session 58 (H100, batch 1,
   // graph, two rounds): 2.838 / 2.842 ms at ctx 1024 against 2.857 / 2.878, 3.200 / 3.204 against
   // 3.217 / 3.230 at 8192; the router 3.89 us against 4.36; the probe 1771 cycles against 2729.
+  // Batches 2 / 8 / 32 / 128 at 1k (call 2, another H100): 4.103 / 9.751 / 21.095 / 26.576 ms
+  // against 4.128 / 9.781 / 21.099 / 26.606.
   // Its tests: RmsNormMoeRouterFused's mode 19, RouteTokenPicks' mode 4. COROLLA_ROUTE_BY_LOGITS.
   bool route_by_logits = true;
-  // With it, the cluster norm-router's CTA 0 ranks one token's logits with all its threads
-  // (RouteTokenByRank, moe_route.cuh: thread e counts the logits that beat its own) instead of
-  // one warp's top_k dependent pairs of reductions: the same ids and bits. Session 58: written
-  // (its tests: RmsNormMoeRouterFused's mode 20, RouteTokenPicks' mode 5). COROLLA_ROUTE_BY_RANK=1.
-  bool route_by_rank = false;
   // Backend::RmsNormLinear of one row (a layer's input norm and qkv projection) folds the norm
   // into the staged GEMV (every CTA forms sum + y and its norm; the last CTA to arrive writes sum
   // and x back): one launch instead of two. Off: slower on an H200 (Qwen3-30B-A3B batch 1, graph,
