@@ -2,7 +2,7 @@
 # Runs on the GPU machine (it has cuobjdump; this one does not): the size of each kernel's code
 # (its .text section in the binary's cubins), largest first, demangled where c++filt is there.
 # Why it matters: code an SM's instruction caches do not hold runs from L2 at about half the
-# speed (CudaPerf.ColdCode; docs/benchmarks/single-gpu.md, "Session 37").
+# speed (CudaPerf.ColdCode; docs/benchmarks/single-gpu-sessions-37-46.md, "Session 37").
 # Usage: scripts/gpu_code_sizes.sh [BINARY (gpu-bundle/corolla)] [REGEX: only matching kernels]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
