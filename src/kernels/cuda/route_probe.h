@@ -17,8 +17,8 @@ struct RouteProbe {
 };
 
 // mode 0 / 1: ScoreKeys<4> with DDIV / DivideByReciprocal; 2 / 3: RouteTokenRegs<4> the same
-// two ways; 4: RouteTokenByLogits<4>. logits: [sets, experts], experts <= 128, renormalised top_k picks. One warp walks the
-// sets one after another.
+// two ways; 4: RouteTokenByLogits<4>. logits: [sets, experts], experts <= 128, renormalised
+// top_k picks. One warp walks the sets one after another.
 RouteProbe RunRouteProbe(const std::vector<float>& logits, int sets, int experts, int top_k, int mode);
 
 // Of n pseudo-random pairs (a float in (0, 1], b a double in [1, 128]), how many

@@ -123,26 +123,6 @@ __device__ __forceinline__ float2 MmaDots(const uint4 (&w)[kRegChunks], const bf
   return make_float2(d[0], d[1]);
 }
 
-// Waits for the first phase of CTA 0's logits mbarrier (kAsync), acquiring at cluster scope the
-// other CTAs' st.async stores that completed it. As wgmma::MbarWait, a wait past 10 s traps.
-__device__ __forceinline__ void ClusterAcquireWait(uint32_t bar) {
-  const uint64_t start = wgmma::GlobalTimerNs();
-  while (true) {
-    uint32_t done;
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar)
-        : "memory");
-    if (done) return;
-    if (wgmma::GlobalTimerNs() - start > 10'000'000'000ull) __trap();
-  }
-}
-
 // kRegRows: the rows in registers, H <= 2048 (so at most 256 threads): at one token a row a warp
 // (at most one), past one MmaDots' layout (a slice of the columns of every row a warp).
 // kOneToken: a batch of one token (the count a constant: batch 1's build keeps its registers).
@@ -345,7 +325,7 @@ __global__ void __launch_bounds__(kRegRows ? kRegChunks * 32 : kMaxThreads, 1)
     __syncwarp();
     __cluster_barrier_arrive_relaxed();  // this CTA's reads are over
     tl.Mark(1);  // this CTA's logits pushed
-    if (rank == 0) ClusterAcquireWait(logits_bar);  // every logit in CTA 0
+    if (rank == 0) wgmma::MbarWait<true>(logits_bar, 0);  // every logit in CTA 0 (acquired)
   } else {
     tl.Mark(1);  // this CTA's logits pushed
     cluster.sync();  // every logit in CTA 0; every CTA has read sum and y

@@ -295,17 +295,32 @@ __device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes)
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
+// kClusterAcquire: the wait acquires at cluster scope (what other CTAs of the cluster completed
+// on this barrier with st.async: the norm-router's logits), else the default (CTA) semantics.
+template <bool kClusterAcquire = false>
 __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
+  if constexpr (kClusterAcquire) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
   return done != 0;
 }
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
@@ -316,10 +331,11 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 // Waits until the phase of parity `parity` has completed (the n-th completion has parity n % 2).
 // A wait of more than 10 s is a protocol bug (a lost arrival, a wrong tx byte count): trap, so
 // the launch fails with an error instead of hanging the process.
+template <bool kClusterAcquire = false>
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  if (MbarTryWait(bar, parity)) return;
+  if (MbarTryWait<kClusterAcquire>(bar, parity)) return;
   const uint64_t start = GlobalTimerNs();
-  while (!MbarTryWait(bar, parity))
+  while (!MbarTryWait<kClusterAcquire>(bar, parity))
     if (GlobalTimerNs() - start > 10'000'000'000ull) __trap();
 }
 
