@@ -115,7 +115,6 @@ struct MoePath {
   bool y_bf16 = false;          // the down GEMM's y in bf16 (Tuning().moe_y_bf16)
   bool snake = true;            // Tuning().moe_gemm_snake
   bool skinny = false;          // the weight streams (moe_skinny.cu)
-  bool permute_pdl = false;     // MoePermute's one-CTA kernel under PDL (Tuning().moe_permute_pdl)
 };
 const MoePath kMoePaths[] = {
     {.name = "mma tile 32", .tile_rows = 32},
@@ -143,7 +142,6 @@ const MoePath kMoePaths[] = {
     {.name = "skinny", .skinny = true},
     {.name = "skinny y bf16", .y_bf16 = true, .skinny = true},
     {.name = "skinny chunked permute", .one_cta_permute = false, .skinny = true},
-    {.name = "skinny permute under PDL", .skinny = true, .permute_pdl = true},
 };
 void Apply(const MoePath& path) {
   cuda::KernelTuning& t = cuda::Tuning();
@@ -158,7 +156,6 @@ void Apply(const MoePath& path) {
   t.moe_combine_vec = path.combine_vec;
   t.moe_gemm_wgmma_tile64 = path.wgmma_tile64;
   t.moe_y_bf16 = path.y_bf16;
-  t.moe_permute_pdl = path.permute_pdl;
 }
 
 void RunMoe(Backend& gpu, WeightCache& weights, const MoeCase& c) {
@@ -251,7 +248,7 @@ TEST_F(CudaKernelTest, MoeExperts) {
   for (const MoeCase& c : cases) RunMoe(gpu(), weights, c);
 }
 
-// MoePermute's one-CTA (plain and under PDL) and chunked paths against the ids:
+// MoePermute's one-CTA and chunked paths against the ids:
 // expert e's rows are exactly its pairs (offsets from the host's counts, slot_row and perm_token
 // inverse to each other), skipped ids get -1, the active list is the experts with rows in id order.
 // Outputs poisoned first.
@@ -277,14 +274,11 @@ TEST_F(CudaKernelTest, MoePermute) {
     for (int32_t e : ids)
       if (e >= 0 && e < c.experts) ++count[e];
     Tensor gids = UploadI32(gpu(), ids, {c.tokens, c.k});
-    for (const int mode : {0, 1, 2}) {  // one CTA, chunked, one CTA under PDL
-      const bool one_cta = mode != 1;
+    for (const bool one_cta : {true, false}) {
       if (one_cta && pairs > 8192) continue;
-      const std::string name =
-          Name(c) + (mode == 0 ? " one CTA" : mode == 1 ? " chunked" : " one CTA under PDL");
+      const std::string name = Name(c) + (one_cta ? " one CTA" : " chunked");
       cuda::Tuning() = DefaultTuning();
       cuda::Tuning().moe_permute_one_cta_max_pairs = one_cta ? 8192 : 0;
-      cuda::Tuning().moe_permute_pdl = mode == 2;
       Tensor offsets = gpu().Empty(DType::kI32, {c.experts + 1});
       Tensor active = gpu().Empty(DType::kI32, {c.experts + 1});
       Tensor perm = gpu().Empty(DType::kI32, {pairs}), slot = gpu().Empty(DType::kI32, {pairs});

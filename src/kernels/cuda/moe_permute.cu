@@ -14,7 +14,6 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_permute.h"
-#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/timeline.h"
 #include "kernels/cuda/tuning.h"
@@ -166,8 +165,7 @@ __device__ __forceinline__ void PlacePairs(const PermuteParams& p, int c, const 
 __global__ void __launch_bounds__(kThreads)
     PermuteOneCtaKernel(const __grid_constant__ PermuteParams p) {
   TimelineScope tl(p.timeline);
-  GridDependencyWait();  // under PDL with Tuning().moe_permute_pdl, else a no-op
-  tl.Waited();
+  tl.Waited();  // a plain launch: it enters once the kernel before has finished
   __shared__ int32_t hist[kHists * kMoePermuteMaxExperts];
   int e[kOneCtaPer];
   const int count = LoadAndCount<kOneCtaPer>(p, 0, e, hist);
@@ -243,12 +241,8 @@ void MoePermute(const int32_t* ids, int64_t ids_stride, int64_t tokens, int top_
       chunks};
   if (pairs <= std::min<int64_t>(Tuning().moe_permute_one_cta_max_pairs, kThreads * kOneCtaPer)) {
     p.timeline = TimelineRecord("MoePermute", 1, s);
-    if (Tuning().moe_permute_pdl) {  // (it triggers nothing: its dependents start at its exit)
-      LaunchPdl(PermuteOneCtaKernel, dim3(1), dim3(kThreads), 0, s, 1, p);
-    } else {
-      PermuteOneCtaKernel<<<1, kThreads, 0, s>>>(p);
-      COROLLA_CUDA_CHECK_LAUNCH();
-    }
+    PermuteOneCtaKernel<<<1, kThreads, 0, s>>>(p);
+    COROLLA_CUDA_CHECK_LAUNCH();
     return;
   }
   ChunkCountKernel<<<chunks, kThreads, 0, s>>>(p);

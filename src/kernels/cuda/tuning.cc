@@ -85,7 +85,6 @@ KernelTuning& Tuning() {
     Env("COROLLA_CLUSTER_NORM_ROUTER_REGS", t.cluster_norm_router_regs);
     Env("COROLLA_CLUSTER_NORM_ROUTER_ASYNC", t.cluster_norm_router_async);
     Env("COROLLA_ROUTE_BY_LOGITS", t.route_by_logits);
-    Env("COROLLA_MOE_PERMUTE_PDL", t.moe_permute_pdl);
     Env("COROLLA_GEMV_STAGED_NORM", t.gemv_staged_norm);
     Env("COROLLA_ATTN_DECODE", t.attention_decode_kernel);
     Env("COROLLA_ATTN_DECODE_SPLIT_KEYS", t.attention_decode_split_keys);

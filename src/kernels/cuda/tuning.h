@@ -43,13 +43,6 @@ struct KernelTuning {
   // 8.1 / 13.3 us, the three launches in 7.6 / 8.2 / 8.6. COROLLA_MOE_PERMUTE_ONE_CTA_MAX_PAIRS
   // sets it.
   int64_t moe_permute_one_cta_max_pairs = 4096;
-  // That one-CTA kernel launched under PDL (its wait at entry), so that it enters during the
-  // router's tail instead of ~0.8 us after its exit (session 56, batch 32: MoePermute's path 4.07
-  // us a layer, 0.81 of it that gap). Session 53 put both of the permuted path's plain launches
-  // (MoePermute and MoeCombine) under PDL: 0.03 ms faster up to 16 tokens, 0.2-0.4 ms slower from
-  // 24 on, likelier the combine's early CTAs beside down's second wave. Session 58: this alone,
-  // written, not yet run. COROLLA_MOE_PERMUTE_PDL=1.
-  bool moe_permute_pdl = false;
   // MoeCombine sums y with 16-byte loads, all slots' loads before their sums (CombineVecKernel,
   // the same bits as the scalar kernel). COROLLA_MOE_COMBINE_VEC=0 takes the scalar kernel.
   bool moe_combine_vec = true;
