@@ -298,13 +298,10 @@ bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int ma
 // prologue: QkNormRopeAttention's, folded in (q holds the raw projection), or null. proj_w /
 // proj_out (with the prologue): QkNormRopeAttentionProj's o projection folded in too, where the
 // plan allows (one token, group <= 8): true when that kernel ran, false when nothing did.
-// merge_into_proj (no prologue; one sequence's token; MergingSplitsGemvFits(proj_w, proj_out)):
-// the attention, then the o projection, which merges the splits where the plan has 2 or more
-// that fit it (Tuning().o_proj_merge), else takes out as merged by the attention: always true.
 bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                      const TensorView& out, CachingAllocator& alloc, cudaStream_t s,
                      const DecodePrologue* prologue = nullptr, const TensorView* proj_w = nullptr,
-                     const TensorView* proj_out = nullptr, bool merge_into_proj = false);
+                     const TensorView* proj_out = nullptr);
 
 namespace {
 
@@ -501,27 +498,6 @@ bool QkNormRopeAttention(const TensorView& q, const TensorView& k, const TensorV
   return folded;
 }
 
-// Tuning().o_proj_merge: the prologue kernel, then the decode attention with its splits left
-// unmerged and the o projection merging them (AttentionDecode's merge_into_proj), for one
-// sequence's token whose prologue runs apart (!FusesDecodePrologue). False: nothing launched.
-bool MergedDecodeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
-                               const TensorView& positions, const RopeParams& rope, const float* inv_freq,
-                               const KvCacheView& cache, const AttentionBatch& batch, float scale,
-                               const TensorView& out, const TensorView& w_o, const TensorView& proj_out,
-                               CachingAllocator& alloc, cudaStream_t s) {
-  const int max_q_len = batch.max_q_len > 0 ? batch.max_q_len : static_cast<int>(q.dim(0));
-  if (max_q_len != 1 || q.rank() != 3 || q.dim(0) != 1 || batch.seq_lens.numel() != 1 || FusesDecodePrologue(batch) ||
-      out.rank() != 3 || out.dim(2) != q.dim(2) || !out.is_contiguous() || w_o.rank() != 2 ||
-      w_o.dim(1) != q.dim(1) * q.dim(2) || !MergingSplitsGemvFits(w_o, proj_out, 1) ||
-      !QkNormRopeKvWriteServes(q, k, v, q_norm_w, k_norm_w, positions, rope, cache, batch) ||
-      !CheckAttention(q, cache, batch, out) || !AttentionDecodeServes(q, cache, max_q_len))
-    return false;
-  if (!QkNormRopeKvWrite(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, s)) return false;
-  AttentionDecode(q, cache, batch, scale * 1.4426950408889634f, out, alloc, s, nullptr, &w_o, &proj_out, true);
-  return true;
-}
-
 AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v,
                                         const TensorView& q_norm_w, const TensorView& k_norm_w, float eps,
                                         const TensorView& positions, const RopeParams& rope, const float* inv_freq,
@@ -532,12 +508,6 @@ AttentionResult QkNormRopeAttentionProj(const TensorView& q, const TensorView& k
   if (Tuning().attention_region)
     r = FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
                              &w_o, &proj_out, alloc, s);
-  if (r != AttentionResult::kProjected && Tuning().o_proj_merge &&
-      MergedDecodeAttentionProj(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
-                                w_o, proj_out, alloc, s)) {
-    SetStagedGemvBesideFoldedAttention(s, false);  // (no folded attention before the next staged GEMV)
-    return AttentionResult::kProjected;
-  }
   if (r != AttentionResult::kProjected)
     r = FusedDecodeAttention(q, k, v, q_norm_w, k_norm_w, eps, positions, rope, inv_freq, cache, batch, scale, out,
                              nullptr, nullptr, alloc, s);

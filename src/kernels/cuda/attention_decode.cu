@@ -468,8 +468,7 @@ __global__ void __launch_bounds__(kThreads) AttentionDecodeKernel(const __grid_c
             if (warp == 0 && g == 0) cl.ml[row] = make_float2(row_m, row_l);
           } else if (p.num_splits > 1) {
             const int64_t part = (static_cast<int64_t>(q0) * p.q_heads + head) * p.num_splits + split;
-            if (p.part_bf16 != nullptr) StoreBf16(p.part_bf16 + part * kD + dim0, f, 1.f / row_l);
-            else StoreF32(p.part_o + part * kD + dim0, f);
+            StoreF32(p.part_o + part * kD + dim0, f);
             if (warp == 0 && g == 0) *reinterpret_cast<float2*>(p.part_ml + 2 * part) = make_float2(row_m, row_l);
           } else {
             StoreBf16(p.out + static_cast<int64_t>(q0) * p.out_token_stride +
@@ -527,8 +526,7 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
       prologue ? AttentionDecodeKernel<kD, kRowBlocks, true> : AttentionDecodeKernel<kD, kRowBlocks, false>;
   const dim3 grid(p.num_splits, p.kv_heads, num_seqs);
   p.timeline = TimelineRecord(name, int64_t{grid.x} * grid.y * grid.z, s);
-  // (After the passes: the cluster merge only, Tuning(); and partials left to o_proj's merge.)
-  if (p.trigger_at == 2 && p.part_bf16 == nullptr) p.trigger_at = 1;
+  if (p.trigger_at == 2) p.trigger_at = 1;  // (after the passes: the cluster merge only, Tuning())
   SetCarveoutOnce(reinterpret_cast<const void*>(kernel), Tuning().attention_decode_carveout);
   if (p.wide_merge) {  // its splits wait for each other: every CTA must be resident at once
     p.wide_merge = ResidentCtas(reinterpret_cast<const void*>(kernel), kThreads, 0) >=
@@ -539,8 +537,7 @@ bool LaunchDecode(DecodeParams p, bool prologue, bool cluster, int num_seqs, cud
   return false;
 }
 
-std::atomic<int64_t> region_launches{0};    // AttentionRegionLaunches
-std::atomic<int64_t> merged_into_proj{0};  // AttentionMergedIntoProjLaunches
+std::atomic<int64_t> region_launches{0};  // AttentionRegionLaunches
 
 // The attention with the o projection folded in (kOutProj, one sequence; the splits merged as a
 // cluster or, with `cluster` off, by the merge counters, which must then exist): grid (splits, Y)
@@ -595,7 +592,6 @@ int64_t AttentionDecodeClusterLaunches() { return cluster_launches.load(std::mem
 int64_t AttentionDecodeWideMergeLaunches() { return wide_merge_launches.load(std::memory_order_relaxed); }
 int64_t AttentionDecodeClusterCuts() { return cluster_cuts.load(std::memory_order_relaxed); }
 int64_t AttentionRegionLaunches() { return region_launches.load(std::memory_order_relaxed); }
-int64_t AttentionMergedIntoProjLaunches() { return merged_into_proj.load(std::memory_order_relaxed); }
 
 bool AttentionDecodeServes(const TensorView& q, const KvCacheView& cache, int max_q_len) {
   const int64_t d = q.dim(2), hk = cache.k.dim(1);
@@ -626,7 +622,7 @@ bool DecodeSplitsCappedToCluster(const AttentionBatch& batch) {
 // with 16-byte aligned rows, contiguous 16-byte aligned caches) and AttentionDecodeServes.
 bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const AttentionBatch& batch, float scale_log2,
                      const TensorView& out, CachingAllocator& alloc, cudaStream_t s, const DecodePrologue* prologue,
-                     const TensorView* proj_w, const TensorView* proj_out, bool merge_into_proj) {
+                     const TensorView* proj_w, const TensorView* proj_out) {
   const int d = static_cast<int>(q.dim(2)), kv_heads = static_cast<int>(cache.k.dim(1));
   const int group = static_cast<int>(q.dim(1)) / kv_heads;
   const int num_seqs = static_cast<int>(batch.seq_lens.numel());
@@ -724,28 +720,7 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
       if (projected) return true;
     }
   }
-  const int64_t heads = q.dim(1);
-  if (merge_into_proj) {
-    COROLLA_CHECK(proj_w != nullptr && proj_out != nullptr && !fused && num_seqs == 1 && q.dim(0) == 1 &&
-                  proj_w->dim(1) == heads * d && out.is_contiguous())
-        << "attention merged into o_proj: q " << q.ToString() << " out " << out.ToString();
-    // The splits' partials in bf16 where their f32 ones would be; the o projection merges them.
-    if (num_splits > 1 && !wide && MergingSplitsGemvFits(*proj_w, *proj_out, heads * num_splits)) {
-      DecodeParams pm = p;
-      pm.counters = nullptr;
-      pm.wide_merge = false;
-      pm.part_bf16 = reinterpret_cast<bf16_t*>(part_o);
-      if (d == 64) LaunchDecode<64, 1>(pm, false, false, num_seqs, s);
-      else if (d == 128) LaunchDecode<128, 1>(pm, false, false, num_seqs, s);
-      else LaunchDecode<256, 1>(pm, false, false, num_seqs, s);
-      merged_into_proj.fetch_add(1, std::memory_order_relaxed);
-      LinearGemvMergingSplits(SplitPartials{pm.part_bf16, part_ml, static_cast<int>(heads), num_splits, d}, out,
-                              *proj_w, *proj_out, s);
-      return true;
-    }
-  } else if (proj_w != nullptr) {
-    return false;  // the folded kernel or nothing
-  }
+  if (proj_w != nullptr) return false;  // the folded kernel or nothing
   bool clustered = false;
   switch (d) {
     case 64:
@@ -768,10 +743,6 @@ bool AttentionDecode(const TensorView& q, const KvCacheView& cache, const Attent
     if (d == 64) LaunchSplitKvMerge<64>(mp, s);
     else if (d == 128) LaunchSplitKvMerge<128>(mp, s);
     else LaunchSplitKvMerge<256>(mp, s);
-  }
-  if (merge_into_proj) {  // (a plan the merging projection does not take: out is merged)
-    COROLLA_CHECK(LinearGemv(out.Reshape({1, heads * d}), *proj_w, *proj_out, s));
-    return true;
   }
   return false;
 }

@@ -82,10 +82,6 @@ struct DecodeParams {
   DecodePrologue prologue;  // kPrologue only
   DecodeOutProj proj;       // kOutProj only
   uint64_t* timeline = nullptr;  // timeline.h
-  // Set (Tuning().o_proj_merge; no counters, no wide merge): the splits store their outputs
-  // divided by their own l here in bf16 ([T * Hq, num_splits, D], SplitPartials) instead of
-  // part_o, for the o projection to merge; part_ml as ever.
-  bf16_t* part_bf16 = nullptr;
 };
 
 // Shared memory: the warps' scaled, masked S (C-fragment order), double-buffered by pass parity,

@@ -221,16 +221,14 @@ MoePredictParams MoePrediction(const MoeRouteHint& hint, int ctas, cudaStream_t 
 // one CTA an SM; false leaves the call to GemvKernel.
 bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
                       const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr,
-                      const MoeRouteHint* hint = nullptr, const SplitPartials* merge = nullptr) {
+                      const MoeRouteHint* hint = nullptr) {
   const int64_t n = w.dim(0), k = w.dim(1);
   if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
   int device = 0, sms = 0;
   COROLLA_CUDA_CHECK(cudaGetDevice(&device));
   COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t rows_per_cta = (n + sms - 1) / sms, x_bytes = (2 * k + 127) / 128 * 128;
-  // (The merging variant's (m, l) pairs past the rows: rows_per_cta * k * 2 is a multiple of 16.)
-  const int64_t smem = kStagedHeader + x_bytes + rows_per_cta * k * 2 +
-                       (merge ? int64_t{merge->heads} * merge->splits * 8 : 0);
+  const int64_t smem = kStagedHeader + x_bytes + rows_per_cta * k * 2;
   if (smem > kStagedMaxSmem) return false;
   // Function attributes are per device: opt in to the shared memory once on each.
   static std::atomic<uint64_t> attrs_set{0};
@@ -246,7 +244,6 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
                      norm ? *norm : ResidualNorm{}, arrivals};
   p.spread_ns = Tuning().gemv_staged_spread_ns;
   p.depth = norm ? Tuning().gemv_staged_depth_norm : Tuning().gemv_staged_depth;
-  if (merge != nullptr) p.merge = *merge;
   const int ctas = CeilDiv(n, rows_per_cta);
   static const char* trace_env = std::getenv("COROLLA_GEMV_STAGED_TRACE");
   bool traced = false;
@@ -266,13 +263,10 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     }
   }
   if (TimelineOn()) {
-    const char* name = merge  ? "Gemv staged merging "
-                       : !norm ? "Gemv staged "
-                       : norm->y ? "RmsNormLinear staged "
-                                 : "NormLinear staged ";
+    const char* name = !norm ? "Gemv staged " : norm->y ? "RmsNormLinear staged " : "NormLinear staged ";
     p.timeline = TimelineRecord(name + std::to_string(k) + "->" + std::to_string(n), ctas, s);
   }
-  const bool beside = merge == nullptr && StagedGemvBesideFoldedAttention(s);
+  const bool beside = StagedGemvBesideFoldedAttention(s);
   if (hint != nullptr && norm == nullptr && !beside) p.pred = MoePrediction(*hint, ctas, s);
   const auto kernel = beside                       ? GemvStagedKernel<true>
                       : p.pred.picks != nullptr ? GemvStagedKernel<false, true>
@@ -338,31 +332,6 @@ bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out,
   else if (m <= 4) with_rows(std::integral_constant<int, 4>{});
   else with_rows(std::integral_constant<int, 8>{});
   return true;
-}
-
-bool MergingSplitsGemvFits(const TensorView& w, const TensorView& out, int64_t pairs) {
-  const int64_t n = w.dim(0), k = w.dim(1);
-  int device = 0, sms = 0;
-  COROLLA_CUDA_CHECK(cudaGetDevice(&device));
-  COROLLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t rows_per_cta = (n + sms - 1) / sms, x_bytes = (2 * k + 127) / 128 * 128;
-  return Tuning().gemv_staged && w.dtype == DType::kBF16 && w.rank() == 2 && w.is_contiguous() &&
-         reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && n <= (int64_t{1} << 30) && k % 8 == 0 &&
-         k <= 8 * kStagedWarps * 32 && pairs >= 1 && pairs <= kMergeMaxPairs &&
-         (out.dtype == DType::kBF16 || out.dtype == DType::kF32) && out.rank() == 2 && out.dim(0) == 1 &&
-         out.dim(1) == n && out.strides[1] == 1 && kStagedHeader + x_bytes + rows_per_cta * k * 2 + pairs * 8 <= kStagedMaxSmem;
-}
-
-void LinearGemvMergingSplits(const SplitPartials& in, const TensorView& x_out, const TensorView& w,
-                             const TensorView& out, cudaStream_t s) {
-  const int64_t k = int64_t{in.heads} * in.head_dim;
-  COROLLA_CHECK(w.rank() == 2 && w.dim(1) == k && in.head_dim % 8 == 0 && in.splits >= 1 &&
-                MergingSplitsGemvFits(w, out, int64_t{in.heads} * in.splits) && x_out.dtype == DType::kBF16 &&
-                x_out.numel() == k && x_out.is_contiguous() && reinterpret_cast<uintptr_t>(x_out.data) % 16 == 0)
-      << "linear merging splits: heads " << in.heads << " splits " << in.splits << " D " << in.head_dim << " x "
-      << x_out.ToString() << " w " << w.ToString() << " out " << out.ToString();
-  const TensorView x = x_out.Reshape({1, k});
-  COROLLA_CHECK(LaunchStagedGemv(x, w, out, s, nullptr, nullptr, nullptr, &in));
 }
 
 bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,

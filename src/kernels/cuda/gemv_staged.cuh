@@ -8,7 +8,6 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_decode.h"
-#include "kernels/cuda/ops.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -54,7 +53,6 @@ struct StagedGemvParams {
   int spread_ns = 0;             // Tuning().gemv_staged_spread_ns
   int depth = 0;                 // Tuning().gemv_staged_depth(_norm): copies in flight a CTA
   MoePredictParams pred{};       // GemvStagedKernel<false, true> only
-  SplitPartials merge{};         // o set: x is the merge of these partials (StageMergedX)
 };
 
 // MoePredictParams's prediction, by every thread of CTA b < p.ctas: rows [b R, b R + R) of the
@@ -202,63 +200,6 @@ __device__ __forceinline__ void StageNormedX(const StagedGemvParams& p, bf16_t* 
   }
 }
 
-// The merging variant's staging of x (p.merge: an o projection after a decode attention that
-// left its splits unmerged): thread t forms chunk t of x, dims 8t .. 8t + 7 of head h = 8t / D,
-// as sum_s w_s o_s / sum_s w_s with w_s = 2^(m_s - max m) l_s over the head's non-empty splits.
-// Its loads of the first kMergeGroup splits' chunks are issued before the (m, l) pairs go to
-// shared memory (one pair a thread), so both are one L2 round trip; more splits take one trip a
-// group. CTA 0 also stores x (the attention's output). ml: the pairs' room in dynamic shared
-// memory (past the CTA's rows of W; the host adds it to this variant's launch only).
-constexpr int kMergeGroup = 8;
-constexpr int kMergeMaxPairs = 2 * kStagedWarps * 32;  // heads x splits in shared memory
-__device__ __forceinline__ void StageMergedX(const StagedGemvParams& p, bf16_t* xs, float2* ml) {
-  const SplitPartials& in = p.merge;
-  const int t = threadIdx.x, splits = in.splits, pairs = in.heads * splits;
-  const bool mine = t < p.k / 8;
-  const int h = 8 * t / in.head_dim;
-  const bf16_t* o = static_cast<const bf16_t*>(in.o) + static_cast<int64_t>(h) * splits * in.head_dim +
-                    8 * t % in.head_dim;
-  uint4 v[kMergeGroup];
-  auto load = [&](int s0) {
-#pragma unroll
-    for (int j = 0; j < kMergeGroup; ++j)
-      if (mine && s0 + j < splits)
-        v[j] = __ldcg(reinterpret_cast<const uint4*>(o + static_cast<int64_t>(s0 + j) * in.head_dim));
-  };
-  load(0);
-  for (int i = t; i < pairs; i += blockDim.x) ml[i] = __ldcg(reinterpret_cast<const float2*>(in.ml) + i);
-  __syncthreads();
-  float acc[8] = {}, mx = -INFINITY, total = 0.f;
-  if (mine)
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ml[h * splits + s].x);
-  for (int s0 = 0; s0 < splits; s0 += kMergeGroup) {
-    if (s0 > 0) load(s0);
-#pragma unroll
-    for (int j = 0; j < kMergeGroup; ++j) {
-      if (!mine || s0 + j >= splits) continue;
-      const float2 q = ml[h * splits + s0 + j];
-      if (!(q.y > 0.f)) continue;  // no keys: its o was never written
-      const float w = exp2f(q.x - mx) * q.y;
-      total += w;
-      Bf16x8 b;
-      memcpy(&b, &v[j], sizeof(b));
-      float f[8];
-      Unpack8(b, f);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, f[i], acc[i]);
-    }
-  }
-  if (mine) {
-    const float inv = 1.f / total;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] *= inv;
-    const Bf16x8 x = Pack8(acc);
-    Store8(xs + 8 * t, x);
-    if (blockIdx.x == 0) Store8(const_cast<bf16_t*>(p.x) + 8 * t, x);
-  }
-  __syncthreads();
-}
-
 // A warp's `rows` rows of W from row0 on (at ws: shared memory once barrier `bar` has landed)
 // times x (xs, shared), stored to p.out: groups of 4, then the last 1-3.
 __device__ __forceinline__ void MultiplyStaged(const StagedGemvParams& p, const bf16_t* ws, const bf16_t* xs, int row0,
@@ -343,11 +284,7 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
   tl.Waited();
   TriggerDependents();
   if (p.trace && threadIdx.x == 0) p.trace[blockIdx.x * 6 + 1] = wgmma::GlobalTimerNs();
-  if (p.merge.o != nullptr) {
-    StageMergedX(p, xs,
-                 reinterpret_cast<float2*>(smem + kStagedHeader + p.x_bytes +
-                                           static_cast<int64_t>(p.rows_per_cta) * p.k * 2));
-  } else if (p.norm.y != nullptr) {
+  if (p.norm.y != nullptr) {
     StageNormedX<false>(p, xs);
   } else if (p.norm.sum != nullptr) {
     StageNormedX<true>(p, xs);

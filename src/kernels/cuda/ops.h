@@ -57,28 +57,6 @@ int64_t LinearSkinnyLaunches();  // tests: LinearSkinny's launches so far
 // plans alike: only a step's first GEMV follows the step before.
 void SetStagedGemvBesideFoldedAttention(cudaStream_t s, bool folded);
 int64_t StagedGemvBesideLaunches();  // tests: launches of the staged GEMV beside a folded attention
-// The split-KV partials of one token's decode attention, left unmerged for an o projection that
-// merges them as it stages its input (Tuning().o_proj_merge): o [heads, splits, head_dim] bf16,
-// each split's output already divided by its own l; ml [heads, splits] of (m in log2 units, l),
-// (-inf, 0) for a split without keys.
-struct SplitPartials {
-  const void* o = nullptr;  // bf16
-  const float* ml = nullptr;
-  int heads = 0, splits = 0, head_dim = 0;
-};
-// gemv.cu: whether LinearGemvMergingSplits takes w [N, heads * head_dim] and out [1, N] with
-// `pairs` = heads x splits (the staged GEMV: one CTA an SM, its slice of w in shared memory; K
-// <= 8 x its threads).
-bool MergingSplitsGemvFits(const TensorView& w, const TensorView& out, int64_t pairs);
-// gemv.cu: out = merge(in) w^T for one row, where MergingSplitsGemvFits: every CTA merges the
-// partials into its staged x after its dependency wait (the attention that wrote them); CTA 0
-// also stores the merged row to x_out [1, heads * head_dim] bf16 (the attention's output).
-void LinearGemvMergingSplits(const SplitPartials& in, const TensorView& x_out, const TensorView& w,
-                             const TensorView& out, cudaStream_t s);
-// attention_decode.cu: how many launches so far left the split-KV merge to the o projection
-// (Tuning().o_proj_merge).
-int64_t AttentionMergedIntoProjLaunches();
-
 // gemv.cu: Backend::RmsNormLinear of one row in one launch (the staged GEMV with the norm folded
 // in) when Tuning().gemv_staged_norm is on and the shapes fit; false (nothing launched) otherwise.
 bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,

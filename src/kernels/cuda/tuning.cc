@@ -100,7 +100,6 @@ KernelTuning& Tuning() {
     Env("COROLLA_ATTN_FUSED_PROLOGUE_MAX_SEQS", t.attention_fused_prologue_max_seqs);
     Env("COROLLA_ATTN_REGION", t.attention_region);
     Env("COROLLA_ATTN_REGION_LATE_COPY", t.attention_region_late_copy);
-    Env("COROLLA_OPROJ_MERGE", t.o_proj_merge);
     Env("COROLLA_DECODE_STACK", t.decode_stack);
     Env("COROLLA_DECODE_STACK_SPLIT_KEYS", t.decode_stack_split_keys);
     Env("COROLLA_DECODE_STACK_STAGES_A", t.decode_stack_stages_a);

@@ -525,14 +525,6 @@ struct KernelTuning {
   // 3.120 vs 2.922-2.931 at 8192 (the region alone, copies at entry: 2.780-2.790 vs 2.411-2.420 in
   // another call). COROLLA_ATTN_REGION_LATE_COPY=1.
   bool attention_region_late_copy = false;
-  // Backend::QkNormRopeAttentionProj of one sequence's token (group <= 8, >= 2 splits) leaves the
-  // split-KV merge to o_proj: the decode attention's CTAs store bf16 partials (each split's output
-  // over its own l) and (m, l), and leave after their passes; every CTA of the staged o_proj GEMV
-  // merges them into its x after its wait (gemv_staged.cuh, StageMergedX). Aimed at the cluster
-  // merge's ~4 us, during which the attention's CTAs keep o_proj's off half the SMs (notes/
-  // decode_timeline.md, "Next, after session 58"). Off: written in session 59, not yet timed.
-  // COROLLA_OPROJ_MERGE=1.
-  bool o_proj_merge = false;
   // Backend::DecodeMoeStack runs the persistent decode kernel (decode_stack.cu: every layer of a
   // Qwen3-MoE batch-1 decode step in one launch) where it covers the model; off: the caller's
   // op-by-op path. Off by default: on an H200 (Qwen3-30B-A3B, batch 1, ctx 1024, graph) it takes
