@@ -257,12 +257,14 @@ TEST_F(CudaKernelTest, QkNormRopeAttention) {
 // same bits, the projection within a bf16 unit (the same bits where the staged GEMV takes a row
 // a warp, as at Qwen3-30B-A3B's 2048 x 4096 on 132 SMs); eager three times on fresh inputs (the
 // counters re-arm) and replayed in a graph. The case the fold does not take (group 16) must give
-// the same results through the fallback.
+// the same results through the fallback. A bucket's hint (max_seq_len past the sequence, as
+// under graph replay) leaves splits empty.
 TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
   struct Case {
     int64_t hq, hk, d, n;
     int bs, prefix;
-    bool folds;  // the one-launch kernel applies (group <= 8)
+    bool folds;      // the one-launch kernel applies (group <= 8)
+    int bucket = 0;  // the batch's max_seq_len hint (0: the sequence's length)
   };
   const std::vector<Case> cases = {
       {32, 4, 128, 2048, 16, 1023, true},  // Qwen3-30B-A3B, ctx 1024: 16 splits, the cluster merge
@@ -273,6 +275,7 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
       {8, 8, 64, 300, 16, 511, true},      // group 1, D 64
       {32, 4, 128, 2048, 16, 40, true},    // one split: no merge
       {16, 1, 256, 512, 16, 2000, false},  // group 16: the fallback
+      {32, 4, 128, 2048, 16, 300, true, 1024},  // 16 splits planned, 11 of them empty
   };
   const int64_t launches0 = cuda::AttentionRegionLaunches();
   for (const Case& c : cases) {
@@ -297,7 +300,7 @@ TEST_F(CudaKernelTest, QkNormRopeAttentionProj) {
     Tensor gpos = UploadI32(gpu(), pos, {1}), gqs = UploadI32(gpu(), qstart, {2}), gsl = UploadI32(gpu(), seq_lens, {1});
     Tensor gtab = UploadI32(gpu(), table, {1, static_cast<int64_t>(table.size())}), gslot = UploadI32(gpu(), slots, {1});
     Tensor gwo = Upload(gpu(), wo, {c.n, k}, DType::kBF16);
-    AttentionBatch gb{gqs, gsl, gtab, gslot, 1, len};
+    AttentionBatch gb{gqs, gsl, gtab, gslot, 1, c.bucket > 0 ? c.bucket : len};
     struct Run {
       std::vector<float> attn, proj, k_cache, v_cache;
       int64_t beside = 0;     // staged GEMV launches beside a folded attention (the o projection's)
