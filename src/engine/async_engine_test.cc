@@ -218,8 +218,11 @@ TEST_F(AsyncEngineTest, AsyncAndSyncStepsDeliverTheSameTokens) {
     EXPECT_EQ(ended_tokens, std::vector<int32_t>(expected[kEnded].first.begin(),
                                                  expected[kEnded].first.begin() + kEndAfter));
     EXPECT_EQ(engine->Stats().num_used_kv_blocks, 0);
-    for (int i = 0; i < static_cast<int>(requests.size()); ++i)
-      if (i != kEnded) EXPECT_EQ(got[i]->num_finals, 1);
+    for (int i = 0; i < static_cast<int>(requests.size()); ++i) {
+      if (i != kEnded) {
+        EXPECT_EQ(got[i]->num_finals, 1);
+      }
+    }
   }
   EXPECT_EQ(expected[3].second, FinishReason::kStop);
 }

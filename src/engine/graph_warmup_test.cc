@@ -149,7 +149,9 @@ TEST_F(GraphWarmupTest, FailedCaptureEndsTheWarmUpAndItsBucketRunsEagerly) {
     for (size_t i = 0; i < got.size(); ++i)
       EXPECT_EQ(got[i].first, expected[i].first) << "round " << round << " request " << i;
     // The first round's steps try each bucket not yet tried once; the second tries none.
-    if (round == 1) EXPECT_EQ(backend_->failures, failures_before);
+    if (round == 1) {
+      EXPECT_EQ(backend_->failures, failures_before);
+    }
   }
   EXPECT_GT(backend_->failures, 1) << "the requests' steps needed buckets past the warm-up's";
   EXPECT_EQ(backend_->captures, 3);

@@ -21,7 +21,7 @@ Result<json> ParseJson(const std::string& text, const std::string& what) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     try {
-      (void)json::parse(text);
+      [[maybe_unused]] const json again = json::parse(text);  // throws, naming where it fails
     } catch (const json::parse_error& e) {
       return Corrupt(what + ": invalid JSON: " + e.what());
     }

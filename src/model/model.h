@@ -65,8 +65,8 @@ struct ForwardBatch {
   AttentionBatch attention;
   TensorView logits_rows;  // [N] i32: rows of the flat batch whose logits are computed
   // Hybrid models: each sequence's state slot [B] i32, and the states of the linear layers.
-  TensorView state_slots;
-  std::span<const LinearStateView> linear_states;
+  TensorView state_slots{};
+  std::span<const LinearStateView> linear_states{};
   // DP-EP models with both exchanges (ModelShard::ep_sized_fallback): this forward's exchanges
   // take the fixed-capacity one. Every rank's forward of one step must say the same (the
   // exchanges are collective); models with one exchange ignore it.

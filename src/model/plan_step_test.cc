@@ -103,7 +103,9 @@ TEST(PlanStep, EachForwardPlansItsStepAndHintsItsMoeRouting) {
       EXPECT_EQ(h.top_k, c.num_experts_per_token);
       // one router a layer, the same one in both forwards
       EXPECT_EQ(h.router.data, backend.hints[layer].router.data);
-      if (i > 0 && layer > 0) EXPECT_NE(h.router.data, backend.hints[i - 1].router.data);
+      if (i > 0 && layer > 0) {
+        EXPECT_NE(h.router.data, backend.hints[i - 1].router.data);
+      }
     }
   }
 }
