@@ -401,10 +401,11 @@ class Backend {
   // Before a MoE layer's attention: its tokens will be routed by `router` [E, H] from the
   // post-attention norm (`norm_w`) of `sum` plus the attention's output, top `top_k` of a
   // softmax. A hint: a backend may predict the routing from `sum` alone (the attention's output
-  // moves it little) to fetch the likely experts early; no result may depend on it. The default
-  // ignores it; CUDA (Tuning().moe_predict) predicts one token's picks in the layer's o_proj.
+  // moves it little) to fetch the likely experts early; no result may depend on it. `gate_up`
+  // [E, 2I, H] and `down` [E, H, I] are the experts' weights it would fetch. The default ignores
+  // it; CUDA (Tuning().moe_predict) predicts one token's picks in the layer's o_proj.
   virtual void HintMoeRouting(const TensorView& /*norm_w*/, const TensorView& /*sum*/, const TensorView& /*router*/,
-                              int /*top_k*/) {}
+                              const TensorView& /*gate_up*/, const TensorView& /*down*/, int /*top_k*/) {}
 };
 
 // FP8 block scaling: 128 x 128 weight blocks, 1 x 128 activation groups.

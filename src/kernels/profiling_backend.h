@@ -36,8 +36,9 @@ class ProfilingBackend : public Backend {
   explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   Backend& inner() { return *inner_; }
   void PlanStep(const AttentionBatch& batch, int64_t tokens) override { inner_->PlanStep(batch, tokens); }
-  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router, int top_k) override {
-    inner_->HintMoeRouting(norm_w, sum, router, top_k);
+  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router,
+                      const TensorView& gate_up, const TensorView& down, int top_k) override {
+    inner_->HintMoeRouting(norm_w, sum, router, gate_up, down, top_k);
   }
 
   // Marks before each op (and once more at StopRecording) on `clock` until StopRecording.

@@ -25,9 +25,10 @@ class PlanRecordingCpu final : public ProfilingBackend {
     plans.emplace_back(batch.max_q_len, tokens);
     ProfilingBackend::PlanStep(batch, tokens);
   }
-  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router, int top_k) override {
-    hints.push_back({norm_w, sum, router, top_k, attentions});
-    ProfilingBackend::HintMoeRouting(norm_w, sum, router, top_k);
+  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router,
+                      const TensorView& gate_up, const TensorView& down, int top_k) override {
+    hints.push_back({norm_w, sum, router, gate_up, down, top_k, attentions});
+    ProfilingBackend::HintMoeRouting(norm_w, sum, router, gate_up, down, top_k);
   }
   void QkNormRopeAttentionProj(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& q_norm_w,
                                const TensorView& k_norm_w, float eps, const TensorView& positions,
@@ -39,7 +40,7 @@ class PlanRecordingCpu final : public ProfilingBackend {
                                               attn, w_o, out);
   }
   struct Hint {
-    TensorView norm_w, sum, router;
+    TensorView norm_w, sum, router, gate_up, down;
     int top_k;
     int attentions_before;
   };
@@ -101,6 +102,10 @@ TEST(PlanStep, EachForwardPlansItsStepAndHintsItsMoeRouting) {
       EXPECT_EQ(h.norm_w.shape, (Shape{c.hidden_size})) << "layer " << layer;
       EXPECT_EQ(h.sum.shape, (Shape{tokens, c.hidden_size})) << "layer " << layer;
       EXPECT_EQ(h.top_k, c.num_experts_per_token);
+      const int64_t inter = c.moe_intermediate_size;
+      EXPECT_EQ(h.gate_up.shape, (Shape{c.num_experts, 2 * inter, c.hidden_size})) << "layer " << layer;
+      EXPECT_EQ(h.down.shape, (Shape{c.num_experts, c.hidden_size, inter})) << "layer " << layer;
+      EXPECT_EQ(h.gate_up.data, backend.hints[layer].gate_up.data);
       // one router a layer, the same one in both forwards
       EXPECT_EQ(h.router.data, backend.hints[layer].router.data);
       if (i > 0 && layer > 0) {

@@ -444,7 +444,7 @@ void Qwen3Model::Forward(const ForwardBatch& batch, std::span<const KvCacheView>
       AllReduce(shard_.tp, stream.y());  // out_proj is row-parallel over the value heads
     } else {
       if (lw.is_moe)  // (softmax routing: the hint's top k of the logits)
-        backend_.HintMoeRouting(lw.post_attention_norm, stream.sum(), lw.moe.router,
+        backend_.HintMoeRouting(lw.post_attention_norm, stream.sum(), lw.moe.router, lw.moe.gate_up, lw.moe.down,
                                 static_cast<int>(c.num_experts_per_token));
       AttentionBlock(l, stream, input_norm, added, batch, kv_caches[lw.cache_idx]);
     }

@@ -282,9 +282,9 @@ void CudaBackend::QkNormRopeAttentionProj(const TensorView& q, const TensorView&
   Linear(x, w_o, out);
 }
 void CudaBackend::HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router,
-                                 int top_k) {
+                                 const TensorView& gate_up, const TensorView& down, int top_k) {
   route_hint_.reset();  // (whether to predict is MoePrediction's, gemv.cu: Tuning().moe_predict)
-  if (sum.rank() == 2 && sum.dim(0) == 1) route_hint_ = cuda::MoeRouteHint{norm_w, sum, router, top_k};
+  if (sum.rank() == 2 && sum.dim(0) == 1) route_hint_ = cuda::MoeRouteHint{norm_w, sum, router, top_k, gate_up, down};
 }
 void CudaBackend::Linear(const TensorView& x, const TensorView& w, const TensorView& out) {
   // A few rows: our weight-streaming GEMV (gemv.cu), a few more its tensor-core form
@@ -356,7 +356,9 @@ void CudaBackend::MoeExpertsResidual(const TensorView& x, const TensorView& topk
 }
 void CudaBackend::NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                              const TensorView& w, const TensorView& out) {
-  if (!cuda::NormLinear(norm_w, eps, sum, x, w, out, stream_)) Backend::NormLinear(norm_w, eps, sum, x, w, out);
+  // (The layer's routing hint, kept for its o_proj, may have the qkv projection prefetch experts.)
+  if (!cuda::NormLinear(norm_w, eps, sum, x, w, out, stream_, route_hint_ ? &*route_hint_ : nullptr))
+    Backend::NormLinear(norm_w, eps, sum, x, w, out);
 }
 void CudaBackend::RmsNormMoeRouter(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum,
                                    const TensorView& x, const TensorView& w_router, const MoeRouting& routing,

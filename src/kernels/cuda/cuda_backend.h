@@ -135,7 +135,8 @@ class CudaBackend final : public Backend {
                         const TensorView& topk_ids, const TensorView& topk_weights) override;
   // Kept for the next QkNormRopeAttentionProj's o_proj (LinearGemv's MoeRouteHint, which predicts
   // where Tuning().moe_predict is on) at one token; any attention op drops it.
-  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router, int top_k) override;
+  void HintMoeRouting(const TensorView& norm_w, const TensorView& sum, const TensorView& router,
+                      const TensorView& gate_up, const TensorView& down, int top_k) override;
 
   cudaStream_t stream() const { return stream_; }
   Fp8Linear& fp8_linear() { return *fp8_linear_; }

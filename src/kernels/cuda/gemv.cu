@@ -183,13 +183,11 @@ bool StagedGemvBesideFoldedAttention(cudaStream_t s) {
   return beside_streams.count(s) != 0;
 }
 
-// The staged GEMV's routing prediction for `hint` over its `ctas` CTAs (MoePredictParams), or
-// none (picks null) where it is off or the shapes rule it out: softmax routing's top k <= 16 of
-// E <= kMoePredictionMaxExperts experts, E / R CTAs of R rows (R dividing kStagedWarps and E)
-// among the first half of the grid, 16-byte aligned rows.
-MoePredictParams MoePrediction(const MoeRouteHint& hint, int ctas, cudaStream_t s) {
+// A routing prediction for `hint` over at most `max_ctas` CTAs (MoePredictParams), or none (picks
+// null) where the shapes rule it out: softmax routing's top k <= 16 of E <= kMoePredictionMaxExperts
+// experts, E / R CTAs of R rows (R dividing kStagedWarps and E), 16-byte aligned rows.
+MoePredictParams MoePrediction(const MoeRouteHint& hint, int max_ctas, cudaStream_t s) {
   MoePredictParams p;
-  if (!Tuning().moe_predict || Tuning().moe_prefetch_previous <= 0) return p;
   const TensorView &r = hint.router, &n = hint.norm_w, &h = hint.sum;
   const int64_t experts = r.rank() == 2 ? r.dim(0) : 0, hidden = r.rank() == 2 ? r.dim(1) : 0;
   auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
@@ -200,8 +198,8 @@ MoePredictParams MoePrediction(const MoeRouteHint& hint, int ctas, cudaStream_t 
       !aligned(h.data) || !aligned(n.data))
     return p;
   int rows = 1;
-  while (rows < kStagedWarps && (experts % rows != 0 || experts / rows > std::max(1, ctas / 2))) rows *= 2;
-  if (experts % rows != 0 || experts / rows > std::max(1, ctas / 2)) return p;
+  while (rows < kStagedWarps && (experts % rows != 0 || experts / rows > std::max(1, max_ctas))) rows *= 2;
+  if (experts % rows != 0 || experts / rows > std::max(1, max_ctas)) return p;
   int32_t* picks = MoePredictedPicks(s);
   if (picks == nullptr) return p;
   p.router = r.ptr<bf16_t>();
@@ -217,11 +215,65 @@ MoePredictParams MoePrediction(const MoeRouteHint& hint, int ctas, cudaStream_t 
   return p;
 }
 
+bool ExpertPrefetchOn() { return Tuning().moe_prefetch_qkv > 0 || Tuning().moe_prefetch_qkv_down > 0; }
+
+// Tuning().moe_prefetch_qkv(_down)'s prefetches for `hint`'s experts (bf16 [E, 2I, H] and
+// [E, H, I], 16-byte aligned rows), or none (picks null) where they are off or do not apply.
+// The picks: MoePredictKernel's of launch `tag`, or with tag 0 the last forward's.
+ExpertL2Prefetch ExpertPrefetch(const MoeRouteHint& hint, int tag, cudaStream_t s) {
+  ExpertL2Prefetch f;
+  const TensorView &gu = hint.gate_up, &dn = hint.down;
+  if (!ExpertPrefetchOn() || (Tuning().moe_prefetch_qkv_predict && tag == 0)) return f;
+  if (gu.rank() != 3 || dn.rank() != 3 || gu.dtype != DType::kBF16 || dn.dtype != DType::kBF16 ||
+      !gu.is_contiguous() || !dn.is_contiguous() || gu.dim(0) != dn.dim(0) || gu.dim(1) != 2 * dn.dim(2) ||
+      gu.dim(2) != dn.dim(1) || gu.dim(2) % 8 != 0 || dn.dim(2) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(gu.data) % 16 != 0 || reinterpret_cast<uintptr_t>(dn.data) % 16 != 0)
+    return f;
+  f.experts = static_cast<int>(gu.dim(0));
+  f.hidden = static_cast<int>(gu.dim(2));
+  f.inter = static_cast<int>(dn.dim(2));
+  f.top_k = hint.top_k;
+  f.gate_up_rows = std::clamp(Tuning().moe_prefetch_qkv, 0, f.inter);
+  f.down_rows = std::clamp(Tuning().moe_prefetch_qkv_down, 0, f.hidden);
+  f.gate_up = gu.ptr<bf16_t>();
+  f.down = dn.ptr<bf16_t>();
+  f.evict_last = Tuning().moe_prefetch_qkv_last;
+  f.tag = tag;
+  f.picks = tag != 0 ? MoePredictedPicks(s) : MoePreviousPicks(gu.data, hint.top_k, s);
+  return f;
+}
+
+// Tuning().moe_prefetch_qkv_predict: the layer's routing predicted from its input (sum, the
+// previous kernel's output) just before its qkv projection, whose CTAs it lets in at once.
+struct MoePredictLaunch {
+  MoePredictParams pred;
+  uint64_t* timeline = nullptr;  // timeline.h
+};
+__global__ void __launch_bounds__(kStagedWarps * 32) MoePredictKernel(const __grid_constant__ MoePredictLaunch p) {
+  TimelineScope tl(p.timeline);
+  TriggerDependents();  // qkv's CTAs issue their copies beside this
+  PredictChunk q = PredictLoads(p.pred, /*with_sum=*/false);
+  GridDependencyWait();  // sum is the previous kernel's output
+  tl.Waited();
+  if (q.c < p.pred.hidden) q.h = __ldcg(reinterpret_cast<const uint4*>(p.pred.sum + q.c));
+  PredictMoeRouting(p.pred, q);
+}
+
+// Launches MoePredictKernel for `hint` where it applies: its tag, else 0.
+int LaunchMoePredict(const MoeRouteHint& hint, cudaStream_t s) {
+  MoePredictLaunch p{MoePrediction(hint, 16, s)};
+  if (p.pred.picks == nullptr) return 0;
+  p.timeline = TimelineRecord("MoePredict", p.pred.ctas, s);
+  LaunchPdl(MoePredictKernel, dim3(p.pred.ctas), dim3(kStagedWarps * 32), 0, s, 1, p);
+  return p.pred.tag;
+}
+
 // Launches GemvStagedKernel when one row of x makes every CTA's slice fit kStagedMaxSmem with
 // one CTA an SM; false leaves the call to GemvKernel.
 bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
                       const ResidualNorm* norm = nullptr, unsigned* arrivals = nullptr,
-                      const MoeRouteHint* hint = nullptr) {
+                      const MoeRouteHint* hint = nullptr, const MoeRouteHint* prefetch_hint = nullptr,
+                      int prefetch_tag = 0) {
   const int64_t n = w.dim(0), k = w.dim(1);
   if (!Tuning().gemv_staged || x.dim(0) != 1 || n > (int64_t{1} << 30)) return false;
   int device = 0, sms = 0;
@@ -267,7 +319,10 @@ bool LaunchStagedGemv(const TensorView& x, const TensorView& w, const TensorView
     p.timeline = TimelineRecord(name + std::to_string(k) + "->" + std::to_string(n), ctas, s);
   }
   const bool beside = StagedGemvBesideFoldedAttention(s);
-  if (hint != nullptr && norm == nullptr && !beside) p.pred = MoePrediction(*hint, ctas, s);
+  // (o_proj's prediction: among the grid's first half)
+  if (hint != nullptr && norm == nullptr && !beside && Tuning().moe_predict && Tuning().moe_prefetch_previous > 0)
+    p.pred = MoePrediction(*hint, ctas / 2, s);
+  if (prefetch_hint != nullptr) p.l2 = ExpertPrefetch(*prefetch_hint, prefetch_tag, s);
   const auto kernel = beside                       ? GemvStagedKernel<true>
                       : p.pred.picks != nullptr ? GemvStagedKernel<false, true>
                                                 : GemvStagedKernel<false>;
@@ -344,11 +399,12 @@ bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, con
 }
 
 bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
-                const TensorView& out, cudaStream_t s) {
+                const TensorView& out, cudaStream_t s, const MoeRouteHint* hint) {
   if (x.rank() != 2 || x.dim(0) != 1) return false;
   ResidualNorm norm;
   if (!StagedNormFits(x, w, out, MakeResidualNorm(nullptr, norm_w, eps, sum, x, &norm))) return false;
-  return LaunchStagedGemv(x, w, out, s, &norm);  // (norm.y null: StageNormedX<true>)
+  const int tag = hint != nullptr && Tuning().moe_prefetch_qkv_predict && ExpertPrefetchOn() ? LaunchMoePredict(*hint, s) : 0;
+  return LaunchStagedGemv(x, w, out, s, &norm, nullptr, nullptr, hint, tag);  // (norm.y null: StageNormedX<true>)
 }
 
 }  // namespace corolla::cuda

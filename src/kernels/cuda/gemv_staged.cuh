@@ -34,6 +34,19 @@ struct MoePredictParams {
   int ctas = 0;  // the predicting CTAs, E / ctas rows each (dividing kStagedWarps)
 };
 
+// Tuning().moe_prefetch_qkv(_down), an experiment: the batch-1 qkv projection's CTAs prefetch into
+// L2, as they leave, the first gate_up_rows rows of each pick's gate and up halves and the first
+// down_rows rows of its W_down (PrefetchPickedExperts). picks null: none.
+struct ExpertL2Prefetch {
+  const int32_t* picks = nullptr;  // [top_k]: MoePreviousPicks (moe_decode.h)
+  const bf16_t* gate_up = nullptr;  // [E, 2I, H]
+  const bf16_t* down = nullptr;     // [E, H, I]
+  int experts = 0, top_k = 0, hidden = 0, inter = 0;
+  int gate_up_rows = 0, down_rows = 0;
+  bool evict_last = false;
+  int tag = 0;  // picks predicted (MoePredictedPicks): prefetch only where this tag is beside them
+};
+
 struct StagedGemvParams {
   const bf16_t* x;  // (with the norm: unused)
   const bf16_t* w;
@@ -53,7 +66,40 @@ struct StagedGemvParams {
   int spread_ns = 0;             // Tuning().gemv_staged_spread_ns
   int depth = 0;                 // Tuning().gemv_staged_depth(_norm): copies in flight a CTA
   MoePredictParams pred{};       // GemvStagedKernel<false, true> only
+  ExpertL2Prefetch l2{};
 };
+
+// ExpertL2Prefetch's prefetches, by one thread of each CTA: the picks' regions (gate rows, up
+// rows, W_down rows, each contiguous) laid end to end and dealt to the grid's CTAs in equal
+// 16-byte-aligned shares.
+__device__ __noinline__ void PrefetchPickedExperts(const ExpertL2Prefetch& f) {
+  const int64_t gate = int64_t{f.gate_up_rows} * f.hidden * 2, down = int64_t{f.down_rows} * f.inter * 2;
+  const int64_t per_pick = 2 * gate + down, units = per_pick * f.top_k / 16;
+  int64_t at = units * blockIdx.x / gridDim.x * 16;
+  const int64_t end = units * (blockIdx.x + 1) / gridDim.x * 16;
+  const uint64_t policy = f.evict_last ? wgmma::EvictLast() : wgmma::EvictNormal();
+  while (at < end) {
+    const int slot = static_cast<int>(at / per_pick);
+    const int64_t off = at % per_pick;
+    const int e = __ldcg(f.picks + slot);
+    const char* expert_gate_up = reinterpret_cast<const char*>(f.gate_up) + int64_t{e} * 2 * f.inter * f.hidden * 2;
+    const char* src;
+    int64_t region_end;
+    if (off < gate) {
+      src = expert_gate_up + off;
+      region_end = gate;
+    } else if (off < 2 * gate) {
+      src = expert_gate_up + int64_t{f.inter} * f.hidden * 2 + (off - gate);
+      region_end = 2 * gate;
+    } else {
+      src = reinterpret_cast<const char*>(f.down) + int64_t{e} * f.hidden * f.inter * 2 + (off - 2 * gate);
+      region_end = per_pick;
+    }
+    const int64_t n = min(end - at, region_end - off);
+    if (e >= 0 && e < f.experts) wgmma::PrefetchL2(src, static_cast<uint32_t>(n), policy);
+    at += n;
+  }
+}
 
 // MoePredictParams's prediction, by every thread of CTA b < p.ctas: rows [b R, b R + R) of the
 // router (R = E / ctas), kStagedWarps / R warps a row, dotted with x~ = norm_w * sum (ranks
@@ -70,7 +116,7 @@ struct PredictChunk {
   float n[8];     // the norm's weights
   const bf16_t* row;
 };
-__device__ __forceinline__ PredictChunk PredictLoads(const MoePredictParams& p) {
+__device__ __forceinline__ PredictChunk PredictLoads(const MoePredictParams& p, bool with_sum = true) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = p.experts / p.ctas, per_row = kStagedWarps / rows;
   PredictChunk q;
@@ -78,7 +124,7 @@ __device__ __forceinline__ PredictChunk PredictLoads(const MoePredictParams& p) 
   q.c = (warp % per_row * 32 + lane) * 8;
   if (q.c < p.hidden) {
     q.w = __ldcs(reinterpret_cast<const uint4*>(q.row + q.c));
-    q.h = __ldcg(reinterpret_cast<const uint4*>(p.sum + q.c));
+    if (with_sum) q.h = __ldcg(reinterpret_cast<const uint4*>(p.sum + q.c));
     NormWeight8(p.norm_w, p.norm_f32, q.c, q.n);
   }
   return q;
@@ -293,8 +339,10 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 2) GemvStagedKernel(const _
       reinterpret_cast<uint4*>(xs)[c] = reinterpret_cast<const uint4*>(p.x)[c];
     __syncthreads();
   }
-  if (rows == 0) return;
-  MultiplyStaged(p, ws, xs, cta_row0 + row0, rows, bar, lane);
+  if (rows > 0) MultiplyStaged(p, ws, xs, cta_row0 + row0, rows, bar, lane);
+  if (p.l2.picks != nullptr && threadIdx.x == 0 &&
+      (p.l2.tag == 0 || reinterpret_cast<const volatile int32_t*>(p.l2.picks)[kMoePredictionTag] == p.l2.tag))
+    PrefetchPickedExperts(p.l2);
 }
 
 // The staged GEMV with a norm folded in takes one row of K <= 8 x its threads, a contiguous

@@ -60,6 +60,7 @@ struct PairGemvParams {
   int32_t* record = nullptr;
   unsigned* hits = nullptr;  // with the prediction: [0] picks, [1] of them predicted (down kernel)
   bool prefetch_ahead = false;  // Tuning().moe_prefetch_previous >= 2
+  bool gate_up_prefetch = true;  // whether gate/up prefetches `predicted` (else only counted)
 };
 
 // kN outputs a warp, kU chunks a lane in flight per row (Tuning().moe_pair_gate_up_rows).
@@ -74,11 +75,12 @@ __global__ void __launch_bounds__(kWarps * 32, kOneWave ? 6 : 0)
   // One token: blockIdx.x is the slot. Its rows, and with ahead those of the CTA half a grid
   // further (in the second wave at Qwen3-30B-A3B's 768 CTAs) from the first half.
   const int ahead = p.predicted != nullptr && p.prefetch_ahead && blockIdx.y < gridDim.y / 2 ? 2 : 1;
+  const bool prefetches = p.predicted != nullptr && p.gate_up_prefetch;
   // o_proj's prediction is complete: it ends before o_proj's CTAs wait, and this grid was
   // launched by the norm-router's trigger after that router's wait on o_proj (session 56: a wait
   // for its tag here cost an L2 round trip before every CTA's prefetch). The tag beside the picks
   // only says which launch wrote them (tests).
-  if (p.predicted != nullptr && threadIdx.x < ahead) {
+  if (prefetches && threadIdx.x < ahead) {
     const int e = reinterpret_cast<const volatile int32_t*>(p.predicted)[blockIdx.x],
               n0 = (blockIdx.y + threadIdx.x * (gridDim.y / 2)) * kWarps * kN;
     if (e >= 0 && e < p.experts && n0 < p.inter && p.hidden % 8 == 0) {
@@ -356,6 +358,10 @@ int32_t* PreviousPicks(const void* w_gate_up, int k, cudaStream_t s) {
 
 }  // namespace
 
+const int32_t* MoePreviousPicks(const void* w_gate_up, int top_k, cudaStream_t s) {
+  return PreviousPicks(w_gate_up, top_k, s);
+}
+
 int32_t* MoePredictedPicks(cudaStream_t s) {
   return static_cast<int32_t*>(
       StreamScratch(s, StreamScratchSlot::kMoePredictedPicks, kMoePredictionInts * sizeof(int32_t)));
@@ -411,7 +417,23 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    topk_weights.ptr<float>(), topk_weights.strides[0], w_gate_up.ptr<bf16_t>(), w_down.ptr<bf16_t>(),
                    act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
-  if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots) {
+  const bool qkv_prefetch = Tuning().moe_prefetch_qkv > 0 || Tuning().moe_prefetch_qkv_down > 0;
+  const bool qkv_predicts = qkv_prefetch && Tuning().moe_prefetch_qkv_predict;
+  // Tuning().moe_prefetch_qkv's picks: the record, or the prediction made before qkv (whose
+  // hits the down kernel counts; gate/up prefetches it too with moe_prefetch_previous).
+  if (tokens == 1 && Tuning().moe_pair_down_slots && qkv_prefetch) {
+    if (qkv_predicts) {
+      const bool predicted = TakeMoePredictionTag(s) != 0;
+      p.predicted = predicted ? MoePredictedPicks(s) : nullptr;
+      if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + kMoePredictionHits);
+      ReportPredictionHits(p.hits, s);
+      p.gate_up_prefetch = Tuning().moe_prefetch_previous > 0;
+      p.prefetch_ahead = Tuning().moe_prefetch_previous >= 2;
+    } else {
+      p.record = PreviousPicks(w_gate_up.data, k, s);
+    }
+  }
+  if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots && !qkv_predicts) {
     if (Tuning().moe_predict) {
       const bool predicted = TakeMoePredictionTag(s) != 0;  // (0: no prediction for this layer)
       p.predicted = predicted ? MoePredictedPicks(s) : nullptr;

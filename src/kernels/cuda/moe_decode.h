@@ -33,6 +33,9 @@ constexpr int kMoePredictionTag = 32, kMoePredictionHits = 40, kMoePredictionLog
               kMoePredictionArrivals = 192, kMoePredictionInts = 256, kMoePredictionMaxExperts = 128;
 int32_t* MoePredictedPicks(cudaStream_t s);
 int NextMoePredictionTag(cudaStream_t s);
+// Tuning().moe_prefetch_qkv: the top_k picks of the batch-1 MoE over `w_gate_up` in the last
+// forward on s (the down kernel records them; zeros before the first), or null.
+const int32_t* MoePreviousPicks(const void* w_gate_up, int top_k, cudaStream_t s);
 
 // The same two launches over block-scaled e4m3 weights (Backend::MoeExpertsFp8, weight-only
 // regime): 16-byte loads of 16 e4m3 weights, converted in registers, times x (bf16) or act

@@ -43,6 +43,7 @@ class ScratchBuffer {
 struct MoeRouteHint {
   TensorView norm_w, sum, router;  // [H] bf16 or f32, [1, H] bf16, [E, H] bf16
   int top_k = 0;
+  TensorView gate_up{}, down{};  // the experts' [E, 2I, H] and [E, H, I] (Tuning().moe_prefetch_qkv)
 };
 bool LinearGemv(const TensorView& x, const TensorView& w, const TensorView& out, cudaStream_t s,
                 const MoeRouteHint* hint = nullptr);
@@ -62,9 +63,11 @@ int64_t StagedGemvBesideLaunches();  // tests: launches of the staged GEMV besid
 bool RmsNormLinear(const TensorView& y, const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x,
                    const TensorView& w, const TensorView& out, cudaStream_t s);
 // gemv.cu: Backend::NormLinear of one row in one launch (the staged GEMV normalising sum as it
-// stages x; CTA 0 writes x) where the shapes fit; false (nothing launched) otherwise.
+// stages x; CTA 0 writes x) where the shapes fit; false (nothing launched) otherwise. With `hint`
+// (the layer's Backend::HintMoeRouting, Tuning().moe_prefetch_qkv) its CTAs prefetch expert rows
+// into L2 as they leave.
 bool NormLinear(const TensorView& norm_w, float eps, const TensorView& sum, const TensorView& x, const TensorView& w,
-                const TensorView& out, cudaStream_t s);
+                const TensorView& out, cudaStream_t s, const MoeRouteHint* hint = nullptr);
 
 // elementwise.cu
 void GatherRows(const TensorView& x, const TensorView& rows, const TensorView& out, cudaStream_t s);

@@ -77,6 +77,10 @@ KernelTuning& Tuning() {
     Env("COROLLA_MOE_PAIR_GATE_UP_ONE_WAVE", t.moe_pair_gate_up_one_wave);
     Env("COROLLA_MOE_PREFETCH_PREVIOUS", t.moe_prefetch_previous);
     Env("COROLLA_MOE_PREDICT", t.moe_predict);
+    Env("COROLLA_MOE_PREFETCH_QKV", t.moe_prefetch_qkv);
+    Env("COROLLA_MOE_PREFETCH_QKV_DOWN", t.moe_prefetch_qkv_down);
+    Env("COROLLA_MOE_PREFETCH_QKV_LAST", t.moe_prefetch_qkv_last);
+    Env("COROLLA_MOE_PREFETCH_QKV_PREDICT", t.moe_prefetch_qkv_predict);
     Env("COROLLA_MOE_RESIDUAL_FOLD", t.moe_residual_fold);
     Env("COROLLA_STAGED_ROUTER", t.staged_router);
     Env("COROLLA_STAGED_ROUTER_NORM", t.staged_router_norm);

@@ -399,6 +399,26 @@ struct KernelTuning {
   // (Mode 2, session 57: o_proj's CTAs only posted the logits and the norm-router's CTA 0 picked
   // before its wait: 2.891-2.896 vs 1's 2.855-2.860 ms, the router +0.7 us a layer; removed.)
   int moe_predict = 0;
+  // An experiment, never a default (issue 4, session 60): the batch-1 qkv projection's CTAs (the
+  // staged NormLinear) issue L2 prefetches, as they leave, of the first moe_prefetch_qkv rows of
+  // each picked expert's gate and up halves and the first moe_prefetch_qkv_down rows of its
+  // W_down, so that the window from qkv's exit to the attention's trigger (HBM nearly idle: the
+  // prologue and the attention's passes) moves expert bytes. The picks are the layer's in the
+  // previous forward (moe_prefetch_previous's record): a bench replaying one step always hits
+  // them, so this measures the window's upper bound, as moe_prefetch_previous did for the
+  // routing's. moe_prefetch_qkv_last: the prefetches under evict_last instead of evict_normal.
+  // moe_prefetch_qkv_predict: the picks predicted instead, by a launch of their own just before
+  // qkv's (MoePredictKernel, gemv.cu: the layer's input normed by the post-attention norm's
+  // weights, ranks only, dotted with the router's rows after its dependency wait; the last CTA
+  // picks the top k); qkv's CTAs prefetch where the prediction is there as they leave, and the
+  // down kernel counts the picks it held (`bench decode` prints the share after its eager steps).
+  // With moe_prefetch_previous > 0 gate/up's CTAs prefetch the same prediction in the routing's
+  // window. COROLLA_MOE_PREFETCH_QKV, COROLLA_MOE_PREFETCH_QKV_DOWN, COROLLA_MOE_PREFETCH_QKV_LAST,
+  // COROLLA_MOE_PREFETCH_QKV_PREDICT.
+  int moe_prefetch_qkv = 0;
+  int moe_prefetch_qkv_down = 0;
+  bool moe_prefetch_qkv_last = false;
+  bool moe_prefetch_qkv_predict = false;
   // A MoE layer's output folded into the residual stream at batch 1 (Backend::folds_moe_residual):
   // the down kernel adds its rows into the stream's sum and the next layer's qkv GEMV norms that
   // sum as it stages x (NormLinear), so that no RmsNorm kernel runs between them (its release and
