@@ -414,7 +414,7 @@ struct KernelTuning {
   // down kernel counts the picks it held (`bench decode` prints the share after its eager steps).
   // With moe_prefetch_previous > 0 gate/up's CTAs prefetch the same prediction in the routing's
   // window. COROLLA_MOE_PREFETCH_QKV, COROLLA_MOE_PREFETCH_QKV_DOWN, COROLLA_MOE_PREFETCH_QKV_LAST,
-  // COROLLA_MOE_PREFETCH_QKV_PREDICT.
+  // COROLLA_MOE_PREFETCH_QKV_PREDICT. (Written in session 60, not yet run on a GPU.)
   int moe_prefetch_qkv = 0;
   int moe_prefetch_qkv_down = 0;
   bool moe_prefetch_qkv_last = false;
