@@ -38,7 +38,7 @@ struct MoePredictParams {
 // L2, as they leave, the first gate_up_rows rows of each pick's gate and up halves and the first
 // down_rows rows of its W_down (PrefetchPickedExperts). picks null: none.
 struct ExpertL2Prefetch {
-  const int32_t* picks = nullptr;  // [top_k]: MoePreviousPicks (moe_decode.h)
+  const int32_t* picks = nullptr;  // [top_k]: MoePreviousPicks or MoePredictedPicks (moe_decode.h)
   const bf16_t* gate_up = nullptr;  // [E, 2I, H]
   const bf16_t* down = nullptr;     // [E, H, I]
   int experts = 0, top_k = 0, hidden = 0, inter = 0;
