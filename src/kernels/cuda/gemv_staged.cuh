@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/expert_prefetch.h"
 #include "kernels/cuda/moe_decode.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/timeline.cuh"
@@ -69,36 +70,19 @@ struct StagedGemvParams {
   ExpertL2Prefetch l2{};
 };
 
-// ExpertL2Prefetch's prefetches, by one thread of each CTA: the picks' regions (gate rows, up
-// rows, W_down rows, each contiguous) laid end to end and dealt to the grid's CTAs in equal
-// 16-byte-aligned shares.
+// ExpertL2Prefetch's prefetches, by one thread of each CTA: its share of the picks' rows
+// (ForEachExpertPrefetch, expert_prefetch.h).
 __device__ __noinline__ void PrefetchPickedExperts(const ExpertL2Prefetch& f) {
   const int64_t gate = int64_t{f.gate_up_rows} * f.hidden * 2, down = int64_t{f.down_rows} * f.inter * 2;
-  const int64_t per_pick = 2 * gate + down, units = per_pick * f.top_k / 16;
-  int64_t at = units * blockIdx.x / gridDim.x * 16;
-  const int64_t end = units * (blockIdx.x + 1) / gridDim.x * 16;
   const uint64_t policy = f.evict_last ? wgmma::EvictLast() : wgmma::EvictNormal();
-  while (at < end) {
-    const int slot = static_cast<int>(at / per_pick);
-    const int64_t off = at % per_pick;
+  ForEachExpertPrefetch(gate, down, f.top_k, blockIdx.x, gridDim.x, [&](int slot, int region, int64_t offset, int64_t bytes) {
     const int e = __ldcg(f.picks + slot);
-    const char* expert_gate_up = reinterpret_cast<const char*>(f.gate_up) + int64_t{e} * 2 * f.inter * f.hidden * 2;
-    const char* src;
-    int64_t region_end;
-    if (off < gate) {
-      src = expert_gate_up + off;
-      region_end = gate;
-    } else if (off < 2 * gate) {
-      src = expert_gate_up + int64_t{f.inter} * f.hidden * 2 + (off - gate);
-      region_end = 2 * gate;
-    } else {
-      src = reinterpret_cast<const char*>(f.down) + int64_t{e} * f.hidden * f.inter * 2 + (off - 2 * gate);
-      region_end = per_pick;
-    }
-    const int64_t n = min(end - at, region_end - off);
-    if (e >= 0 && e < f.experts) wgmma::PrefetchL2(src, static_cast<uint32_t>(n), policy);
-    at += n;
-  }
+    if (e < 0 || e >= f.experts) return;
+    const char* base = region == 2 ? reinterpret_cast<const char*>(f.down) + int64_t{e} * f.hidden * f.inter * 2
+                                   : reinterpret_cast<const char*>(f.gate_up) +
+                                         (int64_t{e} * 2 + region) * f.inter * f.hidden * 2;
+    wgmma::PrefetchL2(base + offset, static_cast<uint32_t>(bytes), policy);
+  });
 }
 
 // MoePredictParams's prediction, by every thread of CTA b < p.ctas: rows [b R, b R + R) of the
