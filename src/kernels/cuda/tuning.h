@@ -408,7 +408,7 @@ struct KernelTuning {
   // them, so this measures the window's upper bound, as moe_prefetch_previous did for the
   // routing's. moe_prefetch_qkv_last: the prefetches under evict_last instead of evict_normal.
   // moe_prefetch_qkv_predict: the picks predicted instead, by a launch of their own just before
-  // qkv's (MoePredictKernel, gemv.cu: the layer's input normed by the post-attention norm's
+  // qkv's (MoePredictKernel, gemv.cu: the layer's input times the post-attention norm's
   // weights, ranks only, dotted with the router's rows after its dependency wait; the last CTA
   // picks the top k); qkv's CTAs prefetch where the prediction is there as they leave, and the
   // down kernel counts the picks it held (`bench decode` prints the share after its eager steps).
