@@ -417,29 +417,22 @@ void MoeExpertsPairGemv(const TensorView& x, const TensorView& topk_ids, const T
                    topk_weights.ptr<float>(), topk_weights.strides[0], w_gate_up.ptr<bf16_t>(), w_down.ptr<bf16_t>(),
                    act.as<float>(), out.ptr<bf16_t>(), tokens > 1 ? out.strides[0] : hidden,
                    static_cast<int>(w_gate_up.dim(0)), k, hidden, inter};
-  const bool qkv_prefetch = Tuning().moe_prefetch_qkv > 0 || Tuning().moe_prefetch_qkv_down > 0;
-  const bool qkv_predicts = qkv_prefetch && Tuning().moe_prefetch_qkv_predict;
-  // Tuning().moe_prefetch_qkv's picks: the record, or the prediction made before qkv (whose
-  // hits the down kernel counts; gate/up prefetches it too with moe_prefetch_previous).
-  if (tokens == 1 && Tuning().moe_pair_down_slots && qkv_prefetch) {
-    if (qkv_predicts) {
-      const bool predicted = TakeMoePredictionTag(s) != 0;
-      p.predicted = predicted ? MoePredictedPicks(s) : nullptr;
-      if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + kMoePredictionHits);
-      ReportPredictionHits(p.hits, s);
-      p.gate_up_prefetch = Tuning().moe_prefetch_previous > 0;
-      p.prefetch_ahead = Tuning().moe_prefetch_previous >= 2;
-    } else {
-      p.record = PreviousPicks(w_gate_up.data, k, s);
-    }
-  }
-  if (Tuning().moe_prefetch_previous > 0 && tokens == 1 && Tuning().moe_pair_down_slots && !qkv_predicts) {
-    if (Tuning().moe_predict) {
+  // The picks gate/up prefetches before its wait (Tuning().moe_prefetch_previous) and those the
+  // qkv projection prefetched (moe_prefetch_qkv): a prediction, taken by its launch's tag (made
+  // before qkv with moe_prefetch_qkv_predict, else in o_proj with moe_predict), whose hits the
+  // down kernel counts; or the layer's picks of the last forward, which the down kernel records.
+  if (tokens == 1 && Tuning().moe_pair_down_slots) {
+    const bool qkv_prefetch = Tuning().moe_prefetch_qkv > 0 || Tuning().moe_prefetch_qkv_down > 0;
+    const bool qkv_predicts = qkv_prefetch && Tuning().moe_prefetch_qkv_predict;
+    const bool gate_up_prefetch = Tuning().moe_prefetch_previous > 0;
+    if (qkv_prefetch && !qkv_predicts) p.record = PreviousPicks(w_gate_up.data, k, s);
+    if (qkv_predicts || (gate_up_prefetch && Tuning().moe_predict)) {
       const bool predicted = TakeMoePredictionTag(s) != 0;  // (0: no prediction for this layer)
       p.predicted = predicted ? MoePredictedPicks(s) : nullptr;
       if (p.predicted != nullptr) p.hits = reinterpret_cast<unsigned*>(MoePredictedPicks(s) + kMoePredictionHits);
       ReportPredictionHits(p.hits, s);
-    } else {
+      p.gate_up_prefetch = gate_up_prefetch;
+    } else if (gate_up_prefetch) {
       p.record = PreviousPicks(w_gate_up.data, k, s);
       p.predicted = p.record;
     }

@@ -64,9 +64,7 @@ void ExpectTopK(const std::vector<int32_t>& got, const CpuRanking& r, int k, con
 // 2048 x 4096 (16 rows a CTA on 132 SMs), 1024 x 2048 and 512 x 1024. Where the prediction is
 // ruled out (E 256) or off, nothing is tagged and the output is the same.
 TEST_F(CudaKernelTest, LinearGemvPredictsMoeRouting) {
-  struct Restore {
-    ~Restore() { cuda::Tuning() = DefaultTuning(); }
-  } restore;
+  const TuningRestore restore;
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
   struct Case {
     int experts, k;
@@ -123,9 +121,7 @@ TEST_F(CudaKernelTest, LinearGemvPredictsMoeRouting) {
 // normed row it writes; the prediction is the CPU's top k of router . (norm * sum) as above,
 // tagged by its own launch, with the counter re-armed. E 128 / 64, k 8 / 4, H 2048 / 1024.
 TEST_F(CudaKernelTest, NormLinearPrefetchesPredictedExperts) {
-  struct Restore {
-    ~Restore() { cuda::Tuning() = DefaultTuning(); }
-  } restore;
+  const TuningRestore restore;
   cudaStream_t stream = dynamic_cast<cuda::CudaBackend&>(gpu()).stream();
   struct Case {
     int experts, k;

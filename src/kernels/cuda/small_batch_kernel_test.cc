@@ -106,9 +106,7 @@ TEST_F(CudaKernelTest, MoeExpertsPairGemv) {
 // kBf16Tol of the CPU's MoeExperts and sum exactly bf16(sum + out) of the GPU's own out (RmsNorm's
 // rounding of its residual add).
 TEST_F(CudaKernelTest, MoeExpertsResidual) {
-  struct Restore {
-    ~Restore() { cuda::Tuning() = DefaultTuning(); }
-  } restore;
+  const TuningRestore restore;
   for (PairCase c : {PairCase{1, 128, 8, 2048, 768, 0}, PairCase{3, 16, 4, 136, 72, 0}, PairCase{2, 24, 8, 2048, 768, 2}})
     for (bool fold : {true, false}) {
       const int64_t t = c.tokens, h = c.hidden, inter = c.inter;
@@ -357,9 +355,7 @@ TEST_F(CudaKernelTest, LinearGemv) {
 // warps (K 8 to 4096), N not a multiple of 16, strided x and out, bf16 and f32 out. Each case must
 // launch it, and leave out's padding columns poisoned.
 TEST_F(CudaKernelTest, LinearSkinny) {
-  struct Restore {
-    ~Restore() { cuda::Tuning() = DefaultTuning(); }
-  } restore;
+  const TuningRestore restore;
   cuda::Tuning().linear_gemv_max_rows = 1;
   cuda::Tuning().linear_mma_max_rows = 16;
   std::vector<LinearCase> cases(std::begin(kLinearCases), std::end(kLinearCases));
@@ -392,9 +388,7 @@ TEST_F(CudaKernelTest, LinearSkinny) {
 // Norm weights bf16 and f32; K 2048 / 4096 / 136 / 8 (one 16-byte chunk a thread up to 4096), N
 // from 5120 (39 rows a CTA) down to 3.
 TEST_F(CudaKernelTest, RmsNormLinearStaged) {
-  struct Restore {
-    ~Restore() { cuda::Tuning() = DefaultTuning(); }
-  } restore;
+  const TuningRestore restore;
   struct Case { int64_t n, k; bool norm_f32; DType out; };
   for (Case c : {Case{5120, 2048, false, DType::kBF16}, Case{1024, 4096, true, DType::kBF16},
                  Case{128, 2048, false, DType::kF32}, Case{72, 136, true, DType::kBF16}, Case{3, 8, false, DType::kBF16}}) {
@@ -462,9 +456,7 @@ TEST_F(CudaKernelTest, RmsNormLinearStaged) {
 // (the staged router's re-armed counter). Modes as run() below names them.
 void CheckRmsNormMoeRouterFused(std::initializer_list<int> modes) {
   auto gpu = []() -> Backend& { return *Gpu(); };
-  struct Restore {
-    ~Restore() { cuda::Tuning() = DefaultTuning(); }
-  } restore;
+  const TuningRestore restore;
   int device = 0, sms = 0, max_smem = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
@@ -680,9 +672,7 @@ TEST(CudaPerf, LinearGemvVsCublasLt) {
 // order); weights f32 within kF32Tol.
 TEST_F(CudaKernelTest, MoeRouterFused) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
-  struct Restore {
-    ~Restore() { cuda::Tuning() = DefaultTuning(); }
-  } restore;
+  const TuningRestore restore;
   cuda::Tuning().fused_router_max_tokens = 8;  // off by default (tuning.h)
   struct Case { int experts, k; int64_t hidden; int groups, topk_groups; bool sigmoid, bias, renorm; };
   for (Case c : {Case{128, 8, 2048, 1, 1, false, false, true}, Case{512, 10, 1024, 1, 1, false, false, true},

@@ -36,6 +36,10 @@ inline const cuda::KernelTuning& DefaultTuning() {
   static const cuda::KernelTuning defaults = cuda::Tuning();
   return defaults;
 }
+// Puts Tuning() back to DefaultTuning() when it leaves scope: a test that changes knobs holds one.
+struct TuningRestore {
+  ~TuningRestore() { cuda::Tuning() = DefaultTuning(); }
+};
 
 // The tests' random generator. CudaKernelTest seeds it per test, from the test's name (FNV-1a:
 // the same on every build), so that a test draws the same inputs whatever ran before it: a
